@@ -1,0 +1,45 @@
+# The commands README and .ci/run use. Everything installs into .venv from nothing but Python + pip.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup test unit lint format typecheck bench demo up clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+lint: setup
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+
+format: setup
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+typecheck: setup
+	$(PY) -m mypy
+
+# The whole suite: lint, types, then every test (unit, integration, e2e, reliability).
+test: lint typecheck
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit: setup
+	$(PY) -m pytest -m "not e2e and not reliability" $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m bench
+
+demo: setup
+	$(VENV)/bin/memq demo
+
+up: setup
+	$(VENV)/bin/memq up
+
+clean:
+	rm -rf $(VENV) .memq .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The bottom layer: settings, shared models, identifiers, Redis keys and errors."""

@@ -1,0 +1,67 @@
+"""The one error tree of memq.
+
+Every error we raise derives from :class:`MemqError`; leaves also subclass the built-in whose meaning
+they share, so callers that only know Python's exceptions still catch them sensibly. Driver errors
+(redis-py, openai, OSError) are wrapped at the boundary with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+
+class MemqError(Exception):
+    """Root of every error memq raises on purpose."""
+
+
+class ConfigError(MemqError, ValueError):
+    """Settings that cannot work together, or a config file that does not parse."""
+
+
+class InvalidIdentifier(MemqError, ValueError):
+    """A thread id, user id or agent name that memq cannot store safely."""
+
+
+class InvalidMessages(MemqError, ValueError):
+    """A message list whose shape memq does not understand."""
+
+
+class RedisUnavailable(MemqError, ConnectionError):
+    """Redis did not answer (connection refused, timeout, loading)."""
+
+
+class StorageError(MemqError, OSError):
+    """A memory document could not be read or written."""
+
+
+class CorruptMemoryFile(StorageError):
+    """A stored memory document does not parse; it was moved aside, never overwritten."""
+
+
+class LockTimeout(StorageError, TimeoutError):
+    """The per-(user, agent) lock could not be taken in time."""
+
+
+class FactNotFound(MemqError, KeyError):
+    """No fact with that id in the document."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want the plain sentence
+        return str(self.args[0]) if self.args else "fact not found"
+
+
+class LLMError(MemqError):
+    """The extraction model could not give a usable answer."""
+
+
+class TransientLLMError(LLMError):
+    """Worth retrying later: timeout, connection error, 429, 5xx."""
+
+    def __init__(self, message: str, *, retry_after_seconds: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class PermanentLLMError(LLMError):
+    """Retrying will not help: authentication, bad request, unknown model."""
+
+
+class ResponseParseError(LLMError, ValueError):
+    """The model answered, but no acceptable update could be read from the answer."""

@@ -1,0 +1,110 @@
+"""Domain models shared by the producer, the queue and the worker.
+
+Plain frozen dataclasses: they sit on the producer's hot path, where Pydantic validation of every
+message would cost more than the Redis round trip.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from core.errors import InvalidMessages
+from core.identity import ContextKey
+
+Role = Literal["user", "assistant"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One filtered message: a user input or a final assistant answer, as plain text."""
+
+    role: Role
+    content: str
+    id: str | None = None
+
+    def to_json(self) -> dict[str, str]:
+        data = {"role": self.role, "content": self.content}
+        if self.id is not None:
+            data["id"] = self.id
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any) -> Message:
+        if not isinstance(data, Mapping):
+            raise InvalidMessages(f"stored message is not an object: {data!r:.80}")
+        role, content, mid = data.get("role"), data.get("content"), data.get("id")
+        if role not in ("user", "assistant") or not isinstance(content, str):
+            raise InvalidMessages(f"stored message has an unknown shape: {data!r:.80}")
+        return cls(role=role, content=content, id=mid if isinstance(mid, str) else None)
+
+
+def messages_to_json(messages: tuple[Message, ...] | list[Message]) -> str:
+    return json.dumps([m.to_json() for m in messages], ensure_ascii=False, separators=(",", ":"))
+
+
+def messages_from_json(raw: str) -> tuple[Message, ...]:
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidMessages(f"stored messages are not JSON: {exc}") from exc
+    if not isinstance(data, list):
+        raise InvalidMessages("stored messages are not a list")
+    return tuple(Message.from_json(item) for item in data)
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationContext:
+    """What the worker receives for one claimed (thread, user, agent): the latest messages and
+    the merged signals, plus the bookkeeping the queue keeps beside them."""
+
+    key: ContextKey
+    messages: tuple[Message, ...]
+    correction: bool = False
+    reinforcement: bool = False
+    version: int = 1
+    flush: bool = False
+    trace_id: str | None = None
+    first_enqueued_ms: int = 0
+    last_enqueued_ms: int = 0
+    attempts: int = 0
+    claim_token: str | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def thread_id(self) -> str:
+        return self.key.thread_id
+
+    @property
+    def user_id(self) -> str:
+        return self.key.user_id
+
+    @property
+    def agent_name(self) -> str | None:
+        return self.key.agent_name
+
+    @classmethod
+    def from_hash(cls, data: Mapping[str, str]) -> ConversationContext:
+        """Decode the ``ctx:<id>`` hash (see DESIGN.md, the Redis contract)."""
+        try:
+            key = ContextKey.create(
+                data["thread_id"], data["user_id"], data.get("agent_name") or None
+            )
+            return cls(
+                key=key,
+                messages=messages_from_json(data.get("messages", "[]")),
+                correction=data.get("correction") == "1",
+                reinforcement=data.get("reinforcement") == "1",
+                version=int(data.get("version", "1")),
+                flush=data.get("flush") == "1",
+                trace_id=data.get("trace_id") or None,
+                first_enqueued_ms=int(data.get("first_enqueued_ms", "0")),
+                last_enqueued_ms=int(data.get("last_enqueued_ms", "0")),
+                attempts=int(data.get("attempts", "0")),
+                claim_token=data.get("claim_token") or None,
+                extra=dict(data),
+            )
+        except (KeyError, ValueError) as exc:
+            raise InvalidMessages(f"context hash is malformed: {exc}") from exc

@@ -1,0 +1,211 @@
+"""memq's settings: one frozen object, built once at an entry point and passed down.
+
+Sources, strongest first: keyword arguments, ``MEMQ_*`` environment variables, the ``memory:`` section
+of the YAML file named by ``MEMQ_CONFIG`` (DeerFlow's field names accepted), then defaults. Nothing in
+memq reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from core.errors import ConfigError
+
+# DeerFlow's `memory:` field names that differ from ours; values converted where the type differs.
+_DEERFLOW_RENAMES: dict[str, str] = {
+    "max_injection_tokens": "injected_memory_max_tokens",
+    "model_name": "llm_model",
+    "storage_path": "storage_dir",
+}
+
+
+def _split_csv(value: Any) -> Any:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
+
+
+class MemqSettings(BaseSettings):
+    """Every knob of memq, with units in the names. See README's configuration table."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MEMQ_", frozen=True, extra="ignore", populate_by_name=True
+    )
+
+    # --- switches
+    enabled: bool = True
+    injection_enabled: bool = True
+
+    # --- Redis and Celery
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str | None = None
+    key_prefix: str = Field(default="memq", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    shards: int = Field(default=1, ge=1, le=1024)
+    redis_max_connections: int = Field(default=256, ge=1)
+
+    # --- queue timing
+    debounce_seconds: float = Field(default=30.0, ge=0.0, le=3600.0)
+    max_delay_seconds: float = Field(default=300.0, gt=0.0, le=86400.0)
+    tick_seconds: float = Field(default=1.0, gt=0.0, le=60.0)
+    lease_seconds: float = Field(default=180.0, gt=0.0)
+    max_attempts: int = Field(default=5, ge=1, le=100)
+    claim_batch: int = Field(default=100, ge=1, le=10000)
+    retry_backoff_seconds: float = Field(default=5.0, ge=0.0)
+    retry_backoff_max_seconds: float = Field(default=300.0, ge=0.0)
+
+    # --- producer
+    producer_timeout_seconds: float = Field(default=0.25, gt=0.0, le=10.0)
+    spool_max_contexts: int = Field(default=1000, ge=0)
+
+    # --- LLM
+    llm_provider: Literal["auto", "openai", "rules"] = "auto"
+    llm_base_url: str | None = None
+    llm_api_key: SecretStr | None = Field(
+        default=None,
+        validation_alias=AliasChoices("llm_api_key", "MEMQ_LLM_API_KEY", "OPENAI_API_KEY"),
+    )
+    llm_model: str = "gpt-4o-mini"
+    llm_timeout_seconds: float = Field(default=30.0, gt=0.0)
+    llm_max_retries: int = Field(default=2, ge=0, le=10)
+    llm_json_mode: bool = True
+    llm_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+
+    # --- extraction
+    max_facts: int = Field(default=200, ge=10, le=5000)
+    fact_confidence_threshold: float = Field(default=0.7, ge=0.0, le=1.0)
+    conversation_max_tokens: int = Field(default=6000, ge=200)
+    message_max_chars: int = Field(default=2000, ge=100)
+    context_messages: int = Field(default=2, ge=0, le=50)
+    staleness_review_enabled: bool = True
+    staleness_age_days: int = Field(default=90, ge=1, le=3650)
+    staleness_min_candidates: int = Field(default=3, ge=1, le=50)
+    staleness_max_removals_per_cycle: int = Field(default=10, ge=1, le=50)
+    staleness_max_candidates_shown: int = Field(default=20, ge=1, le=200)
+    staleness_protected_categories: Annotated[tuple[str, ...], NoDecode] = ("correction",)
+    consolidation_enabled: bool = False
+    consolidation_min_facts: int = Field(default=8, ge=3, le=30)
+    consolidation_max_groups_per_cycle: int = Field(default=3, ge=1, le=10)
+    consolidation_max_sources: int = Field(default=8, ge=2, le=20)
+
+    # --- storage
+    storage: Literal["file", "redis"] = "file"
+    storage_dir: Path = Path(".memq/memory")
+    storage_lock_timeout_seconds: float = Field(default=10.0, gt=0.0)
+    history_max_entries: int = Field(default=500, ge=0)
+
+    # --- injection
+    injected_memory_max_tokens: int = Field(default=2000, ge=50, le=32000)
+    token_counting: bool = True
+    guaranteed_categories: Annotated[tuple[str, ...], NoDecode] = ("correction",)
+    guaranteed_token_budget: int = Field(default=500, ge=0, le=8000)
+
+    # --- running it
+    data_dir: Path = Path(".memq")
+    flower_address: str = "127.0.0.1"
+    flower_port: int = Field(default=5555, ge=0, le=65535)
+    flower_user: str = "memq"
+    flower_password: SecretStr | None = None
+    worker_concurrency: int = Field(default=4, ge=1)
+
+    @field_validator("guaranteed_categories", "staleness_protected_categories", mode="before")
+    @classmethod
+    def _csv(cls, value: Any) -> Any:
+        return _split_csv(value)
+
+    @field_validator("token_counting", mode="before")
+    @classmethod
+    def _token_counting(cls, value: Any) -> Any:
+        # DeerFlow spells it `tiktoken` / `char`.
+        if isinstance(value, str) and value.strip().lower() in {"tiktoken", "char"}:
+            return value.strip().lower() == "tiktoken"
+        return value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> MemqSettings:
+        if self.max_delay_seconds < self.debounce_seconds:
+            raise ValueError(
+                f"max_delay_seconds ({self.max_delay_seconds}) must be >= debounce_seconds "
+                f"({self.debounce_seconds})"
+            )
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_values = _yaml_memory_section(os.environ.get("MEMQ_CONFIG"))
+        return (
+            init_settings,
+            env_settings,
+            InitSettingsSource(settings_cls, init_kwargs=yaml_values),
+        )
+
+    # --- derived values
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.redis_url
+
+    @property
+    def debounce_ms(self) -> int:
+        return int(self.debounce_seconds * 1000)
+
+    @property
+    def max_delay_ms(self) -> int:
+        return int(self.max_delay_seconds * 1000)
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.lease_seconds * 1000)
+
+    @property
+    def resolved_llm_provider(self) -> Literal["openai", "rules"]:
+        """`auto` means: a real model when an endpoint or key is configured, else the rules."""
+        if self.llm_provider != "auto":
+            return self.llm_provider
+        return "openai" if (self.llm_base_url or self.llm_api_key) else "rules"
+
+
+def _yaml_memory_section(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"MEMQ_CONFIG={path}: cannot read it as YAML: {exc}") from exc
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"MEMQ_CONFIG={path}: the top level must be a mapping")
+    section = raw.get("memory", {}) or {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"MEMQ_CONFIG={path}: `memory:` must be a mapping")
+    values: dict[str, Any] = {}
+    for key, value in section.items():
+        if value is None:  # an explicit null means "use the default" (DeerFlow #4217)
+            continue
+        values[_DEERFLOW_RENAMES.get(str(key), str(key))] = value
+    return values
+
+
+def load_settings(**overrides: Any) -> MemqSettings:
+    """Build the settings once at an entry point; configuration errors become :class:`ConfigError`."""
+    try:
+        return MemqSettings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid memq settings: {exc}") from exc

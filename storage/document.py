@@ -1,0 +1,246 @@
+"""The memory document of one (user, agent): memq's `memory.json`.
+
+memq writes snake_case (``created_at``, ``source_thread_id``, …) and reads DeerFlow's camelCase
+files as they are: every field accepts its DeerFlow spelling, DeerFlow's ``source`` (a thread id,
+``manual``, ``consolidation`` or ``unknown``) is split into ``source`` + ``source_thread_id``, and
+sloppy values (``null`` confidence or category, id-less facts, blank contents) are repaired or
+dropped instead of failing the whole file.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION = "memq/1"
+DEFAULT_CATEGORY = "context"
+CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", "correction")
+FactSource = Literal["conversation", "manual", "consolidation", "import"]
+
+USER_SECTIONS = ("work_context", "personal_context", "top_of_mind")
+HISTORY_SECTIONS = ("recent_months", "earlier_context", "long_term_background")
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_fact_id() -> str:
+    return f"fact_{uuid.uuid4().hex[:8]}"
+
+
+def parse_timestamp(value: Any) -> datetime | None:
+    """ISO-8601 (``Z`` accepted, naive read as UTC) → aware datetime; blank/invalid → None."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def coerce_confidence(value: Any, default: float = 0.5) -> float:
+    """Missing, null, bool, unparsable or non-finite → ``default``; otherwise clamped to [0, 1]."""
+    if value is None or isinstance(value, bool):
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return default
+    if not math.isfinite(number):
+        return default
+    return min(1.0, max(0.0, number))
+
+
+def _alias(snake: str, camel: str) -> Any:
+    return Field(validation_alias=AliasChoices(snake, camel))
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
+
+    summary: str = ""
+    updated_at: datetime | None = Field(
+        default=None, validation_alias=AliasChoices("updated_at", "updatedAt")
+    )
+
+    @field_validator("summary", mode="before")
+    @classmethod
+    def _summary(cls, value: Any) -> str:
+        return "" if value is None else str(value)
+
+    @field_validator("updated_at", mode="before")
+    @classmethod
+    def _updated_at(cls, value: Any) -> datetime | None:
+        return parse_timestamp(value)
+
+
+class UserContext(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    work_context: Section = Field(
+        default_factory=Section, validation_alias=AliasChoices("work_context", "workContext")
+    )
+    personal_context: Section = Field(
+        default_factory=Section,
+        validation_alias=AliasChoices("personal_context", "personalContext"),
+    )
+    top_of_mind: Section = Field(
+        default_factory=Section, validation_alias=AliasChoices("top_of_mind", "topOfMind")
+    )
+
+
+class HistoryContext(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    recent_months: Section = Field(
+        default_factory=Section, validation_alias=AliasChoices("recent_months", "recentMonths")
+    )
+    earlier_context: Section = Field(
+        default_factory=Section,
+        validation_alias=AliasChoices("earlier_context", "earlierContext"),
+    )
+    long_term_background: Section = Field(
+        default_factory=Section,
+        validation_alias=AliasChoices("long_term_background", "longTermBackground"),
+    )
+
+
+class Fact(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
+
+    id: str = Field(default_factory=new_fact_id, min_length=1, max_length=128)
+    content: str = Field(min_length=1)
+    category: str = DEFAULT_CATEGORY
+    confidence: float = Field(default=0.5, ge=0.0, le=1.0)
+    created_at: datetime | None = Field(
+        default_factory=utc_now, validation_alias=AliasChoices("created_at", "createdAt")
+    )
+    source: FactSource = "conversation"
+    source_thread_id: str | None = None
+    source_error: str | None = Field(
+        default=None, validation_alias=AliasChoices("source_error", "sourceError")
+    )
+    consolidated_at: datetime | None = Field(
+        default=None, validation_alias=AliasChoices("consolidated_at", "consolidatedAt")
+    )
+    consolidated_from: list[str] = Field(
+        default_factory=list, validation_alias=AliasChoices("consolidated_from", "consolidatedFrom")
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_deerflow(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "source_thread_id" in data:
+            return data
+        source = data.get("source")
+        if source is None or source in ("conversation", "manual", "consolidation", "import"):
+            return data
+        data = dict(data)
+        data["source"] = "conversation"
+        data["source_thread_id"] = None if source in ("", "unknown") else str(source)
+        return data
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id(cls, value: Any) -> str:
+        return value.strip() if isinstance(value, str) and value.strip() else new_fact_id()
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> Any:
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("category", mode="before")
+    @classmethod
+    def _category(cls, value: Any) -> str:
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+        return DEFAULT_CATEGORY
+
+    @field_validator("confidence", mode="before")
+    @classmethod
+    def _confidence(cls, value: Any) -> float:
+        return coerce_confidence(value)
+
+    @field_validator("created_at", "consolidated_at", mode="before")
+    @classmethod
+    def _timestamps(cls, value: Any) -> datetime | None:
+        return parse_timestamp(value)
+
+    @field_validator("source_error", mode="before")
+    @classmethod
+    def _source_error(cls, value: Any) -> str | None:
+        return value.strip() if isinstance(value, str) and value.strip() else None
+
+    @field_validator("consolidated_from", mode="before")
+    @classmethod
+    def _consolidated_from(cls, value: Any) -> list[str]:
+        if not isinstance(value, list):
+            return []
+        return [item for item in value if isinstance(item, str) and item]
+
+
+class MemoryDocument(BaseModel):
+    """One user's memory for one agent (or the user-global memory when the agent is None)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    version: str = SCHEMA_VERSION
+    last_updated: datetime | None = Field(
+        default=None, validation_alias=AliasChoices("last_updated", "lastUpdated")
+    )
+    user: UserContext = Field(default_factory=UserContext)
+    history: HistoryContext = Field(default_factory=HistoryContext)
+    facts: list[Fact] = Field(default_factory=list)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> str:
+        # DeerFlow files say "1.0"; once read they are memq documents.
+        return SCHEMA_VERSION
+
+    @field_validator("last_updated", mode="before")
+    @classmethod
+    def _last_updated(cls, value: Any) -> datetime | None:
+        return parse_timestamp(value)
+
+    @field_validator("facts", mode="before")
+    @classmethod
+    def _drop_unusable_facts(cls, value: Any) -> list[Any]:
+        """A fact without usable content is dropped, never the whole document."""
+        if not isinstance(value, list):
+            return []
+        return [
+            item
+            for item in value
+            if isinstance(item, Fact)
+            or (isinstance(item, dict) and isinstance(item.get("content"), str)
+                and item["content"].strip())
+        ]
+
+    def is_empty(self) -> bool:
+        sections = [getattr(self.user, n) for n in USER_SECTIONS] + [
+            getattr(self.history, n) for n in HISTORY_SECTIONS
+        ]
+        return not self.facts and not any(s.summary.strip() for s in sections)
+
+    def fact(self, fact_id: str) -> Fact | None:
+        return next((f for f in self.facts if f.id == fact_id), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The memory.json shape."""
+        return self.model_dump(mode="json")
+
+
+def empty_document() -> MemoryDocument:
+    return MemoryDocument()

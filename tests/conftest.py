@@ -1,0 +1,74 @@
+"""Shared fixtures: a real redis-server on a free loopback port, per-test key prefixes, a scripted
+OpenAI-compatible server, and settings that point at them."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from core.settings import MemqSettings
+from memq.redis_server import RedisServer
+from tests.support.openai_server import ScriptedOpenAI
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never pick up the developer's MEMQ_* or OpenAI settings."""
+    for name in list(os.environ):
+        if name.startswith("MEMQ_") or name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+            monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def openai_server() -> Iterator[ScriptedOpenAI]:
+    server = ScriptedOpenAI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def make_settings(redis_server: RedisServer, key_prefix: str, tmp_path: Path) -> Any:
+    """Settings for one test: its own key prefix and storage folder on the shared redis-server."""
+
+    def build(**overrides: Any) -> MemqSettings:
+        values: dict[str, Any] = {
+            "redis_url": redis_server.url,
+            "key_prefix": key_prefix,
+            "storage_dir": tmp_path / "memory",
+            "data_dir": tmp_path / "data",
+            "llm_provider": "rules",
+        }
+        values.update(overrides)
+        return MemqSettings(**values)
+
+    return build
+
+
+@pytest.fixture
+def settings(make_settings: Any) -> MemqSettings:
+    return make_settings()  # type: ignore[no-any-return]

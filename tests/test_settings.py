@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.errors import ConfigError
+from core.settings import load_settings
+
+
+def test_defaults_match_the_documented_ones() -> None:
+    s = load_settings()
+    assert s.key_prefix == "memq"
+    assert s.debounce_seconds == 30
+    assert s.max_delay_seconds == 300
+    assert s.tick_seconds == 1.0
+    assert s.max_facts == 200
+    assert s.effective_broker_url == s.redis_url
+    assert s.resolved_llm_provider == "rules"
+
+
+def test_environment_variables_are_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMQ_DEBOUNCE_SECONDS", "2.5")
+    monkeypatch.setenv("MEMQ_GUARANTEED_CATEGORIES", "correction, goal")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    s = load_settings()
+    assert s.debounce_seconds == 2.5
+    assert s.guaranteed_categories == ("correction", "goal")
+    assert s.llm_api_key is not None and s.llm_api_key.get_secret_value() == "sk-test"
+    assert "sk-test" not in repr(s)
+    assert s.resolved_llm_provider == "openai"
+
+
+def test_yaml_memory_section_accepts_deerflow_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "memory:\n  debounce_seconds: 12\n  max_injection_tokens: 1500\n"
+        "  token_counting: char\n  model_name: qwen\n  storage_class: null\n"
+    )
+    monkeypatch.setenv("MEMQ_CONFIG", str(config))
+    monkeypatch.setenv("MEMQ_DEBOUNCE_SECONDS", "7")  # env beats the file
+    s = load_settings()
+    assert s.debounce_seconds == 7
+    assert s.injected_memory_max_tokens == 1500
+    assert s.token_counting is False
+    assert s.llm_model == "qwen"
+
+
+def test_bad_values_are_a_config_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="max_delay_seconds"):
+        load_settings(debounce_seconds=60, max_delay_seconds=10)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("memory: [1, 2")
+    monkeypatch.setenv("MEMQ_CONFIG", str(broken))
+    with pytest.raises(ConfigError, match="YAML"):
+        load_settings()
