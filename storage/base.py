@@ -1,0 +1,76 @@
+"""The storage plug point: a protocol every backend implements, and the change record it keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+from storage.document import MemoryDocument, utc_now
+
+ChangeAction = Literal[
+    "add", "remove", "merge", "stale", "edit", "summary", "import", "clear", "evict"
+]
+
+
+class Change(BaseModel):
+    """One entry of a document's history: what changed, when, why, and from which thread."""
+
+    at: datetime = Field(default_factory=utc_now)
+    action: ChangeAction
+    fact_id: str | None = None
+    content: str | None = None
+    reason: str = ""
+    source_thread_id: str | None = None
+    section: str | None = None
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What an ``update`` callback returns when it also wants its changes kept in the history."""
+
+    document: MemoryDocument
+    changes: list[Change] = field(default_factory=list)
+
+
+UpdateFn = Callable[[MemoryDocument], "MemoryDocument | UpdateResult"]
+
+
+@runtime_checkable
+class MemoryStorage(Protocol):
+    """Where the memory document of each (user, agent) lives.
+
+    ``agent_name=None`` is the user-global memory. ``update`` is an atomic read-modify-write: the
+    callback gets the *latest* document (never a shared object) and may be called again on a
+    conflict, so it must be a pure function of its argument.
+    """
+
+    def load(self, user_id: str, agent_name: str | None = None) -> MemoryDocument: ...
+
+    def save(
+        self,
+        user_id: str,
+        agent_name: str | None,
+        document: MemoryDocument,
+        *,
+        changes: list[Change] | None = None,
+    ) -> None: ...
+
+    def update(self, user_id: str, agent_name: str | None, fn: UpdateFn) -> MemoryDocument: ...
+
+    def history(
+        self, user_id: str, agent_name: str | None = None, *, limit: int = 100
+    ) -> list[Change]: ...
+
+    def list_agents(self, user_id: str) -> list[str | None]:
+        """Every agent of that user with a stored document (None = the user-global memory)."""
+        ...
+
+    def list_users(self) -> list[str]: ...
+
+    def delete(self, user_id: str, agent_name: str | None) -> bool:
+        """Remove the document and its history; True when something was there."""
+        ...
