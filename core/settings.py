@@ -63,12 +63,14 @@ class MemqSettings(BaseSettings):
     lease_seconds: float = Field(default=180.0, gt=0.0)
     max_attempts: int = Field(default=5, ge=1, le=100)
     claim_batch: int = Field(default=100, ge=1, le=10000)
+    max_inflight: int = Field(default=2000, ge=1)
     retry_backoff_seconds: float = Field(default=5.0, ge=0.0)
     retry_backoff_max_seconds: float = Field(default=300.0, ge=0.0)
 
     # --- producer
     producer_timeout_seconds: float = Field(default=0.25, gt=0.0, le=10.0)
     spool_max_contexts: int = Field(default=1000, ge=0)
+    producer_max_chars: int = Field(default=200_000, ge=1000)
 
     # --- LLM
     llm_provider: Literal["auto", "openai", "rules"] = "auto"
