@@ -1,8 +1,8 @@
 """The one error tree of memq.
 
-Every error we raise derives from :class:`MemqError`; leaves also subclass the built-in whose meaning
-they share, so callers that only know Python's exceptions still catch them sensibly. Driver errors
-(redis-py, openai, OSError) are wrapped at the boundary with ``raise ... from``.
+Every error we raise derives from :class:`MemqError`; leaves also subclass the built-in whose
+meaning they share, so callers that only know Python's exceptions still catch them sensibly.
+Driver errors (redis-py, openai, OSError) are wrapped at the boundary with ``raise ... from``.
 """
 
 from __future__ import annotations

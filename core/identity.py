@@ -52,7 +52,9 @@ def validate_agent_name(agent_name: object) -> str | None:
     if agent_name is None:
         return None
     if not isinstance(agent_name, str) or not agent_name:
-        raise InvalidIdentifier(f"agent_name must be a non-empty string or None, got {agent_name!r:.80}")
+        raise InvalidIdentifier(
+            f"agent_name must be a non-empty string or None, got {agent_name!r:.80}"
+        )
     if len(agent_name) > MAX_AGENT_NAME_LENGTH or not _AGENT_NAME_RE.fullmatch(agent_name):
         raise InvalidIdentifier(
             f"agent_name {agent_name!r:.80} must be 1-{MAX_AGENT_NAME_LENGTH} characters of "
@@ -72,16 +74,16 @@ class ContextKey:
     @classmethod
     def create(cls, thread_id: object, user_id: object, agent_name: object) -> ContextKey:
         return cls(
-            validate_thread_id(thread_id), validate_user_id(user_id), validate_agent_name(agent_name)
+            validate_thread_id(thread_id),
+            validate_user_id(user_id),
+            validate_agent_name(agent_name),
         )
 
     @property
     def id(self) -> str:
         """``<thread>:<user>:<agent>``, each part percent-encoded so ``:`` and braces never
         appear inside a part; an empty agent part is the user-global memory."""
-        return ":".join(
-            (quote(self.thread_id, safe=""), self.user_id, self.agent_name or "")
-        )
+        return ":".join((quote(self.thread_id, safe=""), self.user_id, self.agent_name or ""))
 
     @classmethod
     def from_id(cls, context_id: str) -> ContextKey:

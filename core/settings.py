@@ -1,8 +1,8 @@
 """memq's settings: one frozen object, built once at an entry point and passed down.
 
-Sources, strongest first: keyword arguments, ``MEMQ_*`` environment variables, the ``memory:`` section
-of the YAML file named by ``MEMQ_CONFIG`` (DeerFlow's field names accepted), then defaults. Nothing in
-memq reads the environment at import time.
+Sources, strongest first: keyword arguments, ``MEMQ_*`` environment variables, the ``memory:``
+section of the YAML file named by ``MEMQ_CONFIG`` (DeerFlow's field names accepted), then defaults.
+Nothing in memq reads the environment at import time.
 """
 
 from __future__ import annotations
@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -206,7 +213,7 @@ def _yaml_memory_section(path: str | None) -> dict[str, Any]:
 
 
 def load_settings(**overrides: Any) -> MemqSettings:
-    """Build the settings once at an entry point; configuration errors become :class:`ConfigError`."""
+    """Build the settings once at an entry point; bad values become :class:`ConfigError`."""
     try:
         return MemqSettings(**overrides)
     except ValidationError as exc:

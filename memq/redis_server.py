@@ -59,15 +59,24 @@ class RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         args = [
             find_redis_server(),
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--dir", str(self.data_dir.resolve()),
-            "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
-            "--maxmemory-policy", "noeviction",
-            "--save", "",
-            "--protected-mode", "yes",
-            "--logfile", str((self.data_dir / "redis.log").resolve()),
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.data_dir.resolve()),
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "everysec",
+            "--maxmemory-policy",
+            "noeviction",
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
+            "--logfile",
+            str((self.data_dir / "redis.log").resolve()),
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)

@@ -224,8 +224,11 @@ class MemoryDocument(BaseModel):
             item
             for item in value
             if isinstance(item, Fact)
-            or (isinstance(item, dict) and isinstance(item.get("content"), str)
-                and item["content"].strip())
+            or (
+                isinstance(item, dict)
+                and isinstance(item.get("content"), str)
+                and item["content"].strip()
+            )
         ]
 
     def is_empty(self) -> bool:

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.errors import InvalidIdentifier
+from core.identity import ContextKey, validate_agent_name, validate_user_id
+from core.keys import KeySchema
+
+
+@given(
+    thread=st.text(min_size=1, max_size=80).filter(
+        lambda s: s.strip() and not any(ord(c) < 32 or ord(c) == 127 for c in s)
+    ),
+    user=st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True),
+    agent=st.none() | st.from_regex(r"[a-z0-9_-]{1,20}", fullmatch=True),
+)
+def test_context_id_round_trips_and_never_leaks_separators(
+    thread: str, user: str, agent: str | None
+) -> None:
+    key = ContextKey.create(thread, user, agent)
+    assert key.id.count(":") == 2
+    assert "{" not in key.id and "}" not in key.id
+    assert ContextKey.from_id(key.id) == key
+
+
+def test_same_thread_different_user_or_agent_are_different_contexts() -> None:
+    a = ContextKey.create("t1", "alice", "coder")
+    assert a.id != ContextKey.create("t1", "bob", "coder").id
+    assert a.id != ContextKey.create("t1", "alice", None).id
+    assert a.id != ContextKey.create("t1", "alice", "writer").id
+
+
+@pytest.mark.parametrize("bad", ["", "../etc", "a/b", "a b", "x{y}", "é", "a" * 200, "a\x00"])
+def test_bad_user_ids_are_typed_errors(bad: str) -> None:
+    with pytest.raises(InvalidIdentifier):
+        validate_user_id(bad)
+
+
+@pytest.mark.parametrize("bad", ["", "..", "a/b", "a:b", "x{y}"])
+def test_bad_agent_names_are_typed_errors(bad: str) -> None:
+    with pytest.raises(InvalidIdentifier):
+        validate_agent_name(bad)
+
+
+def test_agent_names_are_case_insensitive_and_none_is_user_global() -> None:
+    assert validate_agent_name("MyAgent") == "myagent"
+    assert validate_user_id(None) == "default"
+
+
+@pytest.mark.parametrize("bad", ["", "  ", "a\x00b", "t" * 600, 5])
+def test_bad_thread_ids_are_typed_errors(bad: object) -> None:
+    with pytest.raises(InvalidIdentifier):
+        ContextKey.create(bad, "u", None)
+
+
+def test_queue_keys_of_one_shard_share_a_hash_tag() -> None:
+    keys = KeySchema("memq", 1)
+    q = keys.for_context("t:u:")
+    for name in (q.due, q.inflight, q.dead, q.context("t:u:")):
+        assert name.startswith("memq:{memq:0}:")
+    many = KeySchema("memq", 8)
+    assert {many.shard_of(f"t{i}:u:") for i in range(100)} == set(range(8))
