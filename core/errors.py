@@ -65,3 +65,8 @@ class PermanentLLMError(LLMError):
 
 class ResponseParseError(LLMError, ValueError):
     """The model answered, but no acceptable update could be read from the answer."""
+
+
+class InvalidMemoryData(MemqError, ValueError):
+    """A fact or an imported document memq will not store: blank content, a confidence outside
+    [0, 1], or data that is not a memory document."""

@@ -1,0 +1,39 @@
+"""Where memory documents live: the document model, the storage protocol and its two backends."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from core.settings import MemqSettings, load_settings
+from storage.base import Change, MemoryStorage, UpdateResult
+from storage.document import Fact, MemoryDocument
+
+if TYPE_CHECKING:
+    import redis
+
+__all__ = [
+    "Change",
+    "Fact",
+    "MemoryDocument",
+    "MemoryStorage",
+    "UpdateResult",
+    "get_storage",
+]
+
+
+def get_storage(
+    settings: MemqSettings | None = None, *, redis: redis.Redis | None = None
+) -> MemoryStorage:
+    """The backend ``settings.storage`` names (``file``, the default, or ``redis``).
+
+    ``redis`` is an existing client to share (Redis backend only); without it one is built from the
+    settings. Settings come from the environment when omitted.
+    """
+    settings = settings or load_settings()
+    if settings.storage == "redis":
+        from storage.redis_store import RedisMemoryStorage
+
+        return RedisMemoryStorage(settings, redis)
+    from storage.files import FileMemoryStorage
+
+    return FileMemoryStorage(settings)

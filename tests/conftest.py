@@ -16,6 +16,9 @@ from core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from tests.support.openai_server import ScriptedOpenAI
 
+# Fixtures shared by the end-to-end and reliability tests (real celery worker/beat subprocesses).
+pytest_plugins = ["tests.support.celery_procs"]
+
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:

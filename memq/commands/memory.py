@@ -1,0 +1,243 @@
+"""`memq show | inject | facts | export | import | forget`: a user's memory, read and repaired by hand.
+
+Every write goes through :class:`storage.management.MemoryManager`, so a hand edit is serialised with
+running extractions and recorded in the document's history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.identity import validate_agent_name, validate_user_id
+from memq.commands.common import (
+    CommandContext,
+    CommandError,
+    agent_label,
+    format_table,
+    print_json,
+    read_json_file,
+)
+
+if TYPE_CHECKING:
+    from storage.document import Fact, MemoryDocument
+    from storage.management import MemoryManager
+
+SECTIONS = (
+    ("user", ("work_context", "personal_context", "top_of_mind")),
+    ("history", ("recent_months", "earlier_context", "long_term_background")),
+)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    show = sub.add_parser("show", help="what memq knows about a user, as a table")
+    _user_agent(show)
+    show.add_argument("--json", action="store_true", help="print the memory documents as JSON")
+    show.set_defaults(run=run_show)
+
+    inject = sub.add_parser("inject", help="the <user_memory> block an agent would get")
+    _user_agent(inject)
+    inject.set_defaults(run=run_inject)
+
+    facts = sub.add_parser("facts", help="add, edit, delete or search facts by hand")
+    verbs = facts.add_subparsers(dest="verb", metavar="ACTION", required=True)
+    add = verbs.add_parser("add", help="add a fact")
+    _user_agent(add)
+    add.add_argument("content")
+    add.add_argument("--category", default="context")
+    add.add_argument("--confidence", type=float, default=0.9)
+    add.set_defaults(run=run_facts_add)
+    edit = verbs.add_parser("edit", help="change a fact's content, category or confidence")
+    _user_agent(edit)
+    edit.add_argument("fact_id")
+    edit.add_argument("--content")
+    edit.add_argument("--category")
+    edit.add_argument("--confidence", type=float)
+    edit.set_defaults(run=run_facts_edit)
+    delete = verbs.add_parser("delete", help="delete a fact")
+    _user_agent(delete)
+    delete.add_argument("fact_id")
+    delete.set_defaults(run=run_facts_delete)
+    search = verbs.add_parser("search", help="facts containing a text (case-insensitive)")
+    _user_agent(search)
+    search.add_argument("query")
+    search.add_argument("--category")
+    search.add_argument("--limit", type=int, default=10)
+    search.set_defaults(run=run_facts_search)
+
+    export = sub.add_parser("export", help="a user's memory as memq memory.json")
+    _user_agent(export)
+    export.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
+    export.set_defaults(run=run_export)
+    load = sub.add_parser("import", help="replace a user's memory with a memq or DeerFlow JSON file")
+    load.add_argument("user")
+    load.add_argument("file")
+    load.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
+    load.set_defaults(run=run_import)
+
+    forget = sub.add_parser("forget", help="delete a user's memory: every agent, with history")
+    forget.add_argument("user")
+    forget.set_defaults(run=run_forget)
+
+
+def _user_agent(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("user", help="user id")
+    parser.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
+
+
+def _manager(context: CommandContext) -> MemoryManager:
+    from storage.management import MemoryManager
+
+    return MemoryManager(context.storage)
+
+
+def _require(manager: MemoryManager, user: str, agent: str | None, *, any_agent: bool = False) -> list[str | None]:
+    """The agents of ``user`` with a stored memory; an unknown user or agent is a clear error."""
+    user = validate_user_id(user)
+    agents = manager.list_agents(user)
+    if not agents:
+        raise CommandError(f"unknown user {user!r}: no memory stored for it")
+    if any_agent:
+        return agents
+    wanted = validate_agent_name(agent)
+    if wanted not in agents:
+        known = ", ".join(agent_label(a) for a in agents)
+        raise CommandError(
+            f"user {user!r} has no memory for agent {agent_label(wanted)} (it has: {known})"
+        )
+    return [wanted]
+
+
+def run_show(args: argparse.Namespace, context: CommandContext) -> int:
+    manager = _manager(context)
+    agents = _require(manager, args.user, args.agent, any_agent=args.agent is None)
+    documents = [(a, manager.document(args.user, agent_name=a)) for a in agents]
+    if args.json:
+        print_json({
+            "user_id": args.user,
+            "memories": [{"agent_name": a, "memory": d.to_json()} for a, d in documents],
+        })
+        return 0
+    for index, (agent, document) in enumerate(documents):
+        if index:
+            print()
+        print(_render(args.user, agent, document))
+    return 0
+
+
+def _render(user: str, agent: str | None, document: MemoryDocument) -> str:
+    updated = document.last_updated.isoformat(timespec="seconds") if document.last_updated else "-"
+    lines = [f"user {user} · agent {agent_label(agent)} · {len(document.facts)} facts · updated {updated}"]
+    for group, names in SECTIONS:
+        for name in names:
+            summary = getattr(getattr(document, group), name).summary.strip()
+            if summary:
+                lines.append(f"{name.replace('_', ' ')}: {summary}")
+    if document.facts:
+        lines.append(_facts_table(sorted(document.facts, key=lambda f: -f.confidence)))
+    return "\n".join(lines)
+
+
+def _facts_table(facts: list[Fact]) -> str:
+    rows = [
+        (f.id, f.category, f"{f.confidence:.2f}", f.content, f.source_thread_id or f.source)
+        for f in facts
+    ]
+    return format_table(("id", "category", "confidence", "fact", "source"), rows)
+
+
+def run_inject(args: argparse.Namespace, context: CommandContext) -> int:
+    from producer.injector import MemoryInjector
+
+    manager = _manager(context)
+    (agent,) = _require(manager, args.user, args.agent)
+    block = MemoryInjector(context.settings, context.storage).block(args.user, agent)
+    if not block:
+        raise CommandError(
+            f"nothing to inject for user {args.user!r}, agent {agent_label(agent)} "
+            "(empty memory, or injection disabled by MEMQ_ENABLED/MEMQ_INJECTION_ENABLED)"
+        )
+    print(block)
+    return 0
+
+
+def run_facts_add(args: argparse.Namespace, context: CommandContext) -> int:
+    fact = _manager(context).add_fact(
+        args.user,
+        args.content,
+        agent_name=args.agent,
+        category=args.category,
+        confidence=args.confidence,
+    )
+    print(f"added {fact.id} to user {args.user}, agent {agent_label(validate_agent_name(args.agent))}")
+    return 0
+
+
+def run_facts_edit(args: argparse.Namespace, context: CommandContext) -> int:
+    if args.content is None and args.category is None and args.confidence is None:
+        raise CommandError("facts edit: give --content, --category and/or --confidence")
+    manager = _manager(context)
+    (agent,) = _require(manager, args.user, args.agent)
+    fact = manager.edit_fact(
+        args.user,
+        args.fact_id,
+        agent_name=agent,
+        content=args.content,
+        category=args.category,
+        confidence=args.confidence,
+    )
+    print(_facts_table([fact]))
+    return 0
+
+
+def run_facts_delete(args: argparse.Namespace, context: CommandContext) -> int:
+    manager = _manager(context)
+    (agent,) = _require(manager, args.user, args.agent)
+    fact = manager.delete_fact(args.user, args.fact_id, agent_name=agent)
+    print(f"deleted {fact.id}: {fact.content}")
+    return 0
+
+
+def run_facts_search(args: argparse.Namespace, context: CommandContext) -> int:
+    manager = _manager(context)
+    (agent,) = _require(manager, args.user, args.agent)
+    found = manager.search(
+        args.user, args.query, agent_name=agent, category=args.category, limit=args.limit
+    )
+    if not found:
+        print(f"no fact of user {args.user} contains {args.query!r}")
+        return 1
+    print(_facts_table(found))
+    return 0
+
+
+def run_export(args: argparse.Namespace, context: CommandContext) -> int:
+    manager = _manager(context)
+    (agent,) = _require(manager, args.user, args.agent)
+    data = manager.export(args.user, agent_name=agent)
+    if args.output is None:
+        print_json(data)
+        return 0
+    args.output.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    print(f"exported {len(data.get('facts', []))} facts to {args.output}")
+    return 0
+
+
+def run_import(args: argparse.Namespace, context: CommandContext) -> int:
+    data = read_json_file(args.file)
+    if not isinstance(data, dict):
+        raise CommandError(f"{args.file}: a memory document must be a JSON object")
+    document = _manager(context).import_document(args.user, data, agent_name=args.agent)
+    agent = agent_label(validate_agent_name(args.agent))
+    print(f"imported {len(document.facts)} facts into user {args.user}, agent {agent}")
+    return 0
+
+
+def run_forget(args: argparse.Namespace, context: CommandContext) -> int:
+    manager = _manager(context)
+    _require(manager, args.user, None, any_agent=True)
+    removed = manager.forget(args.user)
+    print(f"forgot user {args.user}: {removed} memory document(s) deleted, with their history")
+    return 0

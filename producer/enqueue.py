@@ -1,0 +1,156 @@
+"""The enqueue operation: what one producer call sends, the deadline maths, and the Lua call.
+
+One enqueue is one EVALSHA of ``enqueue.lua`` (one round trip). :func:`compute_deadline` mirrors
+the script's scheduling rule in Python so it can be unit-tested and documented in one place; the
+script stays the authority.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+from importlib import resources
+
+import redis
+
+from core.errors import InvalidIdentifier, RedisUnavailable
+from core.identity import ContextKey
+from core.keys import KeySchema
+from core.models import Message, messages_to_json
+from producer.messages import filter_messages_for_memory, has_minimum_dialogue, keep_newest_within
+from producer.signals import detect_signals
+
+MAX_TRACE_ID_LENGTH = 256
+
+
+class EnqueueCode(enum.IntEnum):
+    """The script's return codes."""
+
+    SCHEDULED = 1
+    DEFERRED_IN_FLIGHT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueRequest:
+    """Everything one enqueue sends, already filtered and encoded (also what the spool keeps)."""
+
+    key: ContextKey
+    messages_json: str
+    correction: bool = False
+    reinforcement: bool = False
+    flush: bool = False
+    trace_id: str | None = None
+
+    @property
+    def context_id(self) -> str:
+        return self.key.id
+
+    def merged_under(self, newer: EnqueueRequest) -> EnqueueRequest:
+        """``newer`` with this older request's flags OR-ed in, as the script merges them."""
+        return EnqueueRequest(
+            key=newer.key,
+            messages_json=newer.messages_json,
+            correction=self.correction or newer.correction,
+            reinforcement=self.reinforcement or newer.reinforcement,
+            flush=self.flush or newer.flush,
+            trace_id=newer.trace_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    context_id: str
+    version: int
+    deadline_ms: int
+    code: EnqueueCode
+
+
+def build_request(
+    key: ContextKey,
+    raw_messages: Iterable[object],
+    *,
+    flush: bool = False,
+    trace_id: str | None = None,
+    max_chars: int = 200_000,
+) -> EnqueueRequest | None:
+    """Filter, check the minimum dialogue, detect signals and encode; ``None`` when nothing is
+    worth sending. Raises :class:`InvalidMessages` on shapes it does not understand."""
+    if trace_id is not None and (
+        not isinstance(trace_id, str) or len(trace_id) > MAX_TRACE_ID_LENGTH
+    ):
+        raise InvalidIdentifier(f"trace_id must be a string of at most {MAX_TRACE_ID_LENGTH} chars")
+    messages: list[Message] = filter_messages_for_memory(raw_messages)
+    if not has_minimum_dialogue(messages):
+        return None
+    correction, reinforcement = detect_signals(messages)
+    return EnqueueRequest(
+        key=key,
+        messages_json=messages_to_json(keep_newest_within(messages, max_chars)),
+        correction=correction,
+        reinforcement=reinforcement,
+        flush=flush,
+        trace_id=trace_id,
+    )
+
+
+def compute_deadline(
+    now_ms: int,
+    *,
+    debounce_ms: int,
+    max_delay_ms: int,
+    flush: bool,
+    pending_since_ms: int | None = None,
+    stored_deadline_ms: int | None = None,
+) -> int:
+    """When the context becomes due: now for a flush, else ``debounce_ms`` after this enqueue but
+    never later than ``max_delay_ms`` after the first enqueue since the last claim; a deadline that
+    has already passed is kept, so a flush is never postponed by a later normal enqueue."""
+    pending = now_ms if pending_since_ms is None else pending_since_ms
+    deadline = now_ms if flush else min(now_ms + debounce_ms, pending + max_delay_ms)
+    if stored_deadline_ms is not None and stored_deadline_ms <= now_ms:
+        return stored_deadline_ms
+    return deadline
+
+
+class Enqueuer:
+    """The registered ``enqueue.lua`` of one client, with the timing it applies."""
+
+    def __init__(
+        self, client: redis.Redis, keys: KeySchema, *, debounce_ms: int, max_delay_ms: int
+    ):
+        source = resources.files("producer").joinpath("enqueue.lua").read_text(encoding="utf-8")
+        self._script = client.register_script(source)
+        self._keys = keys
+        self._debounce = str(debounce_ms)
+        self._max_delay = str(max_delay_ms)
+
+    def __call__(self, request: EnqueueRequest, now_ms: int) -> EnqueueResult:
+        """One round trip. Raises :class:`RedisUnavailable` when Redis does not take it."""
+        key = request.key
+        context_id = key.id
+        q = self._keys.for_context(context_id)
+        try:
+            reply = self._script(
+                keys=(q.context(context_id), q.due, q.inflight, q.dead),
+                args=(
+                    now_ms,
+                    self._debounce,
+                    self._max_delay,
+                    "1" if request.flush else "0",
+                    request.messages_json,
+                    "1" if request.correction else "0",
+                    "1" if request.reinforcement else "0",
+                    key.thread_id,
+                    key.user_id,
+                    key.agent_name or "",
+                    request.trace_id or "",
+                    context_id,
+                ),
+            )
+        except redis.RedisError as exc:
+            # Connection loss, timeout, but also OOM or READONLY: either way the context did not
+            # get in, and the caller (the fail-open producer) spools it.
+            raise RedisUnavailable(f"enqueue of {key.describe()} failed: {exc}") from exc
+        version, deadline_ms, code = reply
+        return EnqueueResult(context_id, int(version), int(deadline_ms), EnqueueCode(int(code)))

@@ -1,0 +1,197 @@
+"""Which messages of a thread reach the memory LLM (reference §1), and how many of them.
+
+The producer receives the whole message list of a thread after every agent run. Only user inputs and
+final assistant answers carry facts about the user; framework-injected messages, tool traffic and
+upload payloads must never reach the memory LLM (the injected memory block itself would otherwise
+feed back into memory). Messages arrive as OpenAI-style dicts or as LangChain message objects, which
+are duck-typed so that LangChain stays an optional dependency.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from core.errors import InvalidMessages
+from core.models import Message
+
+log = logging.getLogger(__name__)
+
+_UPLOAD_MARKER = "<uploaded_files>"
+_UPLOAD_BLOCK = re.compile(r"<uploaded_files>[\s\S]*?</uploaded_files>\n*", re.IGNORECASE)
+
+# OpenAI roles and LangChain types mapped to the two kinds memory keeps; anything else is dropped.
+_HUMAN = "human"
+_AI = "ai"
+_KINDS: dict[str, str] = {
+    "user": _HUMAN,
+    "human": _HUMAN,
+    "HumanMessageChunk": _HUMAN,
+    "assistant": _AI,
+    "ai": _AI,
+    "AIMessageChunk": _AI,
+}
+_NO_EXTRA: Mapping[str, Any] = {}
+
+
+def content_text(content: object) -> str:
+    """A message's text: strings as they are, list parts joined by one space (strings and the
+    ``text`` of dict parts; images and other parts carry no text)."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        pieces: list[str] = []
+        for part in content:
+            if isinstance(part, str):
+                pieces.append(part)
+            elif isinstance(part, Mapping):
+                text = part.get("text")
+                if isinstance(text, str):
+                    pieces.append(text)
+        return " ".join(pieces)
+    raise InvalidMessages(
+        f"message content must be a string or a list, got {type(content).__name__}"
+    )
+
+
+def is_valid_human_input_response(value: object) -> bool:
+    """A clarification answer that the user really gave (and that memory therefore keeps)."""
+    if not isinstance(value, Mapping):
+        return False
+    version = value.get("version")
+    if isinstance(version, bool) or version != 1 or value.get("kind") != "human_input_response":
+        return False
+    if not all(_non_blank(value.get(name)) for name in ("source", "request_id", "value")):
+        return False
+    kind = value.get("response_kind")
+    if kind == "text":
+        return True
+    return kind == "option" and _non_blank(value.get("option_id"))
+
+
+def _non_blank(value: object) -> bool:
+    return isinstance(value, str) and bool(value.strip())
+
+
+def _extra(item: Any, is_map: bool) -> Mapping[str, Any]:
+    extra = item.get("additional_kwargs") if is_map else getattr(item, "additional_kwargs", None)
+    if extra is None:  # the common case for OpenAI dicts; skips an ABC isinstance check
+        return _NO_EXTRA
+    return extra if isinstance(extra, Mapping) else _NO_EXTRA
+
+
+def _has_tool_calls(item: Any, is_map: bool) -> bool:
+    if not is_map:
+        return bool(getattr(item, "tool_calls", None))
+    return bool(
+        item.get("tool_calls") or item.get("function_call") or _extra(item, True).get("tool_calls")
+    )
+
+
+def _is_hidden(item: Any, is_map: bool) -> bool:
+    if is_map and (item.get("hidden") or item.get("hide_from_ui")):
+        return True
+    return bool(_extra(item, is_map).get("hide_from_ui"))
+
+
+def _human_input(item: Any, is_map: bool) -> object:
+    if is_map and "human_input_response" in item:
+        return item["human_input_response"]
+    return _extra(item, is_map).get("human_input_response")
+
+
+def filter_messages_for_memory(raw: Iterable[object]) -> list[Message]:
+    """User inputs and final assistant answers, in order, as plain-text :class:`Message` objects.
+
+    One pass with one flag: the assistant's reply to an upload-only turn is dropped with it.
+    Raises :class:`InvalidMessages` for anything that is not a list of messages.
+    """
+    if isinstance(raw, (str, bytes, Mapping)) or not isinstance(raw, Iterable):
+        raise InvalidMessages(f"messages must be a list, got {type(raw).__name__}")
+    kept: list[Message] = []
+    skip_next_ai = False
+    item: Any
+    for item in raw:
+        # Fields are read only when the rule at hand needs them: this runs on every agent turn,
+        # over the whole thread.
+        is_map = type(item) is dict or isinstance(item, Mapping)
+        if is_map:
+            role = item.get("role") or item.get("type")
+        else:
+            role = getattr(item, "type", None)
+            if not hasattr(item, "content"):
+                role = None
+        if type(role) is not str:
+            raise InvalidMessages(
+                "a message must be a dict with a string `role` or an object with `.type` and "
+                f"`.content`, got {item!r:.80}"
+            )
+        kind = _KINDS.get(role)
+        if kind is None:
+            continue  # tool results, system prompts, …
+        content, mid = (
+            (item.get("content"), item.get("id"))
+            if is_map
+            else (item.content, getattr(item, "id", None))
+        )
+        if type(mid) is not str:
+            mid = None
+        if kind == _AI:
+            if _has_tool_calls(item, is_map):
+                continue  # an intermediate tool-calling step, whatever text it has
+            if skip_next_ai:
+                skip_next_ai = False
+                continue
+            kept.append(Message("assistant", content_text(content), mid))
+            continue
+        if _is_hidden(item, is_map) and not is_valid_human_input_response(
+            _human_input(item, is_map)
+        ):
+            continue  # framework-injected; does not touch skip_next_ai
+        text = content_text(content)
+        if _UPLOAD_MARKER in text:
+            text = _UPLOAD_BLOCK.sub("", text).strip()
+            if not text:
+                skip_next_ai = True  # upload-only turn: its reply says nothing about the user
+                continue
+        skip_next_ai = False
+        kept.append(Message("user", text, mid))
+    return kept
+
+
+def has_minimum_dialogue(messages: Iterable[Message]) -> bool:
+    """At least one user and one assistant message: anything less teaches nothing about the user."""
+    seen_user = seen_assistant = False
+    for message in messages:
+        if message.role == "user":
+            seen_user = True
+        else:
+            seen_assistant = True
+        if seen_user and seen_assistant:
+            return True
+    return False
+
+
+def keep_newest_within(messages: list[Message], max_chars: int) -> list[Message]:
+    """The newest messages whose contents fit in ``max_chars`` in total, so one endless thread
+    cannot grow its Redis hash without bound. When even the newest message alone is too long, its
+    tail is kept (the end of a message is usually its conclusion)."""
+    total = 0
+    for index in range(len(messages) - 1, -1, -1):
+        total += len(messages[index].content)
+        if total > max_chars:
+            if index == len(messages) - 1:
+                last = messages[index]
+                return [Message(last.role, last.content[-max_chars:], last.id)]
+            log.info(
+                "memq: conversation of %d messages over %d chars; keeping the newest %d",
+                len(messages),
+                max_chars,
+                len(messages) - index - 1,
+            )
+            return messages[index + 1 :]
+    return messages

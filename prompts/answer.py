@@ -1,0 +1,302 @@
+"""The answer the update model must give, and reading it out of whatever the model actually sent.
+
+Models wrap JSON in think tags, prose and code fences, stream it in chunks, or start with a decoy
+object; we accept the first JSON object that has all three required keys (§4.3) and never repair
+broken JSON. Each field is then normalised on its own, so one bad fact is dropped rather than the
+whole answer — except when removals come with malformed new facts: "replace X by Y" must never
+degrade into "delete X", so that answer is rejected as a whole (fail closed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from core.errors import ResponseParseError
+from storage.document import CATEGORIES, DEFAULT_CATEGORY, HISTORY_SECTIONS, USER_SECTIONS
+
+REQUIRED_KEYS = ("user", "history", "newFacts")
+_MAX_DECODE_ATTEMPTS = 2000  # bounds the work on a long answer full of braces
+_TRUE_STRINGS = {"true", "yes", "1"}
+
+# Our section names and the camelCase names the model answers with.
+SECTION_KEYS: dict[str, str] = {
+    "work_context": "workContext",
+    "personal_context": "personalContext",
+    "top_of_mind": "topOfMind",
+    "recent_months": "recentMonths",
+    "earlier_context": "earlierContext",
+    "long_term_background": "longTermBackground",
+}
+
+
+class SectionUpdate(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    summary: str
+    should_update: bool
+
+
+class NewFact(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    content: str = Field(min_length=1)
+    category: str = DEFAULT_CATEGORY
+    confidence: float = Field(ge=0.0, le=1.0)
+    source_error: str | None = None
+
+
+class StaleRemoval(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    reason: str = ""
+
+
+class ConsolidationProposal(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    source_ids: tuple[str, ...]
+    content: str
+    category: str | None = None
+    confidence: float | None = None  # None: the merged fact takes its best source's confidence
+
+
+class UpdateAnswer(BaseModel):
+    """A parsed, normalised answer; section keys are ours (``work_context``, …)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sections: dict[str, SectionUpdate] = Field(default_factory=dict)
+    new_facts: tuple[NewFact, ...] = ()
+    facts_to_remove: tuple[str, ...] = ()
+    stale_facts_to_remove: tuple[StaleRemoval, ...] = ()
+    facts_to_consolidate: tuple[ConsolidationProposal, ...] = ()
+    dropped_facts: int = 0
+
+    def is_noop(self) -> bool:
+        return not (
+            any(s.should_update and s.summary for s in self.sections.values())
+            or self.new_facts
+            or self.facts_to_remove
+            or self.stale_facts_to_remove
+            or self.facts_to_consolidate
+        )
+
+
+def response_text(content: Any) -> str:
+    """A chat message's content as text: streamed string chunks are joined as they are, text blocks
+    each become their own piece, anything else is ignored or stringified."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content.strip()
+    if not isinstance(content, list):
+        return str(content).strip()
+    pieces: list[str] = []
+    run: list[str] = []
+    for item in content:
+        if isinstance(item, str):
+            run.append(item)
+            continue
+        if run:
+            pieces.append("".join(run))
+            run = []
+        if isinstance(item, Mapping) and isinstance(item.get("text"), str):
+            pieces.append(item["text"])
+    if run:
+        pieces.append("".join(run))
+    return "\n".join(pieces).strip()
+
+
+def find_update_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in ``text`` that has every required key, wherever it starts."""
+    decoder = json.JSONDecoder()
+    start = text.find("{")
+    attempts = 0
+    while start != -1 and attempts < _MAX_DECODE_ATTEMPTS:
+        attempts += 1
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except ValueError:
+            value = None
+        if isinstance(value, dict) and all(key in value for key in REQUIRED_KEYS):
+            return value
+        start = text.find("{", start + 1)
+    return None
+
+
+def normalise_category(value: Any) -> str | None:
+    """One of our six categories, or None. Free text is not kept (§10.17): ``Preferences`` and
+    `` preference `` are ``preference``; anything unknown is for the caller to default."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    name = value.strip().casefold()
+    if name in CATEGORIES:
+        return name
+    if name.endswith("s") and name[:-1] in CATEGORIES:
+        return name[:-1]
+    return None
+
+
+def _flag(value: Any) -> bool:
+    # DeerFlow tested truthiness, so the string "false" meant "update" (§10.17).
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return value.strip().casefold() in _TRUE_STRINGS
+    if isinstance(value, int | float):
+        return value == 1
+    return False
+
+
+def _confidence(value: Any, *, missing: float | None) -> float | None:
+    """A finite number clamped to [0, 1]; ``missing`` when absent; None (drop) when unusable."""
+    if value is None:
+        return missing
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return min(1.0, max(0.0, float(value)))
+
+
+def _text(value: Any) -> str | None:
+    return value.strip() if isinstance(value, str) and value.strip() else None
+
+
+def _sections(data: dict[str, Any]) -> dict[str, SectionUpdate]:
+    sections: dict[str, SectionUpdate] = {}
+    for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS)):
+        block = data.get(group)
+        if not isinstance(block, Mapping):
+            continue
+        for name in names:
+            raw = block.get(SECTION_KEYS[name], block.get(name))
+            if not isinstance(raw, Mapping):
+                continue
+            summary = raw.get("summary")
+            if not isinstance(summary, str):
+                continue
+            should = _flag(raw.get("shouldUpdate", raw.get("should_update")))
+            sections[name] = SectionUpdate(summary=summary.strip(), should_update=should)
+    return sections
+
+
+def _new_fact(raw: Any) -> NewFact | None:
+    if not isinstance(raw, Mapping):
+        return None
+    content = _text(raw.get("content"))
+    # Absent means "inferred" (0.5); an explicit null or a bool is malformed and drops the fact.
+    confidence = _confidence(raw["confidence"], missing=None) if "confidence" in raw else 0.5
+    if content is None or confidence is None:
+        return None
+    return NewFact(
+        content=content,
+        category=normalise_category(raw.get("category")) or DEFAULT_CATEGORY,
+        confidence=confidence,
+        source_error=_text(raw.get("sourceError", raw.get("source_error"))),
+    )
+
+
+def _removal_ids(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    ids: list[str] = []
+    for item in value:
+        # Bare ids (the schema we ask for) and DeerFlow HEAD's {"id": …} objects.
+        raw = item.get("id") if isinstance(item, Mapping) else item
+        text = _text(raw)
+        if text is not None and text not in ids:
+            ids.append(text)
+    return tuple(ids)
+
+
+def _stale(value: Any) -> tuple[StaleRemoval, ...]:
+    if not isinstance(value, list):
+        return ()
+    removals = []
+    for item in value:
+        if isinstance(item, Mapping) and (fact_id := _text(item.get("id"))) is not None:
+            reason = item.get("reason")
+            removals.append(
+                StaleRemoval(id=fact_id, reason=reason.strip() if isinstance(reason, str) else "")
+            )
+    return tuple(removals)
+
+
+def _consolidations(value: Any) -> tuple[ConsolidationProposal, ...]:
+    if not isinstance(value, list):
+        return ()
+    proposals = []
+    for item in value:
+        if not isinstance(item, Mapping):
+            continue
+        raw_ids = item.get("sourceIds", item.get("source_ids"))
+        merged = item.get("consolidated")
+        if not isinstance(raw_ids, list) or not isinstance(merged, Mapping):
+            continue
+        ids = tuple(dict.fromkeys(i.strip() for i in raw_ids if isinstance(i, str) and i.strip()))
+        content = _text(merged.get("content"))
+        if len(ids) < 2 or content is None:
+            continue
+        proposals.append(
+            ConsolidationProposal(
+                source_ids=ids,
+                content=content,
+                category=normalise_category(merged.get("category")),
+                confidence=_confidence(merged.get("confidence"), missing=None),
+            )
+        )
+    return tuple(proposals)
+
+
+def normalise_answer(data: dict[str, Any]) -> UpdateAnswer:
+    raw_facts = data.get("newFacts")
+    facts: list[NewFact] = []
+    dropped = 0
+    if isinstance(raw_facts, list):
+        for raw in raw_facts:
+            fact = _new_fact(raw)
+            if fact is None:
+                dropped += 1
+            else:
+                facts.append(fact)
+    else:
+        dropped = 1
+    removals = _removal_ids(data.get("factsToRemove"))
+    if removals and dropped:
+        raise ResponseParseError(
+            f"the answer removes {len(removals)} fact(s) but {dropped} new fact(s) are malformed; "
+            "rejected so that a replacement never degrades into a deletion"
+        )
+    return UpdateAnswer(
+        sections=_sections(data),
+        new_facts=tuple(facts),
+        facts_to_remove=removals,
+        stale_facts_to_remove=_stale(data.get("staleFactsToRemove")),
+        facts_to_consolidate=_consolidations(data.get("factsToConsolidate")),
+        dropped_facts=dropped,
+    )
+
+
+def parse_update_response(content: Any) -> UpdateAnswer:
+    """Read an :class:`UpdateAnswer` from a model's content; ResponseParseError if none."""
+    text = response_text(content)
+    data = find_update_object(text)
+    if data is None:
+        preview = text[:120].replace("\n", " ")
+        raise ResponseParseError(
+            f"no JSON object with {', '.join(REQUIRED_KEYS)} in the model's answer "
+            f"({len(text)} chars, starts {preview!r})"
+        )
+    return normalise_answer(data)

@@ -1,0 +1,253 @@
+"""Applying a parsed answer to a memory document (§4.4) — a pure function of the document, the
+answer, the settings and ``now``.
+
+It runs inside the storage's atomic ``update`` on the *latest* document, which may differ from the
+snapshot the prompt showed: removals of ids that vanished meanwhile are no-ops, dedup is against
+what is there now. Differences from DeerFlow, each fixing a weakness of §10.17: a contradiction
+cannot delete a ``correction`` fact unless the same answer adds a replacement correction; the cap
+evicts any other category before a correction; dedup ignores case *and* whitespace; every change is
+recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from core.settings import MemqSettings
+from prompts.answer import UpdateAnswer
+from prompts.consolidation import apply_consolidations
+from prompts.scrub import scrub_document
+from prompts.staleness import select_stale_removals
+from storage.base import Change
+from storage.document import HISTORY_SECTIONS, USER_SECTIONS, Fact, MemoryDocument, Section
+
+log = logging.getLogger(__name__)
+
+CORRECTION = "correction"
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    document: MemoryDocument
+    changes: list[Change]
+
+
+def content_key(content: str) -> str:
+    """Two facts are the same fact when they differ only in case or whitespace."""
+    return " ".join(content.split()).casefold()
+
+
+def _apply_sections(
+    doc: MemoryDocument, answer: UpdateAnswer, now: datetime, thread_id: str | None
+) -> list[Change]:
+    changes = []
+    for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS)):
+        container = getattr(doc, group)
+        for name in names:
+            update = answer.sections.get(name)
+            if update is None or not update.should_update or not update.summary:
+                continue
+            if getattr(container, name).summary == update.summary:
+                continue
+            setattr(container, name, Section(summary=update.summary, updated_at=now))
+            changes.append(
+                Change(
+                    at=now,
+                    action="summary",
+                    section=name,
+                    content=update.summary,
+                    reason="updated from the conversation",
+                    source_thread_id=thread_id,
+                )
+            )
+    return changes
+
+
+def _remove_contradicted(
+    doc: MemoryDocument,
+    answer: UpdateAnswer,
+    settings: MemqSettings,
+    now: datetime,
+    thread_id: str | None,
+) -> list[Change]:
+    replaces_correction = any(
+        f.category == CORRECTION and f.confidence >= settings.fact_confidence_threshold
+        for f in answer.new_facts
+    )
+    doomed: set[str] = set()
+    for fact_id in answer.facts_to_remove:
+        fact = doc.fact(fact_id)
+        if fact is None:
+            log.debug("removal of %s skipped: not in the latest document", fact_id)
+        elif fact.category == CORRECTION and not replaces_correction:
+            log.info("removal of correction fact %s refused: no replacement correction", fact_id)
+        else:
+            doomed.add(fact_id)
+    changes = [
+        Change(
+            at=now,
+            action="remove",
+            fact_id=f.id,
+            content=f.content,
+            reason="contradicted by the conversation",
+            source_thread_id=thread_id,
+        )
+        for f in doc.facts
+        if f.id in doomed
+    ]
+    doc.facts = [f for f in doc.facts if f.id not in doomed]
+    return changes
+
+
+def _remove_stale(
+    doc: MemoryDocument,
+    answer: UpdateAnswer,
+    settings: MemqSettings,
+    now: datetime,
+    thread_id: str | None,
+) -> list[Change]:
+    removals = select_stale_removals(doc, answer.stale_facts_to_remove, settings, now)
+    doomed = {fact.id for fact, _ in removals}
+    doc.facts = [f for f in doc.facts if f.id not in doomed]
+    return [
+        Change(
+            at=now,
+            action="stale",
+            fact_id=fact.id,
+            content=fact.content,
+            reason=f"stale: {reason}",
+            source_thread_id=thread_id,
+        )
+        for fact, reason in removals
+    ]
+
+
+def _add_facts(
+    doc: MemoryDocument,
+    answer: UpdateAnswer,
+    settings: MemqSettings,
+    now: datetime,
+    thread_id: str | None,
+) -> list[Change]:
+    seen = {content_key(f.content) for f in doc.facts}
+    changes = []
+    for new in answer.new_facts:
+        key = content_key(new.content)
+        if new.confidence < settings.fact_confidence_threshold or key in seen:
+            continue
+        seen.add(key)
+        fact = Fact(
+            content=new.content,
+            category=new.category,
+            confidence=new.confidence,
+            created_at=now,
+            source="conversation",
+            source_thread_id=thread_id,
+            source_error=new.source_error,
+        )
+        doc.facts.append(fact)
+        changes.append(
+            Change(
+                at=now,
+                action="add",
+                fact_id=fact.id,
+                content=fact.content,
+                reason=f"{fact.category}, confidence {fact.confidence:.2f}",
+                source_thread_id=thread_id,
+            )
+        )
+    return changes
+
+
+def evict_over_cap(facts: list[Fact], max_facts: int) -> tuple[list[Fact], list[Fact]]:
+    """(kept in their order, evicted). Lowest confidence goes first, the newest on ties, and a
+    correction only once no other category is left to evict."""
+    if len(facts) <= max_facts:
+        return facts, []
+    ranked = sorted(
+        range(len(facts)),
+        key=lambda i: (facts[i].category == CORRECTION, facts[i].confidence, -i),
+        reverse=True,
+    )
+    keep = set(ranked[:max_facts])
+    return (
+        [f for i, f in enumerate(facts) if i in keep],
+        [f for i, f in enumerate(facts) if i not in keep],
+    )
+
+
+def _consolidate(
+    doc: MemoryDocument,
+    answer: UpdateAnswer,
+    settings: MemqSettings,
+    now: datetime,
+    thread_id: str | None,
+) -> list[Change]:
+    result = apply_consolidations(doc, answer.facts_to_consolidate, settings, now)
+    if not result.merged:
+        return []
+    changes = [
+        Change(
+            at=now,
+            action="remove",
+            fact_id=f.id,
+            content=f.content,
+            reason=f"merged into {result.consumed[f.id]}",
+            source_thread_id=thread_id,
+        )
+        for f in doc.facts
+        if f.id in result.consumed
+    ]
+    doc.facts = [f for f in doc.facts if f.id not in result.consumed] + result.merged
+    changes += [
+        Change(
+            at=now,
+            action="merge",
+            fact_id=m.id,
+            content=m.content,
+            reason="merged from " + ", ".join(m.consolidated_from),
+            source_thread_id=thread_id,
+        )
+        for m in result.merged
+    ]
+    return changes
+
+
+def apply_update(
+    document: MemoryDocument,
+    answer: UpdateAnswer,
+    *,
+    settings: MemqSettings,
+    now: datetime,
+    thread_id: str | None = None,
+) -> ApplyResult:
+    """A new document with ``answer`` applied (the input is not modified), and its changes."""
+    doc = document.model_copy(deep=True)
+    changes = _apply_sections(doc, answer, now, thread_id)
+    changes += _remove_contradicted(doc, answer, settings, now, thread_id)
+    changes += _remove_stale(doc, answer, settings, now, thread_id)
+    changes += _add_facts(doc, answer, settings, now, thread_id)
+    doc.facts, evicted = evict_over_cap(doc.facts, settings.max_facts)
+    changes += [
+        Change(
+            at=now,
+            action="evict",
+            fact_id=f.id,
+            content=f.content,
+            reason=f"over max_facts={settings.max_facts}, lowest confidence ({f.confidence:.2f})",
+            source_thread_id=thread_id,
+        )
+        for f in evicted
+    ]
+    # After the cap, so that a merge never names a source the cap just evicted.
+    if settings.consolidation_enabled:
+        changes += _consolidate(doc, answer, settings, now, thread_id)
+    doc, scrubbed = scrub_document(doc, source_thread_id=thread_id)
+    for change in scrubbed:
+        change.at = now
+    changes += scrubbed
+    if changes:
+        doc.last_updated = now
+    return ApplyResult(doc, changes)

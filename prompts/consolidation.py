@@ -1,0 +1,114 @@
+"""Consolidation (§4.6, off by default): large groups of same-category facts are shown to the model,
+which may merge related ones into a single richer fact.
+
+Guardrails: only facts of a qualifying group in the latest document may be merged, all sources of
+one merge share a category, a source is consumed at most once per cycle, at most
+``consolidation_max_groups_per_cycle`` merges succeed, and the merged confidence is never above its
+best source (nor below the fact threshold).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from core.settings import MemqSettings
+from prompts.answer import ConsolidationProposal
+from prompts.escaping import one_line
+from storage.document import Fact, MemoryDocument, new_fact_id
+
+SECTION_HEADER = """\
+## Memory consolidation
+Some categories hold many facts. Where several facts below describe the same aspect of the user, you
+may merge them into one fact that keeps every concrete detail (names, numbers, versions). Do not
+merge facts about different aspects; when unsure, SKIP. Its confidence must not exceed the highest
+confidence of its sources. At most {max_groups} merges. Put each merge into "factsToConsolidate" as
+{{"sourceIds": ["<id>", "<id>"], "consolidated": \
+{{"content": "…", "category": "…", "confidence": 0.9}}}}."""
+
+
+@dataclass(frozen=True)
+class Group:
+    category: str
+    facts: tuple[Fact, ...]
+
+
+@dataclass
+class ConsolidationResult:
+    merged: list[Fact] = field(default_factory=list)
+    consumed: dict[str, str] = field(default_factory=dict)  # source id → merged fact id
+
+
+def qualifying_groups(document: MemoryDocument, settings: MemqSettings) -> list[Group]:
+    """Categories with at least ``consolidation_min_facts`` facts, largest first (then by name)."""
+    protected = {c.casefold() for c in settings.staleness_protected_categories}
+    groups: dict[str, list[Fact]] = {}
+    for fact in document.facts:
+        if fact.category.casefold() not in protected:
+            groups.setdefault(fact.category, []).append(fact)
+    qualifying = [
+        Group(name, tuple(facts))
+        for name, facts in groups.items()
+        if len(facts) >= settings.consolidation_min_facts
+    ]
+    qualifying.sort(key=lambda g: (-len(g.facts), g.category))
+    return qualifying
+
+
+def render_consolidation_section(groups: Sequence[Group], settings: MemqSettings) -> str:
+    blocks = [SECTION_HEADER.format(max_groups=settings.consolidation_max_groups_per_cycle)]
+    for group in groups[: settings.consolidation_max_groups_per_cycle]:
+        shown = group.facts[: settings.consolidation_max_sources]
+        lines = "\n".join(
+            f"- [{one_line(f.id)} | {f.confidence:.2f}] {one_line(f.content)}" for f in shown
+        )
+        blocks.append(
+            f'<consolidation_candidates category="{one_line(group.category).replace(chr(34), "")}" '
+            f'count="{len(shown)}">\n{lines}\n</consolidation_candidates>'
+        )
+    return "\n".join(blocks)
+
+
+def apply_consolidations(
+    document: MemoryDocument,
+    proposals: Sequence[ConsolidationProposal],
+    settings: MemqSettings,
+    now: datetime,
+) -> ConsolidationResult:
+    """Decide which proposed merges to make on ``document``; the caller swaps the facts."""
+    result = ConsolidationResult()
+    if not proposals:
+        return result
+    allowed = {f.id: f for g in qualifying_groups(document, settings) for f in g.facts}
+    for proposal in proposals:
+        if len(result.merged) >= settings.consolidation_max_groups_per_cycle:
+            break
+        ids = proposal.source_ids
+        if not 2 <= len(ids) <= settings.consolidation_max_sources:
+            continue
+        if any(i in result.consumed or i not in allowed for i in ids):
+            continue
+        sources = [allowed[i] for i in ids]
+        if len({s.category for s in sources}) != 1:
+            continue
+        best = max(s.confidence for s in sources)
+        confidence = best if proposal.confidence is None else min(proposal.confidence, best)
+        if confidence < settings.fact_confidence_threshold:
+            continue
+        created = [s.created_at for s in sources if s.created_at is not None]
+        errors = list(dict.fromkeys(s.source_error for s in sources if s.source_error))
+        merged = Fact(
+            id=new_fact_id(),
+            content=proposal.content,
+            category=proposal.category or sources[0].category,
+            confidence=confidence,
+            created_at=max(created) if created else now,
+            source="consolidation",
+            consolidated_at=now,
+            consolidated_from=list(ids),
+            source_error="\n".join(errors) or None,
+        )
+        result.merged.append(merged)
+        result.consumed.update(dict.fromkeys(ids, merged.id))
+    return result

@@ -1,0 +1,41 @@
+"""Keeping untrusted text inside the prompt slot it was put in.
+
+Everything we place in a prompt — conversation text, fact contents, summaries, categories, ids,
+source errors — comes from users or from earlier model output, so any of it may try to close one of
+our tags (``</conversation>``) and speak as the instructions. Two tools, one per kind of slot:
+
+* JSON slots (the current memory) escape ``<``, ``>`` and ``&`` as JSON ``\\u`` escapes. The JSON
+  still means the same strings, so the model reads ``<`` and anything it copies back parses to
+  ``<`` again — unlike HTML entities, which DeerFlow's models copied into summaries as ``&quot;``
+  (§10.17).
+* Text slots neutralise only what could start a tag (``<`` before a name, ``/``, ``!`` or ``?``),
+  and fold line breaks where one item must stay one line. ``a < b`` and ``R&D`` reach the model
+  unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+# "< /conversation>" is still a closing tag to a model; "a < b" is a comparison.
+_TAG_START = re.compile(r"<(?=\s*/|[!?A-Za-z])")
+_LINE_BREAKS = re.compile(r"[\r\n\u2028\u2029]+")
+
+
+def neutralise_tags(text: str) -> str:
+    """Make sure ``text`` cannot open or close a tag of ours; the rest is left as written."""
+    return _TAG_START.sub("&lt;", text)
+
+
+def one_line(text: str) -> str:
+    """For list items (``- [id | …] content``): a line break would forge a new item."""
+    return _LINE_BREAKS.sub(" ", neutralise_tags(text)).strip()
+
+
+def prompt_json(data: Any) -> str:
+    """Readable JSON (2-space indent, non-ASCII kept) with no raw ``<``, ``>`` or ``&`` anywhere."""
+    text = json.dumps(data, ensure_ascii=False, indent=2)
+    # Outside strings JSON never contains these characters, so a plain replace is exact.
+    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")

@@ -1,0 +1,83 @@
+"""Upload mentions are session-only (§4.7): an uploaded file is gone in the next thread, so a memory
+saying "the user uploaded report.pdf" sends the agent looking for a file that does not exist.
+
+Sentences of summaries that mention an upload are deleted; facts that mention one are dropped.
+Unlike DeerFlow's pattern this also catches a path or tag at the start of a word ("See
+/mnt/user-data/uploads/x"), "uploads file", up to six words in between ("uploaded the big quarterly
+sales file"), file names with dots inside a sentence, and Chinese upload phrases — while "works
+with CSV files" and "prefers PDF export" stay. Manual facts are the user's own words and are left
+alone.
+"""
+
+from __future__ import annotations
+
+import re
+
+from storage.base import Change
+from storage.document import HISTORY_SECTIONS, USER_SECTIONS, MemoryDocument, Section
+
+UPLOAD_MENTION = re.compile(
+    r"\bupload(?:s|ed|ing)?\b(?:\s+[\w'’-]+){0,6}?\s+(?:files?|documents?|attachments?)\b"
+    r"|\bfile\s+uploads?\b"
+    r"|/mnt/user-data/uploads\b"
+    r"|</?(?:uploaded_files|current_uploads)>"
+    r"|上传(?:了|的)?[^。！？.!?]{0,20}?(?:文件|文档|附件)",
+    re.IGNORECASE,
+)
+# A sentence ends at . ! ? followed by whitespace or the end (so "data.csv" and "v2.0" stay inside
+# it), or at a Chinese full stop, exclamation or question mark.
+_SENTENCE = re.compile(r"(?:[^.!?。！？]|[.!?](?=[^\s.!?]))*(?:[.!?]+(?=\s|$)|[。！？]+)?\s*")
+_SPACES = re.compile(r"[ \t]{2,}")
+_REASON = "mentions an uploaded file (uploads are session-only)"
+
+
+def mentions_upload(text: str) -> bool:
+    return UPLOAD_MENTION.search(text) is not None
+
+
+def scrub_text(text: str) -> str:
+    """``text`` without the sentences that mention an upload."""
+    if not mentions_upload(text):
+        return text
+    kept = [s for s in _SENTENCE.findall(text) if s and not mentions_upload(s)]
+    return _SPACES.sub(" ", "".join(kept)).strip()
+
+
+def scrub_document(
+    document: MemoryDocument, *, source_thread_id: str | None = None
+) -> tuple[MemoryDocument, list[Change]]:
+    """A copy of ``document`` without upload mentions, and what was taken out."""
+    changes: list[Change] = []
+    doc = document.model_copy(deep=True)
+    for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS)):
+        container = getattr(doc, group)
+        for name in names:
+            section: Section = getattr(container, name)
+            cleaned = scrub_text(section.summary)
+            if cleaned != section.summary:
+                setattr(container, name, Section(summary=cleaned, updated_at=section.updated_at))
+                changes.append(
+                    Change(
+                        action="summary",
+                        section=name,
+                        content=cleaned,
+                        reason=_REASON,
+                        source_thread_id=source_thread_id,
+                    )
+                )
+    kept = []
+    for fact in doc.facts:
+        if fact.source != "manual" and mentions_upload(fact.content):
+            changes.append(
+                Change(
+                    action="remove",
+                    fact_id=fact.id,
+                    content=fact.content,
+                    reason=_REASON,
+                    source_thread_id=source_thread_id,
+                )
+            )
+        else:
+            kept.append(fact)
+    doc.facts = kept
+    return doc, changes

@@ -1,0 +1,79 @@
+"""Staleness review (§4.5): old facts are shown to the model, which may propose removing some.
+
+Guardrails, because the model's answer is applied to the *latest* document: only facts that are
+candidates there (old enough, not in a protected category, among the oldest shown) can go, and at
+most ``staleness_max_removals_per_cycle`` per extraction, lowest confidence first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from core.settings import MemqSettings
+from prompts.answer import StaleRemoval
+from prompts.escaping import one_line
+from storage.document import Fact, MemoryDocument
+
+SECTION_TEMPLATE = """\
+## Staleness review
+The facts below were recorded more than {age_days} days ago. For each one decide KEEP or REMOVE.
+- KEEP what is still likely true: stable traits, long-held preferences, background, expertise.
+- REMOVE what the conversation or time has plausibly made obsolete: a finished or abandoned project,
+  a previous job or location, a migrated tool, a goal that was met.
+- When in doubt, KEEP. Only REMOVE with a concrete reason.
+Put each REMOVE into "staleFactsToRemove" as {{"id": "<fact id>", "reason": "<the signal>"}}; leave
+KEEP decisions out.
+<stale_facts>
+{lines}
+</stale_facts>"""
+
+
+def stale_candidates(document: MemoryDocument, settings: MemqSettings, now: datetime) -> list[Fact]:
+    """Facts older than the age limit outside protected categories, oldest first, at most as many as
+    the prompt may show (the oldest are the likeliest to be obsolete)."""
+    protected = {c.casefold() for c in settings.staleness_protected_categories}
+    cutoff = now - timedelta(days=settings.staleness_age_days)
+    old = [
+        f
+        for f in document.facts
+        if f.category.casefold() not in protected
+        and f.created_at is not None
+        and f.created_at < cutoff
+    ]
+    old.sort(key=lambda f: f.created_at or cutoff)
+    return old[: settings.staleness_max_candidates_shown]
+
+
+def should_review(candidates: Sequence[Fact], settings: MemqSettings) -> bool:
+    return (
+        settings.staleness_review_enabled and len(candidates) >= settings.staleness_min_candidates
+    )
+
+
+def render_staleness_section(candidates: Sequence[Fact], settings: MemqSettings) -> str:
+    lines = "\n".join(
+        f"- [{one_line(f.id)} | {one_line(f.category)} | {f.confidence:.2f} | "
+        f"{f.created_at.date().isoformat() if f.created_at else '?'}] {one_line(f.content)}"
+        for f in candidates
+    )
+    return SECTION_TEMPLATE.format(age_days=settings.staleness_age_days, lines=lines)
+
+
+def select_stale_removals(
+    document: MemoryDocument,
+    proposals: Sequence[StaleRemoval],
+    settings: MemqSettings,
+    now: datetime,
+) -> list[tuple[Fact, str]]:
+    """The proposed removals that pass the guardrails, with their reasons."""
+    if not proposals:
+        return []
+    allowed = {f.id: f for f in stale_candidates(document, settings, now)}
+    chosen: dict[str, tuple[Fact, str]] = {}
+    for proposal in proposals:
+        fact = allowed.get(proposal.id)
+        if fact is not None and fact.id not in chosen:
+            chosen[fact.id] = (fact, proposal.reason or "stale")
+    ranked = sorted(chosen.values(), key=lambda pair: pair[0].confidence)  # stable on ties
+    return ranked[: settings.staleness_max_removals_per_cycle]

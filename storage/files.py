@@ -1,0 +1,342 @@
+"""The default backend: one memory.json per (user, agent) on a local or shared file system.
+
+Layout under ``settings.storage_dir``::
+
+    users/<user>/memory.json                       user-global memory (agent None)
+    users/<user>/memory.history.jsonl              its change history
+    users/<user>/memory.json.lock                  the cross-process lock (fcntl)
+    users/<user>/agents/<agent>/memory.json        memory of one agent of that user
+
+Fixes DeerFlow's weak points (§10.11-13): writes are atomic and durable (unique temp file, fsync of
+the file and of its folder), updates are serialised across processes by an fcntl lock, the read
+cache never hands out a shared object, and a corrupt file is moved aside and reported, never read as
+empty and then overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from core.errors import CorruptMemoryFile, LockTimeout, StorageError
+from core.identity import validate_agent_name, validate_user_id
+from core.settings import MemqSettings
+from storage.base import Change, UpdateFn
+from storage.document import MemoryDocument, empty_document, utc_now
+from storage.history import (
+    DocumentDecodeError,
+    decode_changes,
+    dump_document,
+    encode_change,
+    newest_first,
+    parse_document,
+    split_update_result,
+    stamp_for_save,
+)
+
+log = logging.getLogger(__name__)
+
+DOCUMENT_NAME = "memory.json"
+HISTORY_NAME = "memory.history.jsonl"
+LOCK_NAME = "memory.json.lock"
+CORRUPT_PREFIX = "memory.json.corrupt-"
+
+# (device, inode, size, mtime ns, ctime ns): every replace makes a new inode, so a coarse mtime
+# alone can no longer serve a stale document.
+Signature = tuple[int, int, int, int, int]
+
+
+def _signature(st: os.stat_result) -> Signature:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _is_data_file(name: str) -> bool:
+    return name in (DOCUMENT_NAME, HISTORY_NAME) or name.startswith(CORRUPT_PREFIX)
+
+
+def _has_data(directory: Path) -> bool:
+    try:
+        return any(_is_data_file(entry.name) for entry in directory.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileMemoryStorage:
+    """:class:`storage.base.MemoryStorage` on disk."""
+
+    def __init__(self, settings: MemqSettings) -> None:
+        self.root = Path(settings.storage_dir)
+        self.lock_timeout_seconds = settings.storage_lock_timeout_seconds
+        self.history_max_entries = settings.history_max_entries
+        self._cache: dict[Path, tuple[Signature, MemoryDocument]] = {}
+        self._cache_lock = threading.Lock()
+
+    # --- paths
+    def directory(self, user_id: str | None, agent_name: str | None) -> Path:
+        user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
+        base = self.root / "users" / user
+        return base if agent is None else base / "agents" / agent
+
+    def path(self, user_id: str | None, agent_name: str | None = None) -> Path:
+        """Where the memory.json of that (user, agent) lives (whether or not it exists yet)."""
+        return self.directory(user_id, agent_name) / DOCUMENT_NAME
+
+    # --- the protocol
+    def load(self, user_id: str | None, agent_name: str | None = None) -> MemoryDocument:
+        path = self.path(user_id, agent_name)
+        try:
+            sig = _signature(os.stat(path))
+        except FileNotFoundError:
+            self._forget_cached(path)
+            return empty_document()
+        except OSError as exc:
+            raise StorageError(f"cannot stat {path}: {exc}") from exc
+        with self._cache_lock:
+            hit = self._cache.get(path)
+        if hit is not None and hit[0] == sig:
+            return hit[1].model_copy(deep=True)
+        document = self._read(path, locked=False)
+        return document.model_copy(deep=True) if document is not None else empty_document()
+
+    def save(
+        self,
+        user_id: str | None,
+        agent_name: str | None,
+        document: MemoryDocument,
+        *,
+        changes: list[Change] | None = None,
+    ) -> None:
+        directory = self.directory(user_id, agent_name)
+        with self._locked(directory):
+            self._write(directory / DOCUMENT_NAME, stamp_for_save(document))
+            self._append_history(directory, changes or [])
+
+    def update(self, user_id: str | None, agent_name: str | None, fn: UpdateFn) -> MemoryDocument:
+        directory = self.directory(user_id, agent_name)
+        path = directory / DOCUMENT_NAME
+        with self._locked(directory):
+            # Read from disk, not the cache: inside the lock the file is the only truth.
+            # The callback may mutate its argument: hand it a copy, never the cached object.
+            current = (self._read(path, locked=True) or empty_document()).model_copy(deep=True)
+            before = dump_document(current)
+            document, changes = split_update_result(fn(current))
+            if dump_document(document) == before and not changes:
+                return document.model_copy(deep=True)
+            saved = stamp_for_save(document)
+            self._write(path, saved)
+            self._append_history(directory, changes)
+        return saved.model_copy(deep=True)
+
+    def history(
+        self, user_id: str | None, agent_name: str | None = None, *, limit: int = 100
+    ) -> list[Change]:
+        path = self.directory(user_id, agent_name) / HISTORY_NAME
+        try:
+            lines = path.read_bytes().splitlines()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StorageError(f"cannot read {path}: {exc}") from exc
+        return newest_first(decode_changes(lines), limit)
+
+    def list_users(self) -> list[str]:
+        users_dir = self.root / "users"
+        if not users_dir.is_dir():
+            return []
+        users = []
+        for entry in sorted(users_dir.iterdir()):
+            try:
+                user = validate_user_id(entry.name)
+            except ValueError:
+                continue  # not ours (a stray file or folder someone put there)
+            if self.list_agents(user):
+                users.append(user)
+        return users
+
+    def list_agents(self, user_id: str | None) -> list[str | None]:
+        """Agents with stored data: a document, a history or a moved-aside corrupt copy (so that
+        forgetting a user reaches every file of theirs)."""
+        base = self.directory(user_id, None)
+        found: list[str | None] = []
+        if _has_data(base):
+            found.append(None)
+        agents_dir = base / "agents"
+        if agents_dir.is_dir():
+            for entry in sorted(agents_dir.iterdir()):
+                if entry.name == entry.name.lower() and _has_data(entry):
+                    found.append(entry.name)
+        return found
+
+    def delete(self, user_id: str | None, agent_name: str | None) -> bool:
+        """Remove the document, its history and any moved-aside corrupt copies, then the lock file
+        and the folders left empty (forget means nothing of theirs stays on disk)."""
+        directory = self.directory(user_id, agent_name)
+        if not directory.is_dir():
+            return False
+        existed = False
+        with self._locked(directory):
+            for entry in directory.iterdir():
+                if _is_data_file(entry.name):
+                    entry.unlink(missing_ok=True)
+                    existed = True
+            self._forget_cached(directory / DOCUMENT_NAME)
+            # Unlinked while held: a waiter that opened the old lock file notices the inode change
+            # in `_locked` and retries on a fresh one, so mutual exclusion holds across a delete.
+            (directory / LOCK_NAME).unlink(missing_ok=True)
+        folders = [directory]
+        if validate_agent_name(agent_name) is not None:
+            folders += [directory.parent, directory.parent.parent]  # agents/, then the user
+        for folder in folders:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only succeeds when empty
+        return existed
+
+    # --- internals
+    @contextlib.contextmanager
+    def _locked(self, directory: Path) -> Iterator[None]:
+        lock_path = directory / LOCK_NAME
+        deadline = time.monotonic() + self.lock_timeout_seconds
+        delay = 0.001
+        while True:
+            fd = self._try_lock(lock_path)
+            if fd is not None:
+                break
+            if time.monotonic() >= deadline:
+                raise LockTimeout(
+                    f"could not lock {lock_path} within {self.lock_timeout_seconds:g} s"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
+        try:
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    @staticmethod
+    def _try_lock(lock_path: Path) -> int | None:
+        try:
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            return None  # a concurrent delete pruned the folder between mkdir and open
+        except OSError as exc:
+            raise StorageError(f"cannot open the lock file {lock_path}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except OSError as exc:
+            os.close(fd)
+            raise StorageError(f"cannot lock {lock_path}: {exc}") from exc
+        try:
+            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:  # deleted (and maybe re-created) while we waited: lock the current file
+            os.close(fd)
+            return None
+        return fd
+
+    def _read(self, path: Path, *, locked: bool) -> MemoryDocument | None:
+        """Read, parse and cache the file; None when it does not exist."""
+        try:
+            with open(path, "rb") as f:
+                sig = _signature(os.fstat(f.fileno()))
+                data = f.read()
+        except FileNotFoundError:
+            self._forget_cached(path)
+            return None
+        except OSError as exc:
+            raise StorageError(f"cannot read {path}: {exc}") from exc
+        try:
+            document = parse_document(data)
+        except DocumentDecodeError as exc:
+            self._forget_cached(path)
+            raise self._quarantine(path, sig, str(exc), locked=locked) from exc
+        with self._cache_lock:
+            self._cache[path] = (sig, document)
+        return document
+
+    def _quarantine(
+        self, path: Path, sig: Signature, reason: str, *, locked: bool
+    ) -> CorruptMemoryFile:
+        """Move a corrupt file aside (if it is still the one we read) and describe it."""
+        aside = path.with_name(f"{CORRUPT_PREFIX}{utc_now().strftime('%Y%m%dT%H%M%S%fZ')}")
+        try:
+            with contextlib.nullcontext() if locked else self._locked(path.parent):
+                try:
+                    unchanged = _signature(os.stat(path)) == sig
+                except FileNotFoundError:
+                    unchanged = False
+                if not unchanged:  # someone already moved it aside or wrote a good one
+                    return CorruptMemoryFile(f"{path} was corrupt when read ({reason}); retry")
+                os.rename(path, aside)
+                _fsync_dir(path.parent)
+        except (OSError, LockTimeout) as exc:
+            log.error("could not move the corrupt memory file %s aside: %s", path, exc)
+            return CorruptMemoryFile(f"{path} is not a valid memory document: {reason}")
+        log.error("corrupt memory file %s moved aside to %s: %s", path, aside.name, reason)
+        return CorruptMemoryFile(
+            f"{path} is not a valid memory document ({reason}); moved aside to {aside.name}"
+        )
+
+    def _write(self, path: Path, document: MemoryDocument) -> None:
+        payload = dump_document(document).encode("utf-8")
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "xb") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+            sig = _signature(os.stat(path))
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            self._forget_cached(path)
+            raise StorageError(f"cannot write {path}: {exc}") from exc
+        with self._cache_lock:
+            self._cache[path] = (sig, document.model_copy(deep=True))
+
+    def _append_history(self, directory: Path, changes: list[Change]) -> None:
+        """Append under the caller's lock; trim to the bound by an atomic rewrite."""
+        if not changes or self.history_max_entries == 0:
+            return
+        path = directory / HISTORY_NAME
+        lines = "".join(encode_change(c) + "\n" for c in changes).encode("utf-8")
+        try:
+            with open(path, "ab") as f:
+                f.write(lines)
+            kept = path.read_bytes().splitlines(keepends=True)
+            if len(kept) > self.history_max_entries:
+                tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+                try:
+                    tmp.write_bytes(b"".join(kept[-self.history_max_entries :]))
+                    os.replace(tmp, path)
+                finally:
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()
+        except OSError as exc:
+            # The document is saved; losing an audit line must not fail the update.
+            log.warning("could not record memory history in %s: %s", path, exc)
+
+    def _forget_cached(self, path: Path) -> None:
+        with self._cache_lock:
+            self._cache.pop(path, None)

@@ -1,0 +1,87 @@
+"""How both storage backends encode what they keep: the document text and the change history.
+
+Shared so a document written by the file backend can be imported into Redis byte for byte, and so
+a history entry means the same thing whichever backend wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import ValidationError
+
+from storage.base import Change, UpdateResult
+from storage.document import MemoryDocument, utc_now
+
+log = logging.getLogger(__name__)
+
+
+class DocumentDecodeError(ValueError):
+    """Stored text is not a memory document (each backend maps it to CorruptMemoryFile)."""
+
+
+def dump_document(document: MemoryDocument) -> str:
+    """memory.json text: UTF-8, 2-space indent, non-ASCII kept as is (DeerFlow's layout)."""
+    return json.dumps(document.to_json(), ensure_ascii=False, indent=2) + "\n"
+
+
+def parse_document(text: str | bytes) -> MemoryDocument:
+    """Parse stored text; anything but a JSON object that validates is an error, never "empty"."""
+    try:
+        data: Any = json.loads(text)
+    except ValueError as exc:
+        raise DocumentDecodeError(f"not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise DocumentDecodeError(f"the top level is a {type(data).__name__}, not an object")
+    try:
+        return MemoryDocument.model_validate(data)
+    except ValidationError as exc:
+        raise DocumentDecodeError(f"not a memory document: {exc}") from exc
+
+
+def stamp_for_save(document: MemoryDocument) -> MemoryDocument:
+    """A private copy with ``last_updated`` set; the caller's object is never mutated."""
+    copy = document.model_copy(deep=True)
+    copy.last_updated = utc_now()
+    return copy
+
+
+def split_update_result(
+    value: MemoryDocument | UpdateResult,
+) -> tuple[MemoryDocument, list[Change]]:
+    """What an ``update`` callback returned → (document, changes to record)."""
+    if isinstance(value, UpdateResult):
+        return value.document, list(value.changes)
+    if isinstance(value, MemoryDocument):
+        return value, []
+    raise TypeError(
+        f"an update callback must return a MemoryDocument or UpdateResult, not {type(value)!r}"
+    )
+
+
+def encode_change(change: Change) -> str:
+    """One history entry as a single line of JSON."""
+    return change.model_dump_json(exclude_none=True)
+
+
+def decode_changes(lines: Iterable[str | bytes]) -> list[Change]:
+    """Entries in stored order; a damaged line is skipped (history is an audit aid, not data)."""
+    changes: list[Change] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            changes.append(Change.model_validate_json(line))
+        except ValidationError:
+            log.warning("skipping an unreadable memory history entry: %.120r", line)
+    return changes
+
+
+def newest_first(changes: list[Change], limit: int) -> list[Change]:
+    """The last ``limit`` entries, newest first (how `history()` answers on every backend)."""
+    if limit <= 0:
+        return []
+    return list(reversed(changes[-limit:]))

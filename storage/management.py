@@ -1,0 +1,255 @@
+"""What a person (or the CLI, or a tool) does to memory by hand, on any backend.
+
+Every write goes through the storage's atomic ``update`` and records its change in the history in
+the same critical section, so a hand edit never races an extraction (DeerFlow's REST edits could be
+overwritten by a running update, §10.3) and every edit can be traced afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from core.errors import FactNotFound, InvalidMemoryData
+from core.identity import validate_agent_name, validate_user_id
+from storage.base import Change, MemoryStorage, UpdateResult
+from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, empty_document, new_fact_id
+
+MANUAL_REASON = "edited by hand"
+
+
+def valid_content(value: object) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidMemoryData("content must be a non-blank string")
+    return value.strip()
+
+
+def valid_confidence(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidMemoryData(f"confidence must be a number between 0 and 1, got {value!r:.40}")
+    number = float(value)
+    if not math.isfinite(number) or not 0.0 <= number <= 1.0:
+        raise InvalidMemoryData(f"confidence must be between 0 and 1, got {value!r:.40}")
+    return number
+
+
+def valid_category(value: object) -> str:
+    if value is None:
+        return DEFAULT_CATEGORY
+    if not isinstance(value, str):
+        raise InvalidMemoryData(f"category must be a string, got {value!r:.40}")
+    return value.strip() or DEFAULT_CATEGORY
+
+
+def ranked(facts: list[Fact]) -> list[Fact]:
+    """Highest confidence first, document order among equals."""
+    return sorted(facts, key=lambda f: -f.confidence)
+
+
+def parse_import(data: Mapping[str, Any] | str | bytes) -> MemoryDocument:
+    """A DeerFlow or memq memory.json (text or parsed) → a validated document.
+
+    Facts without usable content are dropped (as on every read); anything that is not a memory
+    document at all is refused, so an import never silently empties someone's memory.
+    """
+    if isinstance(data, str | bytes):
+        try:
+            data = json.loads(data)
+        except ValueError as exc:
+            raise InvalidMemoryData(f"not JSON: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise InvalidMemoryData("a memory document must be a JSON object")
+    if not any(key in data for key in ("facts", "user", "history")):
+        raise InvalidMemoryData("not a memory document: no `facts`, `user` or `history`")
+    if "facts" in data and not isinstance(data["facts"], list):
+        raise InvalidMemoryData("`facts` must be a list")
+    for section in ("user", "history"):
+        if section in data and not isinstance(data[section], Mapping):
+            raise InvalidMemoryData(f"`{section}` must be an object")
+    try:
+        document = MemoryDocument.model_validate(dict(data))
+    except ValidationError as exc:
+        raise InvalidMemoryData(f"not a valid memory document: {exc}") from exc
+    seen: set[str] = set()
+    for fact in document.facts:
+        if fact.id in seen:  # two facts with one id would make edit/delete ambiguous
+            fact.id = new_fact_id()
+        seen.add(fact.id)
+    return document
+
+
+class MemoryManager:
+    """Fact CRUD, search, export/import, clear and forget over a :class:`MemoryStorage`.
+
+    ``agent_name=None`` is the user-global memory throughout.
+    """
+
+    def __init__(self, storage: MemoryStorage) -> None:
+        self.storage = storage
+
+    # --- reading
+    def document(self, user_id: str, *, agent_name: str | None = None) -> MemoryDocument:
+        return self.storage.load(user_id, agent_name)
+
+    def list_facts(
+        self, user_id: str, *, agent_name: str | None = None, category: str | None = None
+    ) -> list[Fact]:
+        facts = self.storage.load(user_id, agent_name).facts
+        if category is not None:
+            facts = [f for f in facts if f.category == category.strip()]
+        return ranked(facts)
+
+    def search(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        agent_name: str | None = None,
+        category: str | None = None,
+        limit: int = 10,
+    ) -> list[Fact]:
+        """Facts whose content contains ``query`` (case-insensitive), best first."""
+        needle = query.strip().casefold()
+        if not needle or limit <= 0:
+            return []
+        facts = self.list_facts(user_id, agent_name=agent_name, category=category)
+        return [f for f in facts if needle in f.content.casefold()][:limit]
+
+    def history(
+        self, user_id: str, *, agent_name: str | None = None, limit: int = 100
+    ) -> list[Change]:
+        """Recorded changes, newest first."""
+        return self.storage.history(user_id, agent_name, limit=limit)
+
+    def list_users(self) -> list[str]:
+        return self.storage.list_users()
+
+    def list_agents(self, user_id: str) -> list[str | None]:
+        return self.storage.list_agents(user_id)
+
+    # --- facts
+    def add_fact(
+        self,
+        user_id: str,
+        content: str,
+        *,
+        agent_name: str | None = None,
+        category: str | None = DEFAULT_CATEGORY,
+        confidence: float = 0.5,
+        source_error: str | None = None,
+    ) -> Fact:
+        fact = Fact(
+            content=valid_content(content),
+            category=valid_category(category),
+            confidence=valid_confidence(confidence),
+            source="manual",
+            source_error=source_error,
+        )
+
+        def add(document: MemoryDocument) -> UpdateResult:
+            document.facts.append(fact)
+            change = Change(
+                action="add", fact_id=fact.id, content=fact.content, reason="added by hand"
+            )
+            return UpdateResult(document, [change])
+
+        self.storage.update(user_id, agent_name, add)
+        return fact
+
+    def edit_fact(
+        self,
+        user_id: str,
+        fact_id: str,
+        *,
+        agent_name: str | None = None,
+        content: str | None = None,
+        category: str | None = None,
+        confidence: float | None = None,
+    ) -> Fact:
+        """Change only the given fields; ``created_at`` and ``source`` are kept."""
+        updates: dict[str, Any] = {}
+        if content is not None:
+            updates["content"] = valid_content(content)
+        if category is not None:
+            updates["category"] = valid_category(category)
+        if confidence is not None:
+            updates["confidence"] = valid_confidence(confidence)
+        edited: list[Fact] = []
+
+        def edit(document: MemoryDocument) -> UpdateResult:
+            fact = self._find(document, fact_id)
+            for name, value in updates.items():
+                setattr(fact, name, value)
+            edited[:] = [fact.model_copy()]
+            fields = ", ".join(sorted(updates)) or "nothing"
+            change = Change(
+                action="edit", fact_id=fact.id, content=fact.content, reason=f"edited {fields}"
+            )
+            return UpdateResult(document, [change])
+
+        self.storage.update(user_id, agent_name, edit)
+        return edited[-1]
+
+    def delete_fact(self, user_id: str, fact_id: str, *, agent_name: str | None = None) -> Fact:
+        removed: list[Fact] = []
+
+        def delete(document: MemoryDocument) -> UpdateResult:
+            fact = self._find(document, fact_id)
+            document.facts = [f for f in document.facts if f.id != fact_id]
+            removed[:] = [fact]
+            change = Change(
+                action="remove", fact_id=fact.id, content=fact.content, reason="deleted by hand"
+            )
+            return UpdateResult(document, [change])
+
+        self.storage.update(user_id, agent_name, delete)
+        return removed[-1]
+
+    # --- whole documents
+    def export(self, user_id: str, *, agent_name: str | None = None) -> dict[str, Any]:
+        """The memq memory.json of that (user, agent)."""
+        return self.storage.load(user_id, agent_name).to_json()
+
+    def import_document(
+        self,
+        user_id: str,
+        data: Mapping[str, Any] | str | bytes,
+        *,
+        agent_name: str | None = None,
+    ) -> MemoryDocument:
+        """Replace the document with an imported DeerFlow or memq memory.json."""
+        imported = parse_import(data)
+        change = Change(action="import", reason=f"imported {len(imported.facts)} facts")
+        return self.storage.update(
+            user_id, agent_name, lambda _current: UpdateResult(imported, [change])
+        )
+
+    def clear(self, user_id: str, *, agent_name: str | None = None) -> int:
+        """Empty the document (history kept, with the clear recorded); returns facts removed."""
+        count: list[int] = [0]
+
+        def clear(document: MemoryDocument) -> UpdateResult:
+            count[0] = len(document.facts)
+            change = Change(action="clear", reason=f"cleared {count[0]} facts")
+            return UpdateResult(empty_document(), [change])
+
+        self.storage.update(user_id, agent_name, clear)
+        return count[0]
+
+    def forget(self, user_id: str) -> int:
+        """Delete every memory of that user — each agent's and the global one, history included.
+        Returns how many documents were removed."""
+        user = validate_user_id(user_id)
+        targets = {validate_agent_name(a) for a in self.storage.list_agents(user)} | {None}
+        return sum(self.storage.delete(user, agent) for agent in targets)
+
+    @staticmethod
+    def _find(document: MemoryDocument, fact_id: str) -> Fact:
+        fact = document.fact(fact_id)
+        if fact is None:
+            raise FactNotFound(f"Memory fact {fact_id!r} not found.")
+        return fact

@@ -1,0 +1,195 @@
+"""Memory documents in Redis, for replicas and workers on different hosts (``MEMQ_STORAGE=redis``).
+
+Each (user, agent) is a hash ``{doc, rev}`` beside a history list, both under one hash tag. An
+update is optimistic: read the document and its revision, apply the callback, and write back with a
+Lua compare-and-set that also appends the history; on a conflict the callback runs again on the
+newer document. So concurrent updates from any number of workers all survive, and nobody holds a
+lock across a slow callback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+import redis
+
+from core.connection import redis_client
+from core.errors import CorruptMemoryFile, LockTimeout, RedisUnavailable, StorageError
+from core.identity import validate_agent_name, validate_user_id
+from core.keys import KeySchema
+from core.settings import MemqSettings
+from storage.base import Change, UpdateFn
+from storage.document import MemoryDocument, empty_document
+from storage.history import (
+    DocumentDecodeError,
+    decode_changes,
+    dump_document,
+    encode_change,
+    newest_first,
+    parse_document,
+    split_update_result,
+    stamp_for_save,
+)
+
+log = logging.getLogger(__name__)
+
+UNCONDITIONAL = -1
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+@contextlib.contextmanager
+def _redis_errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RedisUnavailable(f"{what}: Redis did not answer: {exc}") from exc
+    except redis.RedisError as exc:
+        raise StorageError(f"{what}: {exc}") from exc
+
+
+class RedisMemoryStorage:
+    """:class:`storage.base.MemoryStorage` in Redis."""
+
+    def __init__(self, settings: MemqSettings, redis_client_: redis.Redis | None = None) -> None:
+        self._owns_client = redis_client_ is None
+        self.redis = redis_client_ if redis_client_ is not None else redis_client(settings)
+        self.keys = KeySchema(settings.key_prefix, settings.shards)
+        self.conflict_timeout_seconds = settings.storage_lock_timeout_seconds
+        self.history_max_entries = settings.history_max_entries
+        source = resources.files("storage").joinpath("save_document.lua").read_text("utf-8")
+        self._save_script = self.redis.register_script(source)
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.redis.close()
+
+    # --- the protocol
+    def load(self, user_id: str | None, agent_name: str | None = None) -> MemoryDocument:
+        user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
+        return self._fetch(user, agent)[1]
+
+    def save(
+        self,
+        user_id: str | None,
+        agent_name: str | None,
+        document: MemoryDocument,
+        *,
+        changes: list[Change] | None = None,
+    ) -> None:
+        user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
+        self._store(user, agent, UNCONDITIONAL, stamp_for_save(document), changes or [])
+
+    def update(self, user_id: str | None, agent_name: str | None, fn: UpdateFn) -> MemoryDocument:
+        user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
+        deadline = time.monotonic() + self.conflict_timeout_seconds
+        attempt = 0
+        while True:
+            revision, current = self._fetch(user, agent)
+            before = dump_document(current)
+            document, changes = split_update_result(fn(current))
+            if dump_document(document) == before and not changes:
+                return document
+            saved = stamp_for_save(document)
+            if self._store(user, agent, revision, saved, changes):
+                return saved
+            if time.monotonic() >= deadline:
+                raise LockTimeout(
+                    f"memory of user={user} agent={agent or '-'} kept changing under "
+                    f"{attempt + 1} attempts for {self.conflict_timeout_seconds:g} s"
+                )
+            attempt += 1
+            # Jittered backoff: several workers that conflicted do not retry in lockstep.
+            time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+
+    def history(
+        self, user_id: str | None, agent_name: str | None = None, *, limit: int = 100
+    ) -> list[Change]:
+        user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
+        if limit <= 0:
+            return []
+        with _redis_errors("reading memory history"):
+            raw = self.redis.lrange(self.keys.memory_history(user, agent), -limit, -1)
+        return newest_first(decode_changes(_text(item) for item in raw), limit)
+
+    def list_users(self) -> list[str]:
+        return sorted({user for user, _ in self._indexed()})
+
+    def list_agents(self, user_id: str | None) -> list[str | None]:
+        user = validate_user_id(user_id)
+        agents = [agent for owner, agent in self._indexed() if owner == user]
+        return sorted(agents, key=lambda a: (a is not None, a or ""))
+
+    def delete(self, user_id: str | None, agent_name: str | None) -> bool:
+        user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
+        with _redis_errors("deleting a memory document"):
+            removed = self.redis.delete(
+                self.keys.memory_document(user, agent), self.keys.memory_history(user, agent)
+            )
+            self.redis.srem(self.keys.memory_index(), f"{user}:{agent or ''}")
+        return bool(removed)
+
+    # --- internals
+    def _fetch(self, user: str, agent: str | None) -> tuple[int, MemoryDocument]:
+        key = self.keys.memory_document(user, agent)
+        with _redis_errors("loading a memory document"):
+            text, rev = self.redis.hmget(key, ["doc", "rev"])
+        if text is None:
+            return int(rev or 0), empty_document()
+        try:
+            return int(rev or 0), parse_document(_text(text))
+        except (DocumentDecodeError, ValueError) as exc:
+            # No move-aside in Redis: the key is left as it is for an operator, and `update`
+            # refuses to overwrite it (an explicit `save`, e.g. import or clear, replaces it).
+            raise CorruptMemoryFile(
+                f"Redis key {key} is not a valid memory document: {exc}"
+            ) from exc
+
+    def _store(
+        self,
+        user: str,
+        agent: str | None,
+        expected_revision: int,
+        document: MemoryDocument,
+        changes: list[Change],
+    ) -> bool:
+        entries = [encode_change(c) for c in changes] if self.history_max_entries else []
+        with _redis_errors("saving a memory document"):
+            # Indexed first: a crash between the two leaves an entry without a document (filtered
+            # on listing), never a document that `forget` cannot find.
+            self.redis.sadd(self.keys.memory_index(), f"{user}:{agent or ''}")
+            code, _revision = self._save_script(
+                keys=[
+                    self.keys.memory_document(user, agent),
+                    self.keys.memory_history(user, agent),
+                ],
+                args=[
+                    expected_revision,
+                    dump_document(document),
+                    self.history_max_entries,
+                    *entries,
+                ],
+            )
+        return int(code) == 1
+
+    def _indexed(self) -> list[tuple[str, str | None]]:
+        """Indexed (user, agent) pairs whose document still exists."""
+        with _redis_errors("listing memory documents"):
+            members = sorted(_text(m) for m in self.redis.smembers(self.keys.memory_index()))
+            pairs: list[tuple[str, str | None]] = []
+            for member in members:
+                user, _, agent = member.partition(":")
+                pairs.append((user, agent or None))
+            pipe = self.redis.pipeline(transaction=False)
+            for owner, agent_name in pairs:
+                pipe.exists(self.keys.memory_document(owner, agent_name))
+            exists = pipe.execute()
+        return [pair for pair, found in zip(pairs, exists, strict=True) if found]

@@ -1,0 +1,320 @@
+"""The `memq` CLI, in-process through `main(argv)` against the real redis-server fixture, plus a
+subprocess check of what an operator sees when Redis is down."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from core.identity import ContextKey
+from core.keys import KeySchema
+from core.settings import MemqSettings
+from memq.cli import main
+from memq.redis_server import RedisServer, free_port
+from producer.producer import MemoryProducer
+from tests.support.openai_server import ScriptedOpenAI
+from worker.queue import QueueClient
+
+pytestmark = pytest.mark.integration
+
+Run = Callable[..., tuple[int, str, str]]
+CONVERSATION = [
+    {"role": "user", "content": "I am Carol and I write Rust for embedded devices."},
+    {"role": "assistant", "content": "Nice, what are you building?"},
+]
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch, settings: MemqSettings) -> MemqSettings:
+    """The CLI reads its settings from the environment, like an operator's shell."""
+    for name in ("redis_url", "key_prefix", "storage_dir", "data_dir", "llm_provider"):
+        value = getattr(settings, name)
+        monkeypatch.setenv(f"MEMQ_{name.upper()}", str(value))
+    return settings
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str]) -> Run:
+    def invoke(*argv: str) -> tuple[int, str, str]:
+        code = main(list(argv))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return invoke
+
+
+def write_json(path: Path, data: Any) -> str:
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return str(path)
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code != 0
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in err
+
+
+# --- errors
+def test_unreachable_redis_is_one_masked_line(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    monkeypatch.setenv("MEMQ_REDIS_URL", url)
+    code, out, err = run("stats")
+    assert_one_line_error(code, err, "cannot reach Redis at redis://:***@127.0.0.1:")
+    assert "hunter2" not in out + err
+
+
+def test_unreachable_redis_in_a_real_process_has_no_traceback(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
+    env["MEMQ_REDIS_URL"] = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    script = Path(sys.executable).with_name("memq")
+    done = subprocess.run(
+        [str(script), "stats"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert_one_line_error(done.returncode, done.stderr, "memq stats: cannot reach Redis")
+    assert "hunter2" not in done.stdout + done.stderr
+
+
+def test_invalid_setting_is_one_line(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMQ_DEBOUNCE_SECONDS", "soon")
+    code, _, err = run("stats")
+    assert_one_line_error(code, err, "debounce_seconds")
+
+
+# --- enqueue, stats, dead
+def test_enqueue_a_json_file(
+    run: Run, cli_env: MemqSettings, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    path = write_json(tmp_path / "chat.json", {"messages": CONVERSATION})
+    code, out, err = run("enqueue", path, "--thread", "t-1", "--user", "carol", "--flush")
+    assert (code, err) == (0, "")
+    context_id = ContextKey.create("t-1", "carol", None).id
+    assert f"enqueued {context_id} version 1" in out
+    q = KeySchema(cli_env.key_prefix).for_context(context_id)
+    assert redis_client.zscore(q.due, context_id) is not None
+    stored = json.loads(redis_client.hget(q.context(context_id), "messages") or "[]")
+    assert [m["content"] for m in stored] == [m["content"] for m in CONVERSATION]
+
+    code, out, _ = run("stats", "--json")
+    assert code == 0
+    assert json.loads(out)["due"] == 1
+    code, out, _ = run("stats")
+    assert code == 0 and "due" in out and "oldest deadline lag" in out
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("{not json", "is not valid JSON (line 1"),
+        ('{"messages": 3}', "expected a JSON list of messages"),
+        ('[{"role": "tool", "content": "x"}]', "nothing to remember"),
+    ],
+)
+def test_enqueue_bad_file(
+    run: Run, cli_env: MemqSettings, tmp_path: Path, content: str, needle: str
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content, encoding="utf-8")
+    code, _, err = run("enqueue", str(path), "--thread", "t", "--user", "u")
+    assert_one_line_error(code, err, needle)
+
+
+def test_enqueue_missing_file_and_bad_user(run: Run, cli_env: MemqSettings, tmp_path: Path) -> None:
+    code, _, err = run("enqueue", str(tmp_path / "nope.json"), "--thread", "t", "--user", "u")
+    assert_one_line_error(code, err, "no such file", "nope.json")
+    path = write_json(tmp_path / "chat.json", CONVERSATION)
+    code, _, err = run("enqueue", path, "--thread", "t", "--user", "../etc")
+    assert_one_line_error(code, err, "user_id")
+
+
+def make_dead(settings: MemqSettings, client: redis.Redis, thread: str) -> str:
+    with MemoryProducer(settings, client) as producer:
+        result = producer.enqueue(thread, "carol", None, CONVERSATION, flush=True)
+    assert result is not None
+    queue = QueueClient(settings, client)
+    (claim,) = queue.claim().claims
+    queue.fail(claim.context_id, claim.token, "PermanentLLMError: invalid api key", None)
+    return claim.context_id
+
+
+def test_dead_list_retry_purge(
+    run: Run, cli_env: MemqSettings, redis_client: redis.Redis
+) -> None:
+    code, out, _ = run("dead", "list")
+    assert (code, out.strip()) == (0, "no dead letters")
+    first = make_dead(cli_env, redis_client, "t-dead-1")
+    second = make_dead(cli_env, redis_client, "t-dead-2")
+    code, out, _ = run("dead", "list")
+    assert code == 0 and first in out and "invalid api key" in out
+    code, out, _ = run("dead", "list", "--json")
+    assert [e["context_id"] for e in json.loads(out)] == [first, second]
+
+    code, out, _ = run("dead", "retry", first)
+    assert code == 0 and "1 dead context(s) retried" in out
+    queue = QueueClient(cli_env, redis_client)
+    assert queue.stats()["dead"] == 1 and queue.stats()["due"] == 1
+
+    code, out, _ = run("dead", "purge", "--all")
+    assert code == 0 and "1 dead context(s) purged" in out
+    assert queue.load(second) == {}
+
+
+def test_dead_retry_needs_ids_or_all(run: Run, cli_env: MemqSettings) -> None:
+    code, _, err = run("dead", "retry")
+    assert_one_line_error(code, err, "give context ids or --all")
+    code, out, _ = run("dead", "purge", "no:such:")
+    assert code == 1 and "1 of the given ids were not dead letters" in out
+
+
+# --- doctor and config
+def test_doctor_passes_on_a_well_configured_stack(
+    run: Run, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, openai_server: ScriptedOpenAI
+) -> None:
+    with RedisServer(tmp_path / "redis", appendonly=True) as server:
+        monkeypatch.setenv("MEMQ_REDIS_URL", server.url)
+        monkeypatch.setenv("MEMQ_LLM_BASE_URL", openai_server.base_url)
+        code, out, _ = run("doctor")
+    assert code == 0, out
+    for line in ("OK    redis: Redis ", "OK    persistence: AOF", "OK    maxmemory-policy",
+                 "OK    broker", f"OK    llm: {openai_server.base_url} answered HTTP 200",
+                 "OK    tiktoken"):
+        assert line in out
+    assert "All checks passed." in out
+
+
+def test_doctor_says_what_to_fix(
+    run: Run, cli_env: MemqSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The shared test Redis runs without AOF or snapshots, and no LLM listens on this port.
+    monkeypatch.setenv("MEMQ_LLM_BASE_URL", f"http://127.0.0.1:{free_port()}/v1")
+    monkeypatch.setenv("MEMQ_LLM_PROVIDER", "openai")
+    code, out, _ = run("doctor")
+    assert code == 1
+    assert "FAIL  persistence: neither AOF nor RDB" in out
+    assert "fix: CONFIG SET appendonly yes" in out
+    assert "FAIL  llm: cannot reach" in out
+    assert "2 problem(s) found." in out
+
+
+def test_doctor_reports_offline_extractor(run: Run, cli_env: MemqSettings) -> None:
+    code, out, _ = run("doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(out)}
+    assert "offline rules extractor is in use" in checks["llm"]["detail"]
+    assert checks["redis"]["status"] == "ok"
+
+
+def test_config_masks_secrets(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMQ_REDIS_URL", "redis://admin:hunter2@127.0.0.1:6390/0")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-key")
+    code, out, _ = run("config")
+    assert code == 0
+    assert "redis://admin:***@127.0.0.1:6390/0" in out
+    assert "hunter2" not in out and "sk-secret-key" not in out
+
+
+# --- memory: show, inject, facts, export/import, forget
+DEERFLOW_MEMORY = {
+    "version": "1.0",
+    "lastUpdated": "2026-01-05T10:00:00Z",
+    "user": {"workContext": {"summary": "Embedded Rust developer.", "updatedAt": ""}},
+    "history": {},
+    "facts": [
+        {"id": "fact_rust", "content": "Writes Rust for microcontrollers", "category": "knowledge",
+         "confidence": 0.9, "createdAt": "2026-01-05T10:00:00Z", "source": "thread-9"},
+        {"id": "fact_tabs", "content": "Prefers answers as tables", "category": "preference",
+         "confidence": 0.8, "createdAt": "2026-01-05T10:00:00Z", "source": "thread-9"},
+    ],
+}
+
+
+def test_memory_round_trip(run: Run, cli_env: MemqSettings, tmp_path: Path) -> None:
+    path = write_json(tmp_path / "deerflow.json", DEERFLOW_MEMORY)
+    code, out, _ = run("import", "carol", path, "--agent", "Coder")
+    assert (code, out.strip()) == (0, "imported 2 facts into user carol, agent coder")
+
+    code, out, _ = run("show", "carol")
+    assert code == 0
+    assert "agent coder" in out and "work context: Embedded Rust developer." in out
+    assert out.index("Writes Rust for microcontrollers") < out.index("Prefers answers as tables")
+    code, out, _ = run("show", "carol", "--agent", "coder", "--json")
+    (memory,) = json.loads(out)["memories"]
+    assert memory["agent_name"] == "coder"
+    assert {f["id"] for f in memory["memory"]["facts"]} == {"fact_rust", "fact_tabs"}
+
+    code, out, _ = run("inject", "carol", "--agent", "coder")
+    assert code == 0
+    assert out.startswith("<user_memory>") and out.rstrip().endswith("</user_memory>")
+    assert "Writes Rust for microcontrollers" in out
+
+    code, out, _ = run("facts", "search", "carol", "TABLES", "--agent", "coder")
+    assert code == 0 and "fact_tabs" in out and "fact_rust" not in out
+    code, out, _ = run("facts", "add", "carol", "Lives in Lisbon", "--agent", "coder",
+                       "--category", "context", "--confidence", "0.95")
+    assert code == 0 and out.startswith("added fact_")
+    code, out, _ = run("facts", "edit", "carol", "fact_tabs", "--agent", "coder",
+                       "--content", "Prefers bullet lists")
+    assert code == 0 and "Prefers bullet lists" in out
+    code, out, _ = run("facts", "delete", "carol", "fact_rust", "--agent", "coder")
+    assert code == 0 and "deleted fact_rust" in out
+
+    exported = tmp_path / "export.json"
+    code, out, _ = run("export", "carol", "--agent", "coder", "-o", str(exported))
+    assert code == 0 and "exported 2 facts" in out
+    contents = {f["content"] for f in json.loads(exported.read_text(encoding="utf-8"))["facts"]}
+    assert contents == {"Prefers bullet lists", "Lives in Lisbon"}
+
+    code, out, _ = run("forget", "carol")
+    assert code == 0 and "1 memory document(s) deleted" in out
+    code, _, err = run("show", "carol")
+    assert_one_line_error(code, err, "unknown user 'carol'")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("show", "nobody"),
+        ("inject", "nobody"),
+        ("export", "nobody"),
+        ("forget", "nobody"),
+        ("facts", "search", "nobody", "x"),
+        ("facts", "delete", "nobody", "fact_1"),
+    ],
+)
+def test_unknown_user_is_a_clear_error(run: Run, cli_env: MemqSettings, argv: tuple[str, ...]) -> None:
+    code, out, err = run(*argv)
+    assert_one_line_error(code, err, "unknown user 'nobody'")
+    assert out == ""
+
+
+def test_memory_command_errors(run: Run, cli_env: MemqSettings, tmp_path: Path) -> None:
+    path = write_json(tmp_path / "memory.json", DEERFLOW_MEMORY)
+    assert run("import", "dave", path)[0] == 0
+    code, _, err = run("show", "dave", "--agent", "other")
+    assert_one_line_error(code, err, "user 'dave' has no memory for agent other (it has: (global))")
+    code, _, err = run("facts", "delete", "dave", "fact_nope")
+    assert_one_line_error(code, err, "Memory fact 'fact_nope' not found.")
+    code, _, err = run("facts", "add", "dave", "x", "--confidence", "3")
+    assert_one_line_error(code, err, "confidence must be between 0 and 1")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"facts": [', encoding="utf-8")
+    code, _, err = run("import", "dave", str(bad))
+    assert_one_line_error(code, err, "bad.json is not valid JSON")
+    code, _, err = run("import", "dave", write_json(tmp_path / "list.json", [1, 2]))
+    assert_one_line_error(code, err, "must be a JSON object")
+    code, _, err = run("import", "dave", write_json(tmp_path / "other.json", {"name": "x"}))
+    assert_one_line_error(code, err, "not a memory document")
+    # The failed imports left dave's memory as it was.
+    code, out, _ = run("show", "dave")
+    assert code == 0 and "fact_rust" in out

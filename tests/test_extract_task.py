@@ -1,0 +1,242 @@
+"""The `memq.extract` task body against a real redis-server, with a small in-memory pipeline in
+place of the LLM: how each outcome and each error class settles the context in the queue."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import pytest
+import redis
+
+from core.errors import PermanentLLMError, ResponseParseError, TransientLLMError
+from core.identity import ContextKey
+from core.models import ConversationContext
+from core.settings import MemqSettings
+from worker.queue import Claim, QueueClient
+from worker.tasks import WorkerRuntime, backoff_ms, describe_args, extract
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_700_000_000_000
+
+
+@dataclass
+class Report:
+    outcome: str = "updated"
+    facts_added: int = 1
+    facts_removed: int = 0
+    prompt_tokens: int = 120
+    completion_tokens: int = 30
+    duration_ms: int = 5
+    changes: list[Any] = field(default_factory=list)
+
+
+class ScriptedPipeline:
+    """Runs ``action`` for each context (raise to fail), recording what it saw."""
+
+    def __init__(self, action: Callable[[ConversationContext], Report]) -> None:
+        self.action = action
+        self.seen: list[ConversationContext] = []
+
+    def run(self, context: ConversationContext) -> Report:
+        self.seen.append(context)
+        return self.action(context)
+
+
+@pytest.fixture
+def xsettings(make_settings: Any) -> MemqSettings:
+    return make_settings(  # type: ignore[no-any-return]
+        debounce_seconds=1.0,
+        lease_seconds=60.0,
+        max_attempts=3,
+        retry_backoff_seconds=2.0,
+        retry_backoff_max_seconds=30.0,
+    )
+
+
+class Harness:
+    def __init__(self, settings: MemqSettings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.client = client
+        self.pipeline = ScriptedPipeline(lambda ctx: Report())
+        self.runtime = WorkerRuntime(settings, pipeline_factory=lambda s, r: self.pipeline)  # type: ignore[arg-type,return-value]
+        self.queue: QueueClient = self.runtime.queue
+        source = resources.files("producer").joinpath("enqueue.lua").read_text(encoding="utf-8")
+        self.enqueue_script = client.register_script(source)
+
+    def enqueue(self, now: int, text: str = "I live in Lisbon", *, flush: bool = True) -> str:
+        key = ContextKey.create("thread-1", "alice", "coder")
+        q = self.queue.keys.for_context(key.id)
+        self.enqueue_script(
+            keys=[q.context(key.id), q.due, q.inflight, q.dead],
+            args=[
+                now,
+                self.settings.debounce_ms,
+                self.settings.max_delay_ms,
+                int(flush),
+                json.dumps([{"role": "user", "content": text}]),
+                0,
+                0,
+                key.thread_id,
+                key.user_id,
+                key.agent_name,
+                "trace-7",
+                key.id,
+            ],
+        )
+        return key.id
+
+    def claim(self, now: int) -> Claim:
+        [claim] = self.queue.claim(now).claims
+        return claim
+
+    def run(self, claim: Claim, now: int) -> dict[str, Any]:
+        return extract(
+            self.runtime, claim.context_id, claim.token, claim.version, clock=lambda: now
+        )
+
+    def due(self) -> dict[str, float]:
+        return dict(self.client.zrange(self.queue.keys.shard(0).due, 0, -1, withscores=True))
+
+    def metrics(self) -> dict[str, str]:
+        return self.client.hgetall(self.queue.keys.metrics())  # type: ignore[return-value]
+
+
+@pytest.fixture
+def h(xsettings: MemqSettings, redis_client: redis.Redis) -> Harness:
+    return Harness(xsettings, redis_client)
+
+
+def test_a_successful_run_deletes_the_context_and_counts_tokens(h: Harness) -> None:
+    cid = h.enqueue(T0)
+    result = h.run(h.claim(T0), T0 + 10)
+
+    assert result["outcome"] == "updated" and result["queue"] == "done"
+    [seen] = h.pipeline.seen
+    assert (seen.user_id, seen.agent_name, seen.thread_id) == ("alice", "coder", "thread-1")
+    assert seen.messages[0].content == "I live in Lisbon" and seen.trace_id == "trace-7"
+    assert h.queue.load(cid) == {}
+    assert h.metrics() == {"extractions": "1", "prompt_tokens": "120", "completion_tokens": "30"}
+
+
+def test_messages_arriving_during_the_run_are_run_again(h: Harness) -> None:
+    cid = h.enqueue(T0, "first")
+
+    def enqueue_meanwhile(ctx: ConversationContext) -> Report:
+        if len(h.pipeline.seen) == 1:
+            h.enqueue(T0 + 20, "second", flush=False)
+        return Report()
+
+    h.pipeline.action = enqueue_meanwhile
+    assert h.run(h.claim(T0), T0 + 50)["queue"] == "rescheduled"
+    assert h.run(h.claim(T0 + 1_020), T0 + 1_030)["queue"] == "done"
+    assert [c.messages[0].content for c in h.pipeline.seen] == ["first", "second"]
+    assert h.queue.load(cid) == {}
+
+
+def test_a_stale_token_is_a_no_op(h: Harness) -> None:
+    cid = h.enqueue(T0)
+    claim = h.claim(T0)
+    h.queue.reap(T0 + 60_001)  # lease expired before the task started
+
+    assert h.run(claim, T0 + 60_002) == {"outcome": "stale"}
+    assert h.pipeline.seen == []
+    assert h.due() == {cid: T0 + 60_001}
+
+
+def test_the_lease_is_renewed_when_the_run_starts(h: Harness) -> None:
+    h.enqueue(T0)
+    claim = h.claim(T0)
+
+    def check_lease(ctx: ConversationContext) -> Report:
+        inflight = h.queue.keys.shard(0).inflight
+        assert h.client.zscore(inflight, claim.context_id) == T0 + 30_000 + 60_000
+        return Report()
+
+    h.pipeline.action = check_lease
+    assert h.run(claim, T0 + 30_000)["queue"] == "done"
+
+
+def test_transient_errors_retry_with_backoff_honouring_retry_after(h: Harness) -> None:
+    cid = h.enqueue(T0)
+
+    def rate_limited(ctx: ConversationContext) -> Report:
+        raise TransientLLMError("429 slow down", retry_after_seconds=7.0)
+
+    h.pipeline.action = rate_limited
+    assert h.run(h.claim(T0), T0 + 10)["queue"] == "retry"
+    assert h.due() == {cid: T0 + 10 + 7_000}  # Retry-After beats the 2 s first backoff
+
+    def timeout(ctx: ConversationContext) -> Report:
+        raise TransientLLMError("timed out")
+
+    h.pipeline.action = timeout
+    assert h.run(h.claim(T0 + 7_010), T0 + 7_020)["queue"] == "retry"
+    assert h.due() == {cid: T0 + 7_020 + 4_000}  # second failure: 2 s * 2
+    assert h.queue.load(cid)["attempts"] == "2"
+    assert h.metrics()["failures"] == "2"
+
+
+def test_parse_errors_retry_until_max_attempts_then_dead(h: Harness) -> None:
+    cid = h.enqueue(T0)
+
+    def garbled(ctx: ConversationContext) -> Report:
+        raise ResponseParseError("no JSON object in the answer")
+
+    h.pipeline.action = garbled
+    now = T0
+    outcomes = []
+    for _ in range(3):
+        claim = h.claim(now)
+        outcomes.append(h.run(claim, now)["queue"])
+        now += 60_000
+    assert outcomes == ["retry", "retry", "dead"]
+    [entry] = h.queue.dead_list()
+    assert entry.context_id == cid and "ResponseParseError" in entry.last_error
+    assert h.metrics()["dead"] == "1"
+
+
+def test_permanent_errors_dead_letter_at_once_with_the_reason(h: Harness) -> None:
+    cid = h.enqueue(T0)
+
+    def unauthorised(ctx: ConversationContext) -> Report:
+        raise PermanentLLMError("401 invalid api key")
+
+    h.pipeline.action = unauthorised
+    assert h.run(h.claim(T0), T0 + 10)["queue"] == "dead"
+    [entry] = h.queue.dead_list()
+    assert (entry.context_id, entry.attempts) == (cid, 1)
+    assert "401 invalid api key" in entry.last_error
+
+
+def test_unexpected_errors_are_retried_never_lost(h: Harness) -> None:
+    cid = h.enqueue(T0)
+
+    def bug(ctx: ConversationContext) -> Report:
+        raise KeyError("oops")
+
+    h.pipeline.action = bug
+    assert h.run(h.claim(T0), T0 + 10)["queue"] == "retry"
+    assert h.queue.load(cid)["last_error"] == "KeyError('oops')"
+    assert cid in h.due()
+
+
+def test_backoff_is_exponential_and_capped(xsettings: MemqSettings) -> None:
+    assert [backoff_ms(n, xsettings) for n in range(6)] == [
+        2_000,
+        4_000,
+        8_000,
+        16_000,
+        30_000,
+        30_000,
+    ]
+    assert backoff_ms(0, xsettings, retry_after_seconds=12.5) == 12_500
+
+
+def test_flower_sees_identifiers_not_content() -> None:
+    cid = ContextKey.create("chat:42", "alice", None).id
+    assert describe_args(cid, 3) == "thread=chat:42 user=alice agent=- version=3"

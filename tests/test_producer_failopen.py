@@ -1,0 +1,163 @@
+"""The producer fails open: with Redis stopped it returns False fast, spools, logs once, and
+replays the spool when Redis is back."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from core.identity import ContextKey
+from core.keys import KeySchema
+from core.settings import MemqSettings
+from memq.redis_server import RedisServer, free_port
+from producer.enqueue import EnqueueRequest
+from producer.producer import MemoryProducer
+from producer.spool import Spool
+from tests.support.waiting import wait_for
+
+
+def dialogue(user_text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": user_text}, {"role": "assistant", "content": "ok"}]
+
+
+def req(thread: str, text: str = "m", **flags: Any) -> EnqueueRequest:
+    return EnqueueRequest(ContextKey.create(thread, "u", None), text, **flags)
+
+
+# --- the spool on its own
+def test_spool_coalesces_per_context_and_drops_the_oldest() -> None:
+    spool = Spool(2)
+    assert spool.put(req("a", "a1", correction=True)) == 0
+    assert spool.put(req("b")) == 0
+    assert spool.put(req("a", "a2", flush=True)) == 0  # coalesced: still two contexts
+    assert spool.put(req("c")) == 1  # full: "b", now the oldest, goes
+    batch = spool.pop_batch(10)
+    assert [(r.key.thread_id, r.messages_json) for r in batch] == [("a", "a2"), ("c", "m")]
+    assert (batch[0].correction, batch[0].flush) == (True, True)
+    assert len(spool) == 0
+
+
+def test_put_back_never_overrides_newer_messages() -> None:
+    spool = Spool(5)
+    spool.put(req("a", "newer"))
+    assert spool.put_back(req("a", "older", reinforcement=True)) == 0
+    (only,) = spool.pop_batch(5)
+    assert (only.messages_json, only.reinforcement) == ("newer", True)
+    assert Spool(0).put(req("a")) == 1
+
+
+# --- the producer against a Redis that goes away
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path / "redis", appendonly=False).start()
+    yield server
+    if server.process is not None:
+        os.kill(server.process.pid, signal.SIGCONT)  # in case a test left it stopped
+    server.stop()
+
+
+@pytest.mark.integration
+def test_outage_spools_then_replays_after_restart(
+    own_redis: RedisServer,
+    make_settings: Any,
+    key_prefix: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="producer.producer")
+    settings: MemqSettings = make_settings(redis_url=own_redis.url, producer_timeout_seconds=0.2)
+    with MemoryProducer(settings) as producer:
+        assert producer.after_agent("t1", "u", None, dialogue("hello")) is True
+        own_redis.stop()
+
+        started = time.monotonic()
+        assert producer.after_agent("t1", "u", None, dialogue("that's wrong")) is False
+        assert producer.after_agent("t1", "u", None, dialogue("I live in Lyon")) is False
+        assert producer.flush("t2", "u", "coder", dialogue("perfect!")) is False
+        assert time.monotonic() - started < 2.0  # the agent is not held up
+        assert producer.spool_size == 2  # t1's two calls coalesced
+        assert producer.stats.spooled == 3
+
+        restarted = RedisServer(own_redis.data_dir, port=own_redis.port, appendonly=False)
+        restarted.start()
+        client = redis.Redis.from_url(own_redis.url, decode_responses=True)
+        try:
+            wait_for(lambda: producer.stats.replayed == 2, timeout=15, what="spool replay")
+            keys = KeySchema(key_prefix)
+            t1 = client.hgetall(keys.shard(0).context(ContextKey.create("t1", "u", None).id))
+            t2_id = ContextKey.create("t2", "u", "coder").id
+            t2 = client.hgetall(keys.shard(0).context(t2_id))
+            due_t2 = client.zscore(keys.shard(0).due, t2_id)
+        finally:
+            client.close()
+            restarted.stop()
+    assert json.loads(t1["messages"])[0]["content"] == "I live in Lyon"  # the latest messages
+    assert t1["correction"] == "1"  # OR-ed in from the earlier spooled call
+    assert t2["flush"] == "1" and t2["reinforcement"] == "1"
+    assert due_t2 == int(t2["deadline_ms"])
+    assert producer.spool_size == 0
+    outages = [r for r in caplog.records if "unavailable" in r.getMessage()]
+    recoveries = [r for r in caplog.records if "reachable again" in r.getMessage()]
+    assert (len(outages), len(recoveries)) == (1, 1)
+
+
+@pytest.mark.integration
+def test_a_hung_redis_costs_one_timeout_then_nothing(
+    own_redis: RedisServer, make_settings: Any
+) -> None:
+    settings: MemqSettings = make_settings(redis_url=own_redis.url, producer_timeout_seconds=0.2)
+    assert own_redis.process is not None
+    with MemoryProducer(settings) as producer:
+        assert producer.after_agent("t", "u", None, dialogue("warm up")) is True
+        os.kill(own_redis.process.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            assert producer.after_agent("t", "u", None, dialogue("one")) is False
+            first = time.monotonic() - started
+            started = time.monotonic()
+            for i in range(20):
+                assert producer.after_agent(f"t{i}", "u", None, dialogue("more")) is False
+            rest = time.monotonic() - started
+        finally:
+            os.kill(own_redis.process.pid, signal.SIGCONT)
+        assert 0.1 < first < 1.5  # bounded by producer_timeout_seconds
+        assert rest < 0.2  # inside the back-off: straight to the spool, no timeout each
+        assert producer.stats.spooled == 21
+        wait_for(lambda: producer.spool_size == 0, timeout=15, what="spool replay")
+        assert producer.stats.replayed == 21
+
+
+@pytest.mark.integration
+def test_full_spool_drops_the_oldest_and_drain_spool_replays(
+    make_settings: Any, tmp_path: Path, key_prefix: str
+) -> None:
+    port = free_port()  # nothing listens yet: connections are refused
+    settings: MemqSettings = make_settings(
+        redis_url=f"redis://127.0.0.1:{port}/0", spool_max_contexts=2
+    )
+    producer = MemoryProducer(settings)
+    try:
+        for thread in ("a", "b", "c"):
+            assert producer.after_agent(thread, "u", None, dialogue("x")) is False
+        assert producer.stats.dropped == 1
+        assert producer.drain_spool() == 0  # still down: nothing replayed, nothing raised
+        with RedisServer(tmp_path / "late", port=port, appendonly=False) as server:
+            producer.drain_spool()  # in this thread, without waiting out the back-off
+            assert producer.spool_size == 0
+            producer.close()  # joins the replay thread, which may have taken a batch too
+            assert producer.stats.replayed == 2
+            assert producer.spool_size == 0
+            client = redis.Redis.from_url(server.url, decode_responses=True)
+            due = client.zrange(KeySchema(key_prefix).shard(0).due, 0, -1)
+            client.close()
+    finally:
+        producer.close()
+    assert sorted(ContextKey.from_id(str(i)).thread_id for i in due) == ["b", "c"]

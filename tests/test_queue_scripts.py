@@ -1,0 +1,346 @@
+"""The worker side of the Redis queue contract, against a real redis-server.
+
+Contexts are enqueued with the producer's own enqueue.lua (the other half of the contract), and
+time is passed explicitly (epoch ms), so leases and deadlines are tested without waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from importlib import resources
+from typing import Any
+
+import pytest
+import redis
+
+from core.identity import ContextKey
+from core.keys import KeySchema
+from core.settings import MemqSettings
+from worker.queue import Claim, CompleteResult, FailResult, QueueClient
+from worker.tick import run_tick
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_700_000_000_000  # a fixed "now", epoch ms
+
+
+class Enqueuer:
+    """Calls the producer's enqueue.lua exactly as the producer does (one script per call)."""
+
+    def __init__(self, settings: MemqSettings, client: redis.Redis) -> None:
+        self.settings = settings
+        self.client = client
+        self.keys = KeySchema(settings.key_prefix, settings.shards)
+        source = resources.files("producer").joinpath("enqueue.lua").read_text(encoding="utf-8")
+        self.script = client.register_script(source)
+
+    def __call__(self, thread: str, now: int, *, flush: bool = False, text: str = "hi") -> str:
+        key = ContextKey.create(thread, "alice", None)
+        q = self.keys.for_context(key.id)
+        messages = json.dumps([{"role": "user", "content": text}])
+        self.script(
+            keys=[q.context(key.id), q.due, q.inflight, q.dead],
+            args=[
+                now,
+                self.settings.debounce_ms,
+                self.settings.max_delay_ms,
+                int(flush),
+                messages,
+                0,
+                0,
+                thread,
+                "alice",
+                "",
+                "",
+                key.id,
+            ],
+        )
+        return key.id
+
+
+@pytest.fixture
+def qsettings(make_settings: Any) -> MemqSettings:
+    return make_settings(  # type: ignore[no-any-return]
+        debounce_seconds=1.0, max_delay_seconds=10.0, lease_seconds=60.0, max_attempts=3
+    )
+
+
+@pytest.fixture
+def queue(qsettings: MemqSettings, redis_client: redis.Redis) -> QueueClient:
+    return QueueClient(qsettings, redis_client)
+
+
+@pytest.fixture
+def enqueue(qsettings: MemqSettings, redis_client: redis.Redis) -> Enqueuer:
+    return Enqueuer(qsettings, redis_client)
+
+
+def members(client: redis.Redis, zset: str) -> dict[str, float]:
+    return dict(client.zrange(zset, 0, -1, withscores=True))
+
+
+def test_claim_takes_only_due_keys_and_leases_them(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    due_id = enqueue("t-due", T0, flush=True)
+    later_id = enqueue("t-later", T0)  # debounced: due at T0 + 1 s
+
+    batch = queue.claim(T0)
+
+    assert [c.context_id for c in batch.claims] == [due_id]
+    claim = batch.claims[0]
+    assert claim.version == 1
+    q = queue.keys.for_context(due_id)
+    assert members(redis_client, q.inflight) == {due_id: T0 + 60_000}
+    assert members(redis_client, q.due) == {later_id: T0 + 1_000}
+    stored = queue.load(due_id)
+    assert stored["claim_token"] == claim.token
+    assert stored["claimed_version"] == "1"
+    assert "pending_since_ms" not in stored
+    assert queue.claim(T0 + 10).claims == []  # never claimed twice while in flight
+
+
+def test_complete_deletes_the_context_when_its_version_did_not_move(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    cid = enqueue("t1", T0, flush=True)
+    claim = queue.claim(T0).claims[0]
+
+    assert queue.complete(cid, claim.token, T0 + 5) is CompleteResult.DONE
+
+    q = queue.keys.for_context(cid)
+    assert queue.load(cid) == {}
+    assert members(redis_client, q.inflight) == {}
+    assert members(redis_client, q.due) == {}
+
+
+def test_enqueue_during_a_run_is_rescheduled_and_run_again(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    cid = enqueue("t1", T0, flush=True, text="first")
+    first = queue.claim(T0).claims[0]
+    enqueue("t1", T0 + 100, text="second")  # arrives while the worker runs
+    q = queue.keys.for_context(cid)
+    assert members(redis_client, q.due) == {}  # the running claim is not raced
+
+    assert queue.complete(cid, first.token, T0 + 200) is CompleteResult.RESCHEDULED
+    # A fresh debounce window from the enqueue, not the old (past) deadline.
+    assert members(redis_client, q.due) == {cid: T0 + 100 + 1_000}
+    assert queue.claim(T0 + 500).claims == []
+
+    second = queue.claim(T0 + 1_100).claims[0]
+    assert second.version == 2
+    assert json.loads(queue.load(cid)["messages"])[0]["content"] == "second"
+    assert queue.complete(cid, second.token, T0 + 1_200) is CompleteResult.DONE
+    assert queue.load(cid) == {}
+
+
+def test_a_stale_token_cannot_complete_fail_or_renew(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    cid = enqueue("t1", T0, flush=True)
+    old = queue.claim(T0).claims[0]
+    reaped = queue.reap(T0 + 60_001)  # the lease expired: the worker is presumed dead
+    assert reaped.requeued == 1
+    new = queue.claim(T0 + 60_002).claims[0]
+    assert new.token != old.token
+
+    assert queue.complete(cid, old.token, T0 + 60_003) is CompleteResult.STALE
+    assert queue.fail(cid, old.token, "boom", T0 + 70_000, T0 + 60_003) is FailResult.STALE
+    assert queue.renew(cid, old.token, T0 + 60_003) is False
+    assert queue.load(cid)["claim_token"] == new.token
+    q = queue.keys.for_context(cid)
+    assert cid in members(redis_client, q.inflight)
+    assert queue.complete(cid, new.token, T0 + 60_004) is CompleteResult.DONE
+
+
+def test_renew_extends_the_lease_so_the_reaper_leaves_it(
+    queue: QueueClient, enqueue: Enqueuer
+) -> None:
+    cid = enqueue("t1", T0, flush=True)
+    claim = queue.claim(T0).claims[0]
+    assert queue.renew(cid, claim.token, T0 + 50_000) is True
+    assert queue.reap(T0 + 60_001).requeued == 0
+    assert queue.complete(cid, claim.token, T0 + 60_002) is CompleteResult.DONE
+
+
+def test_expired_leases_count_attempts_and_end_in_dead(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    cid = enqueue("t1", T0, flush=True)
+    q = queue.keys.for_context(cid)
+    now = T0
+    for attempt in (1, 2):
+        assert len(queue.claim(now).claims) == 1
+        now += 60_001
+        assert queue.reap(now).requeued == 1
+        assert queue.load(cid)["attempts"] == str(attempt)
+        assert members(redis_client, q.due) == {cid: now}  # due again at once
+    queue.claim(now)
+    now += 60_001
+    assert queue.reap(now).dead == 1  # max_attempts = 3
+
+    assert members(redis_client, q.dead) == {cid: now}
+    assert members(redis_client, q.due) == {} and members(redis_client, q.inflight) == {}
+    [entry] = queue.dead_list()
+    assert (entry.context_id, entry.attempts, entry.last_error) == (cid, 3, "lease expired")
+
+
+def test_fail_retries_at_the_given_time_then_dead_letters(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    cid = enqueue("t1", T0, flush=True)
+    q = queue.keys.for_context(cid)
+    claim = queue.claim(T0).claims[0]
+    assert queue.fail(cid, claim.token, "timeout", T0 + 5_000, T0 + 10) is FailResult.RETRY
+    assert members(redis_client, q.due) == {cid: T0 + 5_000}
+    assert queue.claim(T0 + 4_999).claims == []
+
+    claim = queue.claim(T0 + 5_000).claims[0]
+    assert queue.fail(cid, claim.token, "auth failed", None, T0 + 5_010) is FailResult.DEAD
+    assert members(redis_client, q.dead) == {cid: T0 + 5_010}
+    assert queue.load(cid)["last_error"] == "auth failed"
+    assert queue.stats(T0 + 5_010)["dead"] == 1
+
+
+def test_dead_retry_and_purge(queue: QueueClient, enqueue: Enqueuer) -> None:
+    ids = [enqueue(f"t{i}", T0, flush=True) for i in range(3)]
+    for claim in queue.claim(T0).claims:
+        queue.fail(claim.context_id, claim.token, "bad request", None, T0 + 1)
+    assert sorted(e.context_id for e in queue.dead_list()) == sorted(ids)
+
+    assert queue.dead_retry([ids[0]], T0 + 2) == 1
+    assert queue.load(ids[0])["attempts"] == "0"
+    assert [c.context_id for c in queue.claim(T0 + 2).claims] == [ids[0]]
+    assert queue.dead_retry([ids[0]], T0 + 3) == 0  # not dead any more: left alone
+
+    assert queue.dead_purge([ids[1]]) == 1
+    assert queue.load(ids[1]) == {}
+    assert queue.dead_purge("all") == 1
+    assert queue.load(ids[2]) == {}
+    assert queue.dead_list() == []
+    assert queue.load(ids[0]) != {}  # the retried one survives a purge of "all"
+
+
+def test_an_enqueue_revives_a_dead_context(queue: QueueClient, enqueue: Enqueuer) -> None:
+    cid = enqueue("t1", T0, flush=True)
+    claim = queue.claim(T0).claims[0]
+    queue.fail(cid, claim.token, "bad request", None, T0 + 1)
+    enqueue("t1", T0 + 10, flush=True, text="new messages")
+    assert queue.dead_list() == []
+    assert [c.version for c in queue.claim(T0 + 10).claims] == [2]
+
+
+def test_orphans_whose_hash_vanished_are_cleaned(
+    queue: QueueClient, redis_client: redis.Redis
+) -> None:
+    q = queue.keys.shard(0)
+    redis_client.zadd(q.due, {"ghost:alice:": T0})
+    redis_client.zadd(q.inflight, {"ghost2:alice:": T0})
+    assert queue.claim(T0 + 1).claims == []
+    assert queue.reap(T0 + 1).requeued == 0
+    assert members(redis_client, q.due) == {} and members(redis_client, q.inflight) == {}
+
+
+def race_claims(queues: list[QueueClient], now: int) -> list[Claim]:
+    """Every queue client claims in small batches from its own thread, all released at once."""
+    claimed: list[Claim] = []
+    lock = threading.Lock()
+    start = threading.Barrier(len(queues))
+
+    def tick(queue: QueueClient) -> None:
+        start.wait(timeout=10)
+        for _ in range(30):
+            got = queue.claim(now, limit=7).claims
+            with lock:
+                claimed.extend(got)
+
+    threads = [threading.Thread(target=tick, args=(q,)) for q in queues]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return claimed
+
+
+def test_two_tickers_at_once_never_claim_a_version_twice(
+    qsettings: MemqSettings, redis_server: Any, enqueue: Enqueuer
+) -> None:
+    clients = [redis.Redis.from_url(redis_server.url, decode_responses=True) for _ in range(4)]
+    queues = [QueueClient(qsettings, c) for c in clients]
+    now = T0
+    try:
+        for round_no in range(5):
+            ids = [enqueue(f"t{i}", now, flush=True, text=f"r{round_no}") for i in range(60)]
+            claimed = race_claims(queues, now)
+            counts = Counter((c.context_id, c.version) for c in claimed)
+            assert sorted(cid for cid, _ in counts) == sorted(ids)  # every key claimed...
+            assert max(counts.values()) == 1  # ...and no version twice
+            # Half the keys get new messages while in flight: each is claimed again, once.
+            for claim in claimed[::2]:
+                enqueue(claim.context_id.split(":")[0], now + 1, flush=True, text="more")
+            for claim in claimed:
+                queues[0].complete(claim.context_id, claim.token, now + 2)
+            again = race_claims(queues, now + 2)
+            assert Counter(c.context_id for c in again) == Counter(
+                c.context_id for c in claimed[::2]
+            )
+            assert all(c.version == 2 for c in again)
+            for claim in again:
+                assert queues[0].complete(claim.context_id, claim.token, now + 3) is (
+                    CompleteResult.DONE
+                )
+            now += 1_000
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_backpressure_stops_claiming_when_inflight_is_full(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings = make_settings(max_inflight=5, claim_batch=3, debounce_seconds=1.0)
+    queue = QueueClient(settings, redis_client)
+    enqueue = Enqueuer(settings, redis_client)
+    for i in range(20):
+        enqueue(f"t{i}", T0, flush=True)
+    sent: list[Claim] = []
+
+    report = run_tick(queue, sent.append, clock=lambda: T0)
+
+    assert report.full and len(sent) == 5
+    assert queue.stats(T0) | {"queue": {}, "metrics": {}} == {
+        "due": 15,
+        "inflight": 5,
+        "dead": 0,
+        "oldest_due_lag_ms": 0,
+        "queue": {},
+        "metrics": {},
+    }
+    queue.complete(sent[0].context_id, sent[0].token, T0)
+    again = run_tick(queue, sent.append, clock=lambda: T0)
+    assert again.full and again.claimed == 1 and len(sent) == 6  # one slot freed, one claimed
+
+
+def test_tick_drains_in_batches_and_releases_when_dispatch_fails(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings = make_settings(claim_batch=4, debounce_seconds=1.0)
+    queue = QueueClient(settings, redis_client)
+    enqueue = Enqueuer(settings, redis_client)
+    ids = {enqueue(f"t{i}", T0, flush=True) for i in range(10)}
+
+    def broken(claim: Claim) -> None:
+        raise ConnectionError("broker down")
+
+    report = run_tick(queue, broken, clock=lambda: T0)
+    assert (report.claimed, report.dispatched, report.released) == (4, 0, 4)
+    stats = queue.stats(T0 + 1)
+    assert (stats["due"], stats["inflight"]) == (10, 0)
+    assert all(queue.load(i).get("attempts", "0") == "0" for i in ids)  # no attempt counted
+
+    sent: list[Claim] = []
+    report = run_tick(queue, sent.append, clock=lambda: T0 + 1)
+    assert report.rounds >= 3 and {c.context_id for c in sent} == ids

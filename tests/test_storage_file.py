@@ -1,0 +1,249 @@
+"""FileMemoryStorage: layout, round trip, isolation, cache, atomic writes, corrupt files, locks."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from core.errors import CorruptMemoryFile, InvalidIdentifier, LockTimeout, StorageError
+from core.settings import MemqSettings
+from storage import get_storage
+from storage.base import Change, UpdateResult
+from storage.document import Fact, MemoryDocument
+from storage.files import FileMemoryStorage
+
+# DeerFlow's memory.json, verbatim from deerflow-memory.md §5.1.
+DEERFLOW_MEMORY_JSON = """{
+  "version": "1.0",
+  "lastUpdated": "2026-07-15T02:03:33.123456Z",
+  "user": {
+    "workContext":     { "summary": "Backend engineer at Acme; maintains the billing service (Go, Postgres).", "updatedAt": "2026-07-14T09:00:00.000000Z" },
+    "personalContext": { "summary": "Bilingual (English/Chinese); prefers short answers.", "updatedAt": "2026-07-10T08:00:00.000000Z" },
+    "topOfMind":       { "summary": "", "updatedAt": "" }
+  },
+  "history": {
+    "recentMonths":       { "summary": "", "updatedAt": "" },
+    "earlierContext":     { "summary": "", "updatedAt": "" },
+    "longTermBackground": { "summary": "", "updatedAt": "" }
+  },
+  "facts": [
+    { "id": "fact_3f9a1c2e", "content": "Uses uv instead of pip for Python projects", "category": "preference",
+      "confidence": 0.9, "createdAt": "2026-07-14T09:00:00.000000Z", "source": "thread-42" },
+    { "id": "fact_77b0d4aa", "content": "Run the app with make dev", "category": "correction",
+      "confidence": 0.95, "createdAt": "2026-07-14T09:00:00.000000Z", "source": "thread-42",
+      "sourceError": "The agent suggested npm start" },
+    { "id": "fact_0c1d2e3f", "content": "Full-stack: React, Python, PostgreSQL", "category": "knowledge",
+      "confidence": 0.85, "createdAt": "2026-05-01T00:00:00Z", "consolidatedAt": "2026-07-15T02:03:33.123456Z",
+      "source": "consolidation", "consolidatedFrom": ["fact_a1", "fact_b2"] }
+  ]
+}
+"""  # noqa: E501 (verbatim from the reference)
+
+
+def doc_with(*contents: str) -> MemoryDocument:
+    return MemoryDocument(facts=[Fact(content=c, confidence=0.8) for c in contents])
+
+
+def contents(document: MemoryDocument) -> list[str]:
+    return [f.content for f in document.facts]
+
+
+@pytest.fixture
+def file_settings(tmp_path: Path) -> MemqSettings:
+    return MemqSettings(storage_dir=tmp_path / "memory", storage_lock_timeout_seconds=0.3)
+
+
+@pytest.fixture
+def store(file_settings: MemqSettings) -> FileMemoryStorage:
+    return FileMemoryStorage(file_settings)
+
+
+def test_get_storage_defaults_to_files(file_settings: MemqSettings) -> None:
+    assert isinstance(get_storage(file_settings), FileMemoryStorage)
+
+
+def test_round_trip_writes_memq_json_at_the_documented_paths(store: FileMemoryStorage) -> None:
+    store.save("alice", None, doc_with("Likes tea"))
+    store.save("alice", "Coder", doc_with("Uses vim"))
+
+    root = store.root
+    global_file = root / "users" / "alice" / "memory.json"
+    agent_file = root / "users" / "alice" / "agents" / "coder" / "memory.json"
+    assert json.loads(global_file.read_text("utf-8"))["facts"][0]["content"] == "Likes tea"
+    data = json.loads(agent_file.read_text("utf-8"))
+    assert data["facts"][0]["content"] == "Uses vim"
+    assert "created_at" in data["facts"][0] and data["last_updated"]
+    assert contents(store.load("alice")) == ["Likes tea"]
+    assert contents(store.load("alice", "coder")) == ["Uses vim"]
+    assert contents(store.load("alice", "CODER")) == ["Uses vim"]  # names are case-insensitive
+
+
+def test_documents_are_isolated_per_user_and_agent(store: FileMemoryStorage) -> None:
+    store.save("alice", "coder", doc_with("alice coder"))
+    store.save("bob", "coder", doc_with("bob coder"))
+    store.save("alice", "writer", doc_with("alice writer"))
+
+    assert contents(store.load("alice", "coder")) == ["alice coder"]
+    assert contents(store.load("bob", "coder")) == ["bob coder"]
+    assert contents(store.load("alice", "writer")) == ["alice writer"]
+    assert store.load("alice").facts == []
+    assert store.load("carol", "coder").facts == []
+    assert store.list_users() == ["alice", "bob"]
+    assert store.list_agents("alice") == ["coder", "writer"]
+
+
+@pytest.mark.parametrize(
+    ("user", "agent"), [("../etc", None), ("a/b", None), ("alice", "../x"), ("alice", "a b")]
+)
+def test_unsafe_identifiers_are_refused(store: FileMemoryStorage, user: str, agent: str) -> None:
+    with pytest.raises(InvalidIdentifier):
+        store.save(user, agent, doc_with("x"))
+    assert not store.root.exists() or not any(store.root.rglob("memory.json"))
+
+
+def test_load_never_hands_out_the_cached_object(store: FileMemoryStorage) -> None:
+    store.save("alice", None, doc_with("Likes tea"))
+    first = store.load("alice")
+    first.facts.clear()
+    first.user.work_context.summary = "mutated"
+    again = store.load("alice")
+    assert contents(again) == ["Likes tea"]
+    assert again.user.work_context.summary == ""
+
+
+def test_cache_sees_a_write_by_another_process(store: FileMemoryStorage) -> None:
+    store.save("alice", None, doc_with("version A"))
+    assert contents(store.load("alice")) == ["version A"]
+    # Another storage instance stands for another process; same size, so only the inode tells.
+    FileMemoryStorage(MemqSettings(storage_dir=store.root, storage_lock_timeout_seconds=1)).save(
+        "alice", None, doc_with("version B")
+    )
+    assert contents(store.load("alice")) == ["version B"]
+
+
+def test_save_does_not_mutate_the_callers_document(store: FileMemoryStorage) -> None:
+    document = doc_with("x")
+    store.save("alice", None, document)
+    assert document.last_updated is None
+    assert store.load("alice").last_updated is not None
+
+
+def test_failed_write_raises_and_leaves_no_temp_file(store: FileMemoryStorage) -> None:
+    target = store.path("alice", None)
+    (target / "blocker").mkdir(parents=True)  # a non-empty folder where the file should go
+
+    with pytest.raises(StorageError):
+        store.save("alice", None, doc_with("x"))
+    assert [p.name for p in target.parent.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_save_replaces_atomically_and_leaves_only_the_document(store: FileMemoryStorage) -> None:
+    store.save("alice", None, doc_with("one"))
+    before = os.stat(store.path("alice")).st_ino
+    store.save("alice", None, doc_with("two"))
+    assert os.stat(store.path("alice")).st_ino != before  # replaced, never rewritten in place
+    names = sorted(p.name for p in store.path("alice").parent.iterdir())
+    assert names == ["memory.json", "memory.json.lock"]
+
+
+def test_corrupt_file_raises_is_moved_aside_and_never_overwritten(
+    store: FileMemoryStorage,
+) -> None:
+    path = store.path("alice", "coder")
+    path.parent.mkdir(parents=True)
+    path.write_text('{"facts": [{"content": "precious", ', encoding="utf-8")
+
+    with pytest.raises(CorruptMemoryFile, match="moved aside"):
+        store.load("alice", "coder")
+    aside = list(path.parent.glob("memory.json.corrupt-*"))
+    assert len(aside) == 1
+    assert "precious" in aside[0].read_text("utf-8")
+    assert not path.exists()
+
+    # The next update starts a new document; the corrupt copy is kept untouched.
+    store.update("alice", "coder", lambda d: doc_with("new"))
+    assert contents(store.load("alice", "coder")) == ["new"]
+    assert "precious" in aside[0].read_text("utf-8")
+
+
+def test_update_on_a_corrupt_file_raises_instead_of_writing(store: FileMemoryStorage) -> None:
+    path = store.path("alice")
+    path.parent.mkdir(parents=True)
+    path.write_text("[1, 2, 3]", encoding="utf-8")  # valid JSON, not a document
+
+    with pytest.raises(CorruptMemoryFile):
+        store.update("alice", None, lambda d: doc_with("would erase"))
+    assert not path.exists()
+    assert len(list(path.parent.glob("memory.json.corrupt-*"))) == 1
+
+
+def test_reads_a_deerflow_memory_json(store: FileMemoryStorage) -> None:
+    path = store.path("alice")
+    path.parent.mkdir(parents=True)
+    path.write_text(DEERFLOW_MEMORY_JSON, encoding="utf-8")
+
+    document = store.load("alice")
+    assert document.user.work_context.summary.startswith("Backend engineer at Acme")
+    uv, make_dev, stack = document.facts
+    assert (uv.id, uv.category, uv.confidence) == ("fact_3f9a1c2e", "preference", 0.9)
+    assert (uv.source, uv.source_thread_id) == ("conversation", "thread-42")
+    assert make_dev.source_error == "The agent suggested npm start"
+    assert stack.source == "consolidation" and stack.consolidated_from == ["fact_a1", "fact_b2"]
+
+    store.update("alice", None, lambda d: d)  # unchanged: the DeerFlow file is left as it was
+    assert "lastUpdated" in path.read_text("utf-8")
+    store.save("alice", None, document)
+    saved = json.loads(path.read_text("utf-8"))
+    assert saved["facts"][0]["source_thread_id"] == "thread-42"
+    assert "user" in saved and "work_context" in saved["user"]
+
+
+def test_update_records_history_newest_first_and_bounded(tmp_path: Path) -> None:
+    store = FileMemoryStorage(MemqSettings(storage_dir=tmp_path, history_max_entries=3))
+    for i in range(5):
+
+        def add(document: MemoryDocument, i: int = i) -> UpdateResult:
+            document.facts.append(Fact(content=f"fact {i}"))
+            change = Change(action="add", content=f"fact {i}", source_thread_id="t1")
+            return UpdateResult(document, [change])
+
+        store.update("alice", "coder", add)
+
+    history = store.history("alice", "coder")
+    assert [c.content for c in history] == ["fact 4", "fact 3", "fact 2"]
+    assert history[0].source_thread_id == "t1"
+    assert store.history("alice", "coder", limit=1)[0].content == "fact 4"
+    sidecar = store.path("alice", "coder").with_name("memory.history.jsonl")
+    assert len(sidecar.read_text("utf-8").splitlines()) == 3  # trimmed on disk too
+
+
+def test_update_times_out_while_another_process_holds_the_lock(
+    store: FileMemoryStorage,
+) -> None:
+    store.save("alice", None, doc_with("x"))
+    lock_path = store.path("alice").with_name("memory.json.lock")
+    with open(lock_path, "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(LockTimeout):
+            store.update("alice", None, lambda d: doc_with("y"))
+    assert contents(store.load("alice")) == ["x"]
+    store.update("alice", None, lambda d: doc_with("y"))  # released: works again
+    assert contents(store.load("alice")) == ["y"]
+
+
+def test_delete_removes_everything_of_that_agent(store: FileMemoryStorage) -> None:
+    store.save("alice", "coder", doc_with("x"), changes=[Change(action="add", content="x")])
+    store.save("alice", None, doc_with("global"))
+
+    assert store.delete("alice", "coder") is True
+    assert not (store.root / "users" / "alice" / "agents").exists()
+    assert store.list_agents("alice") == [None]
+    assert store.history("alice", "coder") == []
+    assert store.delete("alice", "coder") is False
+    assert store.delete("alice", None) is True
+    assert not (store.root / "users" / "alice").exists()
+    assert store.list_users() == []

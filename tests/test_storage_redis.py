@@ -1,0 +1,121 @@
+"""RedisMemoryStorage on a real redis-server: round trip, isolation, CAS, history, listing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from core.errors import CorruptMemoryFile, InvalidIdentifier
+from core.keys import KeySchema
+from storage import get_storage
+from storage.base import Change, UpdateResult
+from storage.document import Fact, MemoryDocument
+from storage.history import parse_document
+from storage.redis_store import RedisMemoryStorage
+from tests.test_storage_file import DEERFLOW_MEMORY_JSON, contents, doc_with
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def store(make_settings: Any, redis_client: redis.Redis) -> RedisMemoryStorage:
+    storage = get_storage(make_settings(storage="redis"), redis=redis_client)
+    assert isinstance(storage, RedisMemoryStorage)
+    return storage
+
+
+def test_round_trip_and_keys_from_the_schema(
+    store: RedisMemoryStorage, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    store.save("alice", "Coder", doc_with("Uses vim"))
+
+    key = KeySchema(key_prefix).memory_document("alice", "coder")
+    stored = redis_client.hgetall(key)
+    assert stored["rev"] == "1"
+    assert contents(parse_document(stored["doc"])) == ["Uses vim"]
+    loaded = store.load("alice", "coder")
+    assert contents(loaded) == ["Uses vim"] and loaded.last_updated is not None
+
+
+def test_documents_are_isolated_per_user_and_agent(store: RedisMemoryStorage) -> None:
+    store.save("alice", "coder", doc_with("alice coder"))
+    store.save("bob", "coder", doc_with("bob coder"))
+    store.save("alice", None, doc_with("alice global"))
+
+    assert contents(store.load("alice", "coder")) == ["alice coder"]
+    assert contents(store.load("bob", "coder")) == ["bob coder"]
+    assert contents(store.load("alice")) == ["alice global"]
+    assert store.load("bob").facts == []
+    assert store.list_users() == ["alice", "bob"]
+    assert store.list_agents("alice") == [None, "coder"]
+
+
+def test_identifiers_cannot_inject_into_key_names(store: RedisMemoryStorage) -> None:
+    for user, agent in [("a}:x", None), ("alice", "{evil}"), ("a b", None)]:
+        with pytest.raises(InvalidIdentifier):
+            store.save(user, agent, doc_with("x"))
+
+
+def test_reads_a_deerflow_document_saved_as_is(
+    store: RedisMemoryStorage, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    key = KeySchema(key_prefix).memory_document("alice", None)
+    redis_client.hset(key, mapping={"doc": DEERFLOW_MEMORY_JSON, "rev": 1})
+    document = store.load("alice")
+    assert [f.id for f in document.facts] == ["fact_3f9a1c2e", "fact_77b0d4aa", "fact_0c1d2e3f"]
+    assert document.facts[0].source_thread_id == "thread-42"
+
+
+def test_update_retries_on_a_concurrent_write_and_keeps_both(store: RedisMemoryStorage) -> None:
+    store.save("alice", None, doc_with("first"))
+    calls: list[int] = []
+
+    def add_mine(document: MemoryDocument) -> MemoryDocument:
+        calls.append(len(document.facts))
+        if len(calls) == 1:  # another worker writes between our read and our write
+            store.save("alice", None, doc_with("first", "theirs"))
+        document.facts.append(Fact(content="mine"))
+        return document
+
+    result = store.update("alice", None, add_mine)
+    assert calls == [1, 2]  # called again on the newer document
+    assert contents(result) == ["first", "theirs", "mine"]
+    assert contents(store.load("alice")) == ["first", "theirs", "mine"]
+
+
+def test_corrupt_document_raises_and_update_refuses_to_overwrite(
+    store: RedisMemoryStorage, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    key = KeySchema(key_prefix).memory_document("alice", None)
+    redis_client.hset(key, mapping={"doc": '{"facts": [', "rev": 3})
+    with pytest.raises(CorruptMemoryFile):
+        store.load("alice")
+    with pytest.raises(CorruptMemoryFile):
+        store.update("alice", None, lambda d: doc_with("would erase"))
+    assert redis_client.hget(key, "doc") == '{"facts": ['
+
+
+def test_history_is_a_bounded_list_newest_first(make_settings: Any) -> None:
+    store = RedisMemoryStorage(make_settings(storage="redis", history_max_entries=3))
+    for i in range(5):
+
+        def add(document: MemoryDocument, i: int = i) -> UpdateResult:
+            document.facts.append(Fact(content=f"fact {i}"))
+            return UpdateResult(document, [Change(action="add", content=f"fact {i}")])
+
+        store.update("alice", "coder", add)
+    history = store.history("alice", "coder", limit=10)
+    assert [c.content for c in history] == ["fact 4", "fact 3", "fact 2"]
+    assert len(store.load("alice", "coder").facts) == 5
+    store.close()
+
+
+def test_delete_removes_document_history_and_index(store: RedisMemoryStorage) -> None:
+    store.save("alice", "coder", doc_with("x"), changes=[Change(action="add", content="x")])
+    assert store.delete("alice", "coder") is True
+    assert store.load("alice", "coder").facts == []
+    assert store.history("alice", "coder") == []
+    assert store.list_users() == []
+    assert store.delete("alice", "coder") is False

@@ -1,0 +1,32 @@
+-- complete.lua — finish a run: drop the context, or reschedule it if messages arrived meanwhile.
+--
+-- KEYS[1]  ctx:<id>   hash of the context
+-- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
+-- KEYS[3]  due        zset  context id -> deadline (epoch ms)
+--
+-- ARGV[1]  context id
+-- ARGV[2]  claim token the worker got from claim_due
+-- ARGV[3]  now_ms     current time, epoch milliseconds (deadline when none is stored)
+--
+-- Returns
+--   0  stale: the token does not match (the lease was reaped and maybe re-claimed); nothing done
+--   1  done: the version did not move during the run; the hash is deleted
+--   2  rescheduled: an enqueue arrived during the run; back in `due` at the stored deadline_ms
+
+local ctx, inflight, due = KEYS[1], KEYS[2], KEYS[3]
+local id = ARGV[1]
+
+if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
+  return 0
+end
+redis.call('ZREM', inflight, id)
+if redis.call('HGET', ctx, 'version') == redis.call('HGET', ctx, 'claimed_version') then
+  redis.call('DEL', ctx)
+  redis.call('ZREM', due, id)
+  return 1
+end
+local deadline = redis.call('HGET', ctx, 'deadline_ms') or ARGV[3]
+redis.call('HSET', ctx, 'attempts', '0', 'deadline_ms', deadline)
+redis.call('HDEL', ctx, 'claim_token', 'last_error')
+redis.call('ZADD', due, deadline, id)
+return 2

@@ -1,0 +1,200 @@
+"""The update model: one call from a rendered prompt to the model's answer text and its token usage.
+
+Two implementations of :class:`UpdateModel`: :class:`OpenAIUpdateModel` (the `openai` SDK,
+synchronous, against any OpenAI-compatible endpoint) and the offline rules extractor
+(:mod:`worker.offline`). :func:`build_update_model` picks one from the settings; build it once per
+process (a client holds a connection pool) and never at import.
+
+Retries are ours, not the SDK's, so the outcome is explicit: transient failures (timeout, connection
+error, 408/409/425/429, 5xx) are retried with exponential backoff up to ``llm_max_retries`` times,
+honouring ``Retry-After``; a wait longer than ``max_inline_wait_seconds`` is not slept through but
+raised at once as :class:`TransientLLMError` with ``retry_after_seconds``, so the queue reschedules
+the context instead of a worker thread idling. Permanent failures (auth, bad request, not found) are
+raised as :class:`PermanentLLMError` without a retry.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import openai
+
+from core.errors import PermanentLLMError, TransientLLMError
+from core.settings import MemqSettings
+from prompts.answer import response_text
+from prompts.conversation import TokenCounter
+from prompts.update_prompt import UpdatePrompt
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
+_PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers often want no key at all
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAnswer:
+    text: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model: str = ""
+    attempts: int = 1
+
+
+class UpdateModel(Protocol):
+    def propose(self, prompt: UpdatePrompt) -> ModelAnswer: ...
+
+    def close(self) -> None: ...
+
+
+def retry_after_seconds(response: Any) -> float | None:
+    """``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date) of a response, if any."""
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms:
+        try:
+            return max(0.0, float(raw_ms) / 1000.0)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(raw) if raw.strip() else None
+        if parsed is None:
+            return None
+        return max(0.0, parsed.timestamp() - time.time())
+
+
+def classify(exc: openai.OpenAIError) -> TransientLLMError | PermanentLLMError:
+    """Map an SDK error to ours; the message names the failure, never the request's credentials."""
+    if isinstance(exc, openai.APITimeoutError):
+        return TransientLLMError(f"LLM call timed out: {exc}")
+    if isinstance(exc, openai.APIConnectionError):
+        return TransientLLMError(f"LLM endpoint unreachable: {exc}")
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        message = f"LLM endpoint answered {status}: {exc.message}"
+        if status in _TRANSIENT_STATUS or status >= 500:
+            return TransientLLMError(message, retry_after_seconds=retry_after_seconds(exc.response))
+        return PermanentLLMError(message)
+    if isinstance(exc, openai.APIResponseValidationError):
+        return TransientLLMError(f"LLM endpoint sent an unreadable response: {exc}")
+    return PermanentLLMError(f"LLM call failed: {type(exc).__name__}: {exc}")
+
+
+def _rejects_json_mode(exc: openai.OpenAIError) -> bool:
+    return isinstance(exc, openai.BadRequestError) and "response_format" in str(exc).lower()
+
+
+class OpenAIUpdateModel:
+    """Chat completions with JSON mode, temperature and timeout from the settings."""
+
+    def __init__(
+        self,
+        settings: MemqSettings,
+        *,
+        client: openai.OpenAI | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        backoff_base_seconds: float = 0.5,
+        max_inline_wait_seconds: float = 10.0,
+    ) -> None:
+        key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
+        self._client = client or openai.OpenAI(
+            api_key=key or _PLACEHOLDER_KEY,
+            base_url=settings.llm_base_url,
+            timeout=settings.llm_timeout_seconds,
+            max_retries=0,
+        )
+        self._model = settings.llm_model
+        self._temperature = settings.llm_temperature
+        self._json_mode = settings.llm_json_mode
+        self._max_retries = settings.llm_max_retries
+        self._backoff_max = settings.retry_backoff_max_seconds
+        self._sleep = sleep
+        self._backoff_base = backoff_base_seconds
+        self._max_inline_wait = max_inline_wait_seconds
+
+    def _call(self, prompt: UpdatePrompt) -> Any:
+        extra: dict[str, Any] = {}
+        if self._json_mode:
+            extra["response_format"] = {"type": "json_object"}
+        return self._client.chat.completions.create(
+            model=self._model,
+            messages=prompt.chat_messages(),  # type: ignore[arg-type]
+            temperature=self._temperature,
+            **extra,
+        )
+
+    def _wait_before_retry(self, error: TransientLLMError, attempt: int) -> float:
+        if error.retry_after_seconds is not None:
+            return error.retry_after_seconds
+        return float(min(self._backoff_base * (2**attempt), self._backoff_max))
+
+    def propose(self, prompt: UpdatePrompt) -> ModelAnswer:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                response = self._call(prompt)
+                break
+            except openai.OpenAIError as exc:
+                if self._json_mode and _rejects_json_mode(exc):
+                    log.warning("LLM endpoint rejects JSON mode; continuing without it")
+                    self._json_mode = False
+                    attempt -= 1
+                    continue
+                error = classify(exc)
+                if isinstance(error, PermanentLLMError):
+                    raise error from exc
+                if attempt > self._max_retries:
+                    raise TransientLLMError(
+                        f"{error} (gave up after {attempt} attempts)",
+                        retry_after_seconds=error.retry_after_seconds,
+                    ) from exc
+                wait = self._wait_before_retry(error, attempt - 1)
+                if wait > self._max_inline_wait:
+                    # The queue waits that long; a worker thread should not.
+                    raise TransientLLMError(str(error), retry_after_seconds=wait) from exc
+                log.warning(
+                    "LLM attempt %d/%d failed, retrying in %.2fs: %s",
+                    attempt,
+                    self._max_retries + 1,
+                    wait,
+                    error,
+                )
+                self._sleep(wait)
+        choice = response.choices[0] if response.choices else None
+        usage = response.usage
+        return ModelAnswer(
+            text=response_text(choice.message.content if choice is not None else None),
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            model=str(response.model or self._model),
+            attempts=attempt,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def build_update_model(
+    settings: MemqSettings, *, count_tokens: TokenCounter | None = None
+) -> UpdateModel:
+    """The model the settings ask for: a real endpoint, or the offline rules when none is set."""
+    if settings.resolved_llm_provider == "rules":
+        from worker.offline import RulesUpdateModel
+
+        return RulesUpdateModel(count_tokens=count_tokens)
+    log.info(
+        "update model: %s at %s", settings.llm_model, settings.llm_base_url or "api.openai.com"
+    )
+    return OpenAIUpdateModel(settings)

@@ -1,0 +1,293 @@
+"""The offline extractor: deterministic rules instead of an LLM, so memq runs with no model at all.
+
+It reads only what the user said (English and Chinese): preferences and dislikes, identity and role,
+goals, decisions, and corrections with what to avoid. It answers in the same JSON schema as a model,
+so everything after it — parsing, apply, storage — is exercised unchanged. It never writes summaries
+and never removes facts: rules cannot tell a contradiction from a nuance. Questions and
+hypotheticals are skipped, since "do you like Rust?" says nothing about the user.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prompts.conversation import TokenCounter
+from prompts.update_prompt import UpdatePrompt
+from worker.llm import ModelAnswer
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "memq-rules"
+_I = re.IGNORECASE
+_SENTENCES = re.compile(r"[^.!?;。！？；\n]+[.!?;。！？；]*")
+_QUESTION_START = re.compile(
+    r"^\s*(?:do|does|did|can|could|would|will|should|is|are|am|what|why|how|which|who|when|where)\b",
+    _I,
+)
+_HYPOTHETICAL = re.compile(r"^\s*(?:if|suppose|imagine|what if)\b|如果|假如|假设", _I)
+# Trailing punctuation, and the Chinese sentence-final particles ("就用 uv 吧").
+_TRAILING = re.compile(r"(?:[\s.,!?;:。，！？；：、…]|(?<=\S)\s*[吧啊呀哦])+$")
+_LEADING = re.compile(r"^[\s,:，：]+")
+_NOT_A_ROLE = re.compile(r"^(?:bit|little|lot|few|big fan|huge fan|fan)\b", _I)
+_NOT_A_GOAL = re.compile(
+    r"^(?:the|a|an|my|your|know|ask|see|check|understand|say|be sure|make sure)\b", _I
+)
+_PRONOUNS = ((re.compile(r"\bmy\b", _I), "their"), (re.compile(r"\bme\b", _I), "them"))
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: re.Pattern[str]
+    template: str  # formatted with the pattern's named groups
+    category: str
+    confidence: float
+    source_error: str | None = None  # formatted like template
+    check: Callable[[dict[str, str]], bool] | None = None
+
+
+def _en(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern.replace("'", "['’]"), _I)
+
+
+def _not_after_subject(text: str, start: int) -> bool:
+    # "don't use X" instructs the assistant; "I don't use X" is a statement about the user.
+    return re.search(r"\b(?:i|we|they|he|she)\s*$", text[:start], _I) is None
+
+
+RULES: tuple[Rule, ...] = (
+    # corrections (checked first: "no, use X instead of Y" is not a preference)
+    Rule(
+        _en(r"\buse (?P<good>.+?) instead of (?P<bad>.+)"),
+        "Use {good} instead of {bad}",
+        "correction",
+        0.95,
+        "Used {bad}",
+    ),
+    Rule(
+        _en(r"\b(?:don't|do not|never|stop) (?:use|using) (?P<bad>.+)"),
+        "Avoid using {bad}",
+        "correction",
+        0.95,
+    ),
+    Rule(
+        re.compile(
+            r"(?:不要|别|不用)(?:再)?用(?P<bad>[^，,]+)[，,]\s*(?:要|请)?(?:改用|用|换成)(?P<good>.+)"
+        ),
+        "使用{good}，不要用{bad}",
+        "correction",
+        0.95,
+        "用了{bad}",
+    ),
+    Rule(
+        re.compile(r"(?:应该用|改用|换成)(?P<good>.+?)[，,]?\s*(?:而不是|不是)(?P<bad>.+)"),
+        "使用{good}，不要用{bad}",
+        "correction",
+        0.95,
+        "用了{bad}",
+    ),
+    Rule(
+        re.compile(r"(?:不要|别)(?:再)?(?:用|使用)(?P<bad>.+)"), "避免使用{bad}", "correction", 0.95
+    ),
+    Rule(re.compile(r"不对[，,。!！]\s*应该(?P<good>.+)"), "应该{good}", "correction", 0.95),
+    # dislikes before likes ("I don't like" contains "like")
+    Rule(
+        _en(
+            r"\bi (?:really )?(?:hate|dislike|don't like|do not like|can't stand|cannot stand) "
+            r"(?P<x>.+)"
+        ),
+        "User dislikes {x}",
+        "preference",
+        0.9,
+    ),
+    Rule(
+        re.compile(r"我(?:很|非常|真的)?(?:不喜欢|讨厌|不爱用|受不了)(?P<x>.+)"),
+        "用户不喜欢{x}",
+        "preference",
+        0.9,
+    ),
+    Rule(
+        _en(r"\bi(?:'m| am) a (?:big |huge )?fan of (?P<x>.+)"), "User likes {x}", "preference", 0.9
+    ),
+    Rule(
+        _en(r"\bmy (?:favorite|favourite) (?P<what>[\w -]{2,30}?) is (?P<x>.+)"),
+        "User's favorite {what} is {x}",
+        "preference",
+        0.9,
+    ),
+    Rule(
+        _en(r"\bi (?:really |much |strongly )?(?:prefer|favor|favour) (?P<x>.+)"),
+        "User prefers {x}",
+        "preference",
+        0.9,
+    ),
+    Rule(_en(r"\bi(?:'d| would) rather (?P<x>.+)"), "User would rather {x}", "preference", 0.85),
+    Rule(
+        _en(r"\bi (?:really )?(?:like|love|enjoy) (?P<x>.+)"), "User likes {x}", "preference", 0.9
+    ),
+    Rule(
+        re.compile(r"我最喜欢的(?P<what>.{1,10}?)是(?P<x>.+)"),
+        "用户最喜欢的{what}是{x}",
+        "preference",
+        0.9,
+    ),
+    Rule(
+        re.compile(r"我(?:比较|更|很|最|非常|一直)?(?:喜欢|偏好|爱用|倾向于)(?P<x>.+)"),
+        "用户喜欢{x}",
+        "preference",
+        0.9,
+    ),
+    # identity and role
+    Rule(
+        _en(r"\bi(?:'m| am) (?:a|an) (?P<x>[a-z][\w -]{2,60})"),
+        "User is a {x}",
+        "context",
+        0.9,
+        check=lambda g: _NOT_A_ROLE.match(g["x"]) is None,
+    ),
+    Rule(_en(r"\bi work as (?P<x>.+)"), "User works as {x}", "context", 0.9),
+    Rule(
+        _en(r"\bmy (?:job|role|profession|title) is (?P<x>.+)"), "User works as {x}", "context", 0.9
+    ),
+    Rule(_en(r"\bi work (?:at|for) (?P<x>.+)"), "User works at {x}", "context", 0.9),
+    Rule(re.compile(r"我是(?:一名|一个|一位|个)(?P<x>.+)"), "用户是{x}", "context", 0.9),
+    Rule(re.compile(r"我的(?:职业|工作|职位)是(?P<x>.+)"), "用户的职业是{x}", "context", 0.9),
+    Rule(re.compile(r"我(?:担任|是做)(?P<x>.+)"), "用户担任{x}", "context", 0.9),
+    Rule(re.compile(r"我在(?P<x>.+?)(?:工作|上班)"), "用户在{x}工作", "context", 0.9),
+    # goals
+    Rule(
+        _en(
+            r"\b(?:my goal is to|i plan to|i'm planning to|i am planning to|i intend to|i aim to|"
+            r"i'm going to|i am going to|i want to|i hope to) (?P<x>.+)"
+        ),
+        "User's goal: {x}",
+        "goal",
+        0.85,
+        check=lambda g: _NOT_A_GOAL.match(g["x"]) is None,
+    ),
+    Rule(
+        re.compile(r"(?:我的目标是|我计划|我打算|我准备|接下来我(?:想|要))(?P<x>.+)"),
+        "用户的目标：{x}",
+        "goal",
+        0.85,
+    ),
+    # decisions
+    Rule(
+        _en(
+            r"\b(?:let's|we'll|we will|we should) (?:go with|use|pick|choose|stick with) (?P<x>.+)"
+        ),
+        "Decided to use {x}",
+        "context",
+        0.85,
+    ),
+    Rule(
+        _en(r"\b(?:i|we) (?:have )?(?:decided|chose|opted) to (?P<x>.+)"),
+        "Decided to {x}",
+        "context",
+        0.85,
+    ),
+    Rule(
+        _en(r"\b(?:i|we) (?:decided on|chose|picked|went with|settled on) (?P<x>.+)"),
+        "Decided on {x}",
+        "context",
+        0.85,
+    ),
+    Rule(
+        re.compile(r"(?:就用|决定用|决定使用|我们选择|我选择|我们用)(?P<x>.+)"),
+        "决定使用{x}",
+        "context",
+        0.85,
+    ),
+)
+
+
+def _clean(value: str) -> str:
+    value = _TRAILING.sub("", _LEADING.sub("", value)).strip()
+    for pattern, replacement in _PRONOUNS:
+        value = pattern.sub(replacement, value)
+    return value[:200]
+
+
+def _is_question(sentence: str) -> bool:
+    stripped = sentence.strip()
+    return (
+        stripped.endswith(("?", "？", "吗", "吗。", "呢"))
+        or _QUESTION_START.match(stripped) is not None
+    )
+
+
+def sentences(text: str) -> Iterator[str]:
+    for match in _SENTENCES.finditer(text):
+        sentence = match.group(0).strip()
+        if sentence and not _is_question(sentence) and not _HYPOTHETICAL.search(sentence):
+            yield sentence
+
+
+def extract_facts(text: str) -> list[dict[str, Any]]:
+    """Facts in the answer schema for one user message; at most one rule per sentence."""
+    facts: list[dict[str, Any]] = []
+    for sentence in sentences(text):
+        for rule in RULES:
+            match = rule.pattern.search(sentence)
+            if match is None:
+                continue
+            groups = {k: _clean(v) for k, v in match.groupdict().items() if v is not None}
+            if any(len(v) < 2 for v in groups.values()):
+                continue
+            if rule.check is not None and not rule.check(groups):
+                continue
+            if rule.category == "correction" and not _not_after_subject(sentence, match.start()):
+                continue
+            fact: dict[str, Any] = {
+                "content": rule.template.format(**groups),
+                "category": rule.category,
+                "confidence": rule.confidence,
+            }
+            if rule.source_error:
+                fact["sourceError"] = rule.source_error.format(**groups)
+            facts.append(fact)
+            break
+    return facts
+
+
+@functools.cache
+def _announce() -> None:
+    log.warning(
+        "memq extracts memory with the offline RULES extractor, not an LLM: it only picks up "
+        "simple explicit statements. Set MEMQ_LLM_BASE_URL or OPENAI_API_KEY for a real model."
+    )
+
+
+class RulesUpdateModel:
+    """An :class:`~worker.llm.UpdateModel` that answers from rules."""
+
+    def __init__(self, *, count_tokens: TokenCounter | None = None) -> None:
+        self._count = count_tokens
+        _announce()
+
+    def propose(self, prompt: UpdatePrompt) -> ModelAnswer:
+        facts = [
+            fact
+            for message in prompt.conversation
+            if message.role == "user"
+            for fact in extract_facts(message.content)
+        ]
+        text = json.dumps(
+            {"user": {}, "history": {}, "newFacts": facts, "factsToRemove": []},
+            ensure_ascii=False,
+        )
+        count = self._count
+        return ModelAnswer(
+            text=text,
+            prompt_tokens=count(prompt.system + prompt.user) if count else 0,
+            completion_tokens=count(text) if count else 0,
+            model=MODEL_NAME,
+        )
+
+    def close(self) -> None:
+        return None

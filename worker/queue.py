@@ -1,0 +1,309 @@
+"""Every worker-side Redis operation on the queue: claim, reap, complete, fail, renew, dead letters.
+
+Each atomic operation is one Lua script next to this module (see each file's header for its KEYS,
+ARGV and return codes). Scripts return small codes; they are mapped to Enums here, once.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from importlib import resources
+from typing import Any, Literal, cast
+
+import redis
+from redis.commands.core import Script
+
+from core.keys import KeySchema, QueueKeys
+from core.settings import MemqSettings
+
+_SCRIPTS = (
+    "claim_due",
+    "reap_expired",
+    "complete",
+    "fail",
+    "renew",
+    "release",
+    "dead_retry",
+    "dead_purge",
+)
+_PERMANENT = "-1"  # fail.lua's retry_at_ms meaning "dead at once"
+_DEAD_BATCH = 500  # ids per dead_retry/dead_purge script call
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class CompleteResult(Enum):
+    STALE = 0
+    DONE = 1
+    RESCHEDULED = 2
+
+
+class FailResult(Enum):
+    STALE = 0
+    RETRY = 1
+    DEAD = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One context a ticker now holds: the token proves it, the version says what was claimed."""
+
+    context_id: str
+    token: str
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimBatch:
+    claims: list[Claim] = field(default_factory=list)
+    examined: int = 0
+    full: bool = False  # `inflight` reached max_inflight: backpressure, stop claiming
+
+
+@dataclass(frozen=True, slots=True)
+class ReapResult:
+    requeued: int = 0
+    dead: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeadEntry:
+    context_id: str
+    dead_at_ms: int
+    attempts: int
+    last_error: str
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+class QueueClient:
+    """The worker side of the Redis contract, on one client (its scripts registered once)."""
+
+    def __init__(self, settings: MemqSettings, redis_client: redis.Redis) -> None:
+        self.settings = settings
+        self.redis = redis_client
+        self.keys = KeySchema(settings.key_prefix, settings.shards)
+        package = resources.files("worker")
+        self._scripts: dict[str, Script] = {
+            name: redis_client.register_script(
+                package.joinpath(f"{name}.lua").read_text(encoding="utf-8")
+            )
+            for name in _SCRIPTS
+        }
+
+    # --- claim and reap (the ticker)
+    def claim(self, now: int | None = None, limit: int | None = None) -> ClaimBatch:
+        """Claim up to ``limit`` (default ``claim_batch``) due contexts of every shard.
+
+        Candidates come from an O(log N + limit) range read; the script re-checks each, so this
+        stays cheap however many keys are pending and racing tickers never claim one twice.
+        """
+        now = now_ms() if now is None else now
+        limit = limit or self.settings.claim_batch
+        cap = math.ceil(self.settings.max_inflight / self.settings.shards)
+        claims: list[Claim] = []
+        examined, full = 0, False
+        for shard in self.keys.all_shards():
+            ids = self._range(shard.due, now, limit)
+            if not ids:
+                continue
+            raw = self._scripts["claim_due"](
+                keys=[shard.due, shard.inflight, *(shard.context(i) for i in ids)],
+                args=[now, self.settings.lease_ms, cap, *ids],
+            )
+            examined += len(ids)
+            full = full or int(raw[0]) == 2
+            for pos in range(1, len(raw), 3):
+                claims.append(Claim(_text(raw[pos]), _text(raw[pos + 1]), int(raw[pos + 2])))
+        return ClaimBatch(claims=claims, examined=examined, full=full)
+
+    def reap(self, now: int | None = None, limit: int = 1000) -> ReapResult:
+        """Put contexts whose lease expired back in ``due`` (or ``dead`` past max_attempts)."""
+        now = now_ms() if now is None else now
+        requeued = dead = 0
+        for shard in self.keys.all_shards():
+            ids = self._range(shard.inflight, now, limit)
+            if not ids:
+                continue
+            raw = self._scripts["reap_expired"](
+                keys=[shard.inflight, shard.due, shard.dead, *(shard.context(i) for i in ids)],
+                args=[now, self.settings.max_attempts, *ids],
+            )
+            requeued += int(raw[0])
+            dead += int(raw[1])
+        return ReapResult(requeued=requeued, dead=dead)
+
+    def release(self, context_id: str, token: str, now: int | None = None) -> bool:
+        """Hand a claim back without counting an attempt (its task could not be sent)."""
+        q = self._q(context_id)
+        now = now_ms() if now is None else now
+        raw = self._scripts["release"](
+            keys=[q.context(context_id), q.inflight, q.due], args=[context_id, token, now]
+        )
+        return int(raw) == 1
+
+    # --- the extract task
+    def load(self, context_id: str) -> dict[str, str]:
+        """The ``ctx:<id>`` hash ({} when it is gone)."""
+        raw = self.redis.hgetall(self._q(context_id).context(context_id))
+        return {_text(k): _text(v) for k, v in raw.items()}
+
+    def renew(self, context_id: str, token: str, now: int | None = None) -> bool:
+        """Extend the lease by ``lease_ms`` from now; False when the claim is no longer ours."""
+        q = self._q(context_id)
+        now = now_ms() if now is None else now
+        raw = self._scripts["renew"](
+            keys=[q.context(context_id), q.inflight],
+            args=[context_id, token, now + self.settings.lease_ms],
+        )
+        return int(raw) == 1
+
+    def complete(self, context_id: str, token: str, now: int | None = None) -> CompleteResult:
+        q = self._q(context_id)
+        now = now_ms() if now is None else now
+        raw = self._scripts["complete"](
+            keys=[q.context(context_id), q.inflight, q.due], args=[context_id, token, now]
+        )
+        return CompleteResult(int(raw))
+
+    def fail(
+        self,
+        context_id: str,
+        token: str,
+        reason: str,
+        retry_at_ms: int | None,
+        now: int | None = None,
+    ) -> FailResult:
+        """Count a failed attempt; ``retry_at_ms=None`` is permanent (dead at once)."""
+        q = self._q(context_id)
+        now = now_ms() if now is None else now
+        retry = _PERMANENT if retry_at_ms is None else str(max(int(retry_at_ms), 0))
+        raw = self._scripts["fail"](
+            keys=[q.context(context_id), q.inflight, q.due, q.dead],
+            args=[context_id, token, now, reason[:2000], retry, self.settings.max_attempts],
+        )
+        return FailResult(int(raw))
+
+    def add_metrics(self, **counters: int) -> None:
+        """HINCRBY the global counters `memq stats` shows (one round trip, zeros skipped)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for name, amount in counters.items():
+            if amount:
+                pipe.hincrby(self.keys.metrics(), name, amount)
+        pipe.execute()
+
+    # --- dead letters (the CLI)
+    def dead_list(self, limit: int = 1000) -> list[DeadEntry]:
+        """Dead contexts, oldest death first, with their attempt count and last error."""
+        rows: list[tuple[str, int]] = []
+        for shard in self.keys.all_shards():
+            found = cast(
+                "list[tuple[Any, float]]",
+                self.redis.zrange(shard.dead, 0, limit - 1, withscores=True),
+            )
+            rows.extend((_text(member), int(score)) for member, score in found)
+        rows.sort(key=lambda row: row[1])
+        rows = rows[:limit]
+        pipe = self.redis.pipeline(transaction=False)
+        for context_id, _ in rows:
+            pipe.hmget(self._q(context_id).context(context_id), ["attempts", "last_error"])
+        details = pipe.execute() if rows else []
+        return [
+            DeadEntry(
+                context_id=context_id,
+                dead_at_ms=dead_at,
+                attempts=int(attempts or 0),
+                last_error=_text(error) if error is not None else "",
+            )
+            for (context_id, dead_at), (attempts, error) in zip(rows, details, strict=True)
+        ]
+
+    def dead_retry(self, ids: Iterable[str] | Literal["all"], now: int | None = None) -> int:
+        """Move dead contexts back to ``due`` now with attempts reset; returns how many."""
+        now = now_ms() if now is None else now
+        total = 0
+        for shard, batch in self._dead_batches(ids):
+            total += int(
+                self._scripts["dead_retry"](
+                    keys=[shard.dead, shard.due, *(shard.context(i) for i in batch)],
+                    args=[now, *batch],
+                )
+            )
+        return total
+
+    def dead_purge(self, ids: Iterable[str] | Literal["all"]) -> int:
+        """Delete dead contexts for good; returns how many."""
+        total = 0
+        for shard, batch in self._dead_batches(ids):
+            total += int(
+                self._scripts["dead_purge"](
+                    keys=[shard.dead, *(shard.context(i) for i in batch)], args=list(batch)
+                )
+            )
+        return total
+
+    # --- observing
+    def stats(self, now: int | None = None) -> dict[str, Any]:
+        """Queue depths, the lag of the oldest due context, and the global counters."""
+        now = now_ms() if now is None else now
+        pipe = self.redis.pipeline(transaction=False)
+        shards = self.keys.all_shards()
+        for shard in shards:
+            pipe.zcard(shard.due)
+            pipe.zcard(shard.inflight)
+            pipe.zcard(shard.dead)
+            pipe.zrange(shard.due, 0, 0, withscores=True)
+            pipe.hgetall(shard.stats)
+        pipe.hgetall(self.keys.metrics())
+        replies = pipe.execute()
+        due = inflight = dead = 0
+        oldest: float | None = None
+        counters: dict[str, int] = {}
+        for index in range(len(shards)):
+            n_due, n_inflight, n_dead, first, shard_stats = replies[index * 5 : index * 5 + 5]
+            due, inflight, dead = due + n_due, inflight + n_inflight, dead + n_dead
+            if first:
+                oldest = first[0][1] if oldest is None else min(oldest, first[0][1])
+            for name, value in shard_stats.items():
+                counters[_text(name)] = counters.get(_text(name), 0) + int(value)
+        metrics = {_text(k): int(v) for k, v in replies[-1].items()}
+        return {
+            "due": due,
+            "inflight": inflight,
+            "dead": dead,
+            "oldest_due_lag_ms": max(0, now - int(oldest)) if oldest is not None else 0,
+            "queue": counters,
+            "metrics": metrics,
+        }
+
+    # --- helpers
+    def _q(self, context_id: str) -> QueueKeys:
+        return self.keys.for_context(context_id)
+
+    def _range(self, zset: str, now: int, limit: int) -> list[str]:
+        found = self.redis.zrangebyscore(zset, "-inf", now, start=0, num=limit)
+        return [_text(member) for member in found]
+
+    def _dead_batches(
+        self, ids: Iterable[str] | Literal["all"]
+    ) -> Iterable[tuple[QueueKeys, Sequence[str]]]:
+        if ids == "all":
+            for shard in self.keys.all_shards():
+                members = [_text(m) for m in self.redis.zrange(shard.dead, 0, -1)]
+                for start in range(0, len(members), _DEAD_BATCH):
+                    yield shard, members[start : start + _DEAD_BATCH]
+            return
+        by_shard: dict[int, list[str]] = {}
+        for context_id in ids:
+            by_shard.setdefault(self.keys.shard_of(context_id), []).append(context_id)
+        for index, members in by_shard.items():
+            for start in range(0, len(members), _DEAD_BATCH):
+                yield self.keys.shard(index), members[start : start + _DEAD_BATCH]

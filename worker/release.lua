@@ -1,0 +1,26 @@
+-- release.lua — give a claim back at once, without counting an attempt (the task send failed).
+--
+-- KEYS[1]  ctx:<id>   hash of the context
+-- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
+-- KEYS[3]  due        zset  context id -> deadline (epoch ms)
+--
+-- ARGV[1]  context id
+-- ARGV[2]  claim token the ticker got from claim_due
+-- ARGV[3]  now_ms   current time, epoch milliseconds: the context is due again at once
+--
+-- Returns 1 released, 0 stale (the token does not match; nothing done).
+
+local ctx, inflight, due = KEYS[1], KEYS[2], KEYS[3]
+local id = ARGV[1]
+
+if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
+  return 0
+end
+redis.call('ZREM', inflight, id)
+redis.call('HDEL', ctx, 'claim_token')
+-- An enqueue during the claim stored its own deadline; keep the earlier of the two.
+local deadline = tonumber(redis.call('HGET', ctx, 'deadline_ms')) or tonumber(ARGV[3])
+deadline = string.format('%d', math.min(deadline, tonumber(ARGV[3])))
+redis.call('HSET', ctx, 'deadline_ms', deadline)
+redis.call('ZADD', due, deadline, id)
+return 1

@@ -1,0 +1,210 @@
+"""The bodies of the two Celery tasks, free of Celery: `extract` runs one claimed context through
+the pipeline and settles it in the queue; `WorkerRuntime` holds their dependencies per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from core.connection import redis_client
+from core.errors import MemqError, PermanentLLMError, ResponseParseError, TransientLLMError
+from core.identity import ContextKey
+from core.models import ConversationContext
+from core.settings import MemqSettings
+from worker.queue import FailResult, QueueClient, now_ms
+
+if TYPE_CHECKING:
+    from worker.pipeline import ExtractionPipeline
+
+log = logging.getLogger("memq.extract")
+
+_MAX_RETRY_AFTER_SECONDS = 3600.0  # a server asking for more than an hour is not honoured as is
+
+
+class WorkerRuntime:
+    """Redis client, queue client and extraction pipeline, built lazily once per process.
+
+    Lazy because a prefork worker forks after the app is built: connections and the LLM client
+    must be created in the child that uses them (the pid check rebuilds after a fork).
+    """
+
+    def __init__(
+        self,
+        settings: MemqSettings,
+        *,
+        pipeline_factory: Callable[[MemqSettings, redis.Redis], ExtractionPipeline] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._pipeline_factory = pipeline_factory or build_pipeline
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._redis: redis.Redis | None = None
+        self._queue: QueueClient | None = None
+        self._pipeline: ExtractionPipeline | None = None
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._base()[0]
+
+    @property
+    def queue(self) -> QueueClient:
+        return self._base()[1]
+
+    @property
+    def pipeline(self) -> ExtractionPipeline:
+        with self._lock:
+            self._check_fork()
+            if self._pipeline is None:
+                self._pipeline = self._pipeline_factory(self.settings, self._base_locked()[0])
+            return self._pipeline
+
+    def _base(self) -> tuple[redis.Redis, QueueClient]:
+        with self._lock:
+            self._check_fork()
+            return self._base_locked()
+
+    def _base_locked(self) -> tuple[redis.Redis, QueueClient]:
+        if self._redis is None or self._queue is None:
+            self._redis = redis_client(self.settings)
+            self._queue = QueueClient(self.settings, self._redis)
+            self._pid = os.getpid()
+        return self._redis, self._queue
+
+    def _check_fork(self) -> None:
+        if self._pid is not None and self._pid != os.getpid():
+            self._redis = self._queue = self._pipeline = None
+            self._pid = None
+
+
+def build_pipeline(settings: MemqSettings, client: redis.Redis) -> ExtractionPipeline:
+    """The production pipeline: configured storage and LLM (imported here, not at module load,
+    so the ticker and the app factory never load the LLM client)."""
+    from storage import get_storage
+    from worker.llm import build_update_model
+    from worker.pipeline import ExtractionPipeline
+
+    return ExtractionPipeline(
+        settings, get_storage(settings, redis=client), build_update_model(settings)
+    )
+
+
+def backoff_ms(
+    attempts: int, settings: MemqSettings, retry_after_seconds: float | None = None
+) -> int:
+    """Delay before the next try after ``attempts`` earlier failures: exponential from
+    ``retry_backoff_seconds``, capped, but never shorter than a server's Retry-After."""
+    delay = settings.retry_backoff_seconds * (2 ** min(max(attempts, 0), 20))
+    delay = min(delay, settings.retry_backoff_max_seconds)
+    if retry_after_seconds is not None and retry_after_seconds > 0:
+        delay = max(delay, min(retry_after_seconds, _MAX_RETRY_AFTER_SECONDS))
+    return int(delay * 1000)
+
+
+def describe_args(context_id: str, version: int) -> str:
+    """What Flower shows as the task's arguments: identifiers, never message content."""
+    try:
+        key = ContextKey.from_id(context_id)
+    except MemqError:
+        return f"key={context_id!r:.200} version={version}"
+    return f"{key.describe()} version={version}"
+
+
+def extract(
+    runtime: WorkerRuntime,
+    context_id: str,
+    token: str,
+    version: int,
+    *,
+    clock: Callable[[], int] = now_ms,
+) -> dict[str, Any]:
+    """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
+    queue = runtime.queue
+    started = clock()
+    data = queue.load(context_id)
+    if data.get("claim_token") != token or not queue.renew(context_id, token, started):
+        log.info("extraction key=%s version=%d outcome=stale", context_id, version)
+        return {"outcome": "stale"}
+    attempts = int(data.get("attempts") or 0)
+    try:
+        context = ConversationContext.from_hash(data)
+    except MemqError as exc:
+        return _failed(queue, context_id, token, version, exc, None, started, clock)
+    try:
+        report = runtime.pipeline.run(context)
+    except PermanentLLMError as exc:
+        return _failed(queue, context_id, token, version, exc, None, started, clock)
+    except TransientLLMError as exc:
+        retry_at = clock() + backoff_ms(attempts, runtime.settings, exc.retry_after_seconds)
+        return _failed(queue, context_id, token, version, exc, retry_at, started, clock)
+    except ResponseParseError as exc:  # LLMs are nondeterministic: the next answer may parse
+        retry_at = clock() + backoff_ms(attempts, runtime.settings)
+        return _failed(queue, context_id, token, version, exc, retry_at, started, clock)
+    except Exception as exc:  # never lose the key: anything else is retried until max_attempts
+        retry_at = clock() + backoff_ms(attempts, runtime.settings)
+        return _failed(queue, context_id, token, version, exc, retry_at, started, clock)
+
+    settled = queue.complete(context_id, token, clock())
+    duration = clock() - started
+    queue.add_metrics(
+        extractions=1,
+        prompt_tokens=report.prompt_tokens,
+        completion_tokens=report.completion_tokens,
+    )
+    log.info(
+        "extraction key=%s version=%d outcome=%s facts_added=%d facts_removed=%d "
+        "prompt_tokens=%d completion_tokens=%d duration_ms=%d queue=%s",
+        context_id,
+        version,
+        report.outcome,
+        report.facts_added,
+        report.facts_removed,
+        report.prompt_tokens,
+        report.completion_tokens,
+        duration,
+        settled.name.lower(),
+        extra={
+            "memq_key": context_id,
+            "memq_version": version,
+            "memq_outcome": report.outcome,
+            "memq_trace_id": context.trace_id,
+        },
+    )
+    return {
+        "outcome": report.outcome,
+        "facts_added": report.facts_added,
+        "facts_removed": report.facts_removed,
+        "queue": settled.name.lower(),
+    }
+
+
+def _failed(
+    queue: QueueClient,
+    context_id: str,
+    token: str,
+    version: int,
+    exc: BaseException,
+    retry_at_ms: int | None,
+    started: int,
+    clock: Callable[[], int],
+) -> dict[str, Any]:
+    """Settle a failed run: retry at ``retry_at_ms`` or, when None, dead at once."""
+    reason = f"{type(exc).__name__}: {exc}"[:500] if isinstance(exc, MemqError) else repr(exc)
+    settled = queue.fail(context_id, token, reason, retry_at_ms, clock())
+    if settled is not FailResult.STALE:
+        queue.add_metrics(failures=1, dead=int(settled is FailResult.DEAD))
+    log.warning(
+        "extraction key=%s version=%d outcome=%s error=%s duration_ms=%d",
+        context_id,
+        version,
+        settled.name.lower(),
+        type(exc).__name__,
+        clock() - started,
+        extra={"memq_key": context_id, "memq_version": version, "memq_outcome": "failed"},
+    )
+    return {"outcome": "failed", "queue": settled.name.lower(), "error": type(exc).__name__}
