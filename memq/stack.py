@@ -9,6 +9,7 @@ a stopped one, because it looks healthy while keys pile up in `due`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -132,8 +133,10 @@ class Stack:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop in time; killing it", child.name)
+            # The group goes too: prefork children can outlive a parent that died or was killed.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            proc.wait()
             if child.log_file is not None:
                 child.log_file.close()
                 child.log_file = None

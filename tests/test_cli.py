@@ -3,6 +3,7 @@ subprocess check of what an operator sees when Redis is down."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -318,3 +319,62 @@ def test_memory_command_errors(run: Run, cli_env: MemqSettings, tmp_path: Path) 
     # The failed imports left dave's memory as it was.
     code, out, _ = run("show", "dave")
     assert code == 0 and "fact_rust" in out
+
+
+# --- up (the supervised stack)
+@pytest.mark.e2e
+def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
+    import signal
+    import urllib.request
+
+    from tests.support.waiting import wait_for
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
+    env.update(MEMQ_DATA_DIR=str(tmp_path / "data"), MEMQ_FLOWER_PORT=str(port),
+               MEMQ_STORAGE_DIR=str(tmp_path / "memory"), PYTHONUNBUFFERED="1")
+    log = tmp_path / "up.log"
+    with log.open("wb") as sink:
+        up = subprocess.Popen([str(Path(sys.executable).with_name("memq")), "up"], env=env,
+                              cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        line = wait_for(lambda: next((x for x in log.read_text().splitlines()
+                                      if "password (generated" in x), None),
+                        timeout=30, what="memq up prints the Flower password")
+        password = line.rsplit(" ", 1)[1]
+
+        def flower_answers() -> bool:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/api/workers")
+            token = base64.b64encode(f"memq:{password}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+            try:
+                with urllib.request.urlopen(request, timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        wait_for(flower_answers, timeout=30, interval=0.2, what="Flower with the printed password")
+        assert any((tmp_path / "data" / "redis").glob("appendonly*"))  # private Redis, AOF on
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=30) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert "memq up: Redis redis://127.0.0.1:" in log.read_text()
+    assert not flower_answers()  # stopped with the supervisor
+
+
+@pytest.mark.e2e
+def test_stack_stops_everything_when_a_child_dies(settings: MemqSettings) -> None:
+    import signal
+
+    from memq.stack import Stack, StackOptions
+
+    stack = Stack(settings, StackOptions(flower=False, loglevel="WARNING"))
+    stack.start()
+    worker, beat = sorted(stack.children, key=lambda c: c.name != "worker")
+    assert worker.process is not None and beat.process is not None
+    os.killpg(worker.process.pid, signal.SIGKILL)
+    assert stack.supervise(poll_seconds=0.05) == 1
+    assert beat.process.poll() is not None  # the survivor was stopped too
