@@ -1,7 +1,7 @@
 """The `memq` command line: run, watch and repair memq.
 
-Every failure an operator can cause (bad input, unknown user, Redis down) is one line on stderr and a
-non-zero exit code; ``--debug`` shows the traceback instead.
+Every failure an operator can cause (bad input, unknown user, Redis down) is one line on stderr
+and a non-zero exit code; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations

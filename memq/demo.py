@@ -118,7 +118,7 @@ def _feed(settings: MemqSettings, conversations: list[Conversation], out: TextIO
 
 
 def _wait_until_extracted(stack: Stack, settings: MemqSettings, timeout_seconds: float) -> None:
-    """Done when nothing is due or in flight any more; a dead letter or a dead process fails fast."""
+    """Done when nothing is due or in flight; a dead letter or a dead process fails fast."""
     from core.connection import redis_client
     from worker.queue import QueueClient
 

@@ -160,10 +160,12 @@ class Stack:
         for child in self.children:
             proc = child.process
             if proc is not None and proc.poll() is not None and not self._stopping:
-                raise ChildDied(f"{child.name} exited with code {proc.returncode}{self._log_hint(child)}")
+                raise ChildDied(
+                    f"{child.name} exited with code {proc.returncode}{self._log_hint(child)}"
+                )
 
     def supervise(self, poll_seconds: float = 0.2) -> int:
-        """Run until SIGINT/SIGTERM (exit 0) or a child dies (exit 1); stop everything either way."""
+        """Run until SIGINT/SIGTERM (exit 0) or a child dies (exit 1); then stop everything."""
         received: list[int] = []
 
         def on_signal(signum: int, frame: FrameType | None) -> None:

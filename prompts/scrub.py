@@ -3,10 +3,10 @@ saying "the user uploaded report.pdf" sends the agent looking for a file that do
 
 Sentences of summaries that mention an upload are deleted; facts that mention one are dropped.
 Unlike DeerFlow's pattern this also catches a path or tag at the start of a word ("See
-/mnt/user-data/uploads/x"), "uploads file", up to six words in between ("uploaded the big quarterly
-sales file"), file names with dots inside a sentence, and Chinese upload phrases — while "works
-with CSV files" and "prefers PDF export" stay. Manual facts are the user's own words and are left
-alone.
+/mnt/user-data/uploads/x"), "uploads file", "uploaded report.pdf", up to six words in between
+("uploaded the big quarterly sales file"), file names with dots inside a sentence, and Chinese
+upload phrases — while "works with CSV files" and "prefers PDF export" stay. Manual facts are the
+user's own words and are left alone.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from storage.document import HISTORY_SECTIONS, USER_SECTIONS, MemoryDocument, Se
 
 UPLOAD_MENTION = re.compile(
     r"\bupload(?:s|ed|ing)?\b(?:\s+[\w'’-]+){0,6}?\s+(?:files?|documents?|attachments?)\b"
+    r"|\bupload(?:s|ed|ing)?\s+(?:[\w'’-]+\s+){0,3}?[\w-]+\.[A-Za-z][A-Za-z0-9]{0,4}\b"  # a.pdf
     r"|\bfile\s+uploads?\b"
     r"|/mnt/user-data/uploads\b"
     r"|</?(?:uploaded_files|current_uploads)>"

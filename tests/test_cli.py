@@ -66,9 +66,7 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
 
 
 # --- errors
-def test_unreachable_redis_is_one_masked_line(
-    run: Run, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_unreachable_redis_is_one_masked_line(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
     monkeypatch.setenv("MEMQ_REDIS_URL", url)
     code, out, err = run("stats")
@@ -150,9 +148,7 @@ def make_dead(settings: MemqSettings, client: redis.Redis, thread: str) -> str:
     return claim.context_id
 
 
-def test_dead_list_retry_purge(
-    run: Run, cli_env: MemqSettings, redis_client: redis.Redis
-) -> None:
+def test_dead_list_retry_purge(run: Run, cli_env: MemqSettings, redis_client: redis.Redis) -> None:
     code, out, _ = run("dead", "list")
     assert (code, out.strip()) == (0, "no dead letters")
     first = make_dead(cli_env, redis_client, "t-dead-1")
@@ -188,9 +184,14 @@ def test_doctor_passes_on_a_well_configured_stack(
         monkeypatch.setenv("MEMQ_LLM_BASE_URL", openai_server.base_url)
         code, out, _ = run("doctor")
     assert code == 0, out
-    for line in ("OK    redis: Redis ", "OK    persistence: AOF", "OK    maxmemory-policy",
-                 "OK    broker", f"OK    llm: {openai_server.base_url} answered HTTP 200",
-                 "OK    tiktoken"):
+    for line in (
+        "OK    redis: Redis ",
+        "OK    persistence: AOF",
+        "OK    maxmemory-policy",
+        "OK    broker",
+        f"OK    llm: {openai_server.base_url} answered HTTP 200",
+        "OK    tiktoken",
+    ):
         assert line in out
     assert "All checks passed." in out
 
@@ -210,7 +211,7 @@ def test_doctor_says_what_to_fix(
 
 
 def test_doctor_reports_offline_extractor(run: Run, cli_env: MemqSettings) -> None:
-    code, out, _ = run("doctor", "--json")
+    _, out, _ = run("doctor", "--json")
     checks = {c["name"]: c for c in json.loads(out)}
     assert "offline rules extractor is in use" in checks["llm"]["detail"]
     assert checks["redis"]["status"] == "ok"
@@ -232,10 +233,22 @@ DEERFLOW_MEMORY = {
     "user": {"workContext": {"summary": "Embedded Rust developer.", "updatedAt": ""}},
     "history": {},
     "facts": [
-        {"id": "fact_rust", "content": "Writes Rust for microcontrollers", "category": "knowledge",
-         "confidence": 0.9, "createdAt": "2026-01-05T10:00:00Z", "source": "thread-9"},
-        {"id": "fact_tabs", "content": "Prefers answers as tables", "category": "preference",
-         "confidence": 0.8, "createdAt": "2026-01-05T10:00:00Z", "source": "thread-9"},
+        {
+            "id": "fact_rust",
+            "content": "Writes Rust for microcontrollers",
+            "category": "knowledge",
+            "confidence": 0.9,
+            "createdAt": "2026-01-05T10:00:00Z",
+            "source": "thread-9",
+        },
+        {
+            "id": "fact_tabs",
+            "content": "Prefers answers as tables",
+            "category": "preference",
+            "confidence": 0.8,
+            "createdAt": "2026-01-05T10:00:00Z",
+            "source": "thread-9",
+        },
     ],
 }
 
@@ -261,11 +274,29 @@ def test_memory_round_trip(run: Run, cli_env: MemqSettings, tmp_path: Path) -> N
 
     code, out, _ = run("facts", "search", "carol", "TABLES", "--agent", "coder")
     assert code == 0 and "fact_tabs" in out and "fact_rust" not in out
-    code, out, _ = run("facts", "add", "carol", "Lives in Lisbon", "--agent", "coder",
-                       "--category", "context", "--confidence", "0.95")
+    code, out, _ = run(
+        "facts",
+        "add",
+        "carol",
+        "Lives in Lisbon",
+        "--agent",
+        "coder",
+        "--category",
+        "context",
+        "--confidence",
+        "0.95",
+    )
     assert code == 0 and out.startswith("added fact_")
-    code, out, _ = run("facts", "edit", "carol", "fact_tabs", "--agent", "coder",
-                       "--content", "Prefers bullet lists")
+    code, out, _ = run(
+        "facts",
+        "edit",
+        "carol",
+        "fact_tabs",
+        "--agent",
+        "coder",
+        "--content",
+        "Prefers bullet lists",
+    )
     assert code == 0 and "Prefers bullet lists" in out
     code, out, _ = run("facts", "delete", "carol", "fact_rust", "--agent", "coder")
     assert code == 0 and "deleted fact_rust" in out
@@ -293,7 +324,9 @@ def test_memory_round_trip(run: Run, cli_env: MemqSettings, tmp_path: Path) -> N
         ("facts", "delete", "nobody", "fact_1"),
     ],
 )
-def test_unknown_user_is_a_clear_error(run: Run, cli_env: MemqSettings, argv: tuple[str, ...]) -> None:
+def test_unknown_user_is_a_clear_error(
+    run: Run, cli_env: MemqSettings, argv: tuple[str, ...]
+) -> None:
     code, out, err = run(*argv)
     assert_one_line_error(code, err, "unknown user 'nobody'")
     assert out == ""
@@ -331,16 +364,29 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
-    env.update(MEMQ_DATA_DIR=str(tmp_path / "data"), MEMQ_FLOWER_PORT=str(port),
-               MEMQ_STORAGE_DIR=str(tmp_path / "memory"), PYTHONUNBUFFERED="1")
+    env.update(
+        MEMQ_DATA_DIR=str(tmp_path / "data"),
+        MEMQ_FLOWER_PORT=str(port),
+        MEMQ_STORAGE_DIR=str(tmp_path / "memory"),
+        PYTHONUNBUFFERED="1",
+    )
     log = tmp_path / "up.log"
     with log.open("wb") as sink:
-        up = subprocess.Popen([str(Path(sys.executable).with_name("memq")), "up"], env=env,
-                              cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT)
+        up = subprocess.Popen(
+            [str(Path(sys.executable).with_name("memq")), "up"],
+            env=env,
+            cwd=tmp_path,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        line = wait_for(lambda: next((x for x in log.read_text().splitlines()
-                                      if "password (generated" in x), None),
-                        timeout=30, what="memq up prints the Flower password")
+        line = wait_for(
+            lambda: next(
+                (x for x in log.read_text().splitlines() if "password (generated" in x), None
+            ),
+            timeout=30,
+            what="memq up prints the Flower password",
+        )
         password = line.rsplit(" ", 1)[1]
 
         def flower_answers() -> bool:

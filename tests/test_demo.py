@@ -18,8 +18,14 @@ def test_demo_prints_what_it_learned(tmp_path: Path) -> None:
     env.pop("OPENAI_API_KEY", None)
     data_dir = tmp_path / "demo"
     done = subprocess.run(
-        [str(Path(sys.executable).with_name("memq")), "demo", "--data-dir", str(data_dir),
-         "--timeout", "60"],
+        [
+            str(Path(sys.executable).with_name("memq")),
+            "demo",
+            "--data-dir",
+            str(data_dir),
+            "--timeout",
+            "60",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -104,7 +104,7 @@ def test_memq_console_script_resolves() -> None:
 def test_dockerfile_installs_every_package_and_runs_a_worker() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    packages = re.search(r'packages = \[([^\]]*)\]', pyproject)
+    packages = re.search(r"packages = \[([^\]]*)\]", pyproject)
     assert packages is not None
     for package in re.findall(r'"([^"]+)"', packages.group(1)):
         assert f"COPY {package} ./{package}" in dockerfile

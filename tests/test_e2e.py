@@ -107,6 +107,9 @@ def test_three_quick_turns_make_exactly_one_llm_call(
     assert openai_server.call_count == 1, celery_procs.logs()
     assert "Turn 3" in openai_server.prompts()[0]  # the latest messages, not the first turn's
     assert queue.stats()["metrics"]["extractions"] == 1
+    logs = celery_procs.logs()
+    assert "memq.extract" in logs and "outcome=updated" in logs
+    assert "octopuses" not in logs and "sk-scripted" not in logs  # no content, no secrets
 
 
 def test_a_flush_is_processed_within_about_one_tick(

@@ -194,7 +194,8 @@ def _failed(
     clock: Callable[[], int],
 ) -> dict[str, Any]:
     """Settle a failed run: retry at ``retry_at_ms`` or, when None, dead at once."""
-    reason = f"{type(exc).__name__}: {exc}"[:500] if isinstance(exc, MemqError) else repr(exc)
+    reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, MemqError) else repr(exc)
+    reason = reason[:500]
     settled = queue.fail(context_id, token, reason, retry_at_ms, clock())
     if settled is not FailResult.STALE:
         queue.add_metrics(failures=1, dead=int(settled is FailResult.DEAD))

@@ -101,7 +101,9 @@ def print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], *, wrap: int = 70) -> str:
+def format_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], *, wrap: int = 70
+) -> str:
     """A plain-text table; long cells are cut with an ellipsis so rows stay one line each."""
     cells = [[_cell(v, wrap) for v in row] for row in rows]
     widths = [len(h) for h in headers]

@@ -19,15 +19,18 @@ from memq.commands.common import CommandContext, format_table, mask_url
 DESCRIPTIONS: dict[str, str] = {
     "enabled": "master switch: producers enqueue nothing when off",
     "injection_enabled": "MemoryInjector returns an empty block when off",
-    "redis_url": "Redis holding the queue (and the memory with `storage=redis`); unset → `memq up`/`demo` start a private one",
+    "redis_url": (
+        "Redis holding the queue (and the memory with `storage=redis`); "
+        "unset → `memq up`/`demo` start a private one"
+    ),
     "broker_url": "Celery broker; defaults to `redis_url`",
     "key_prefix": "prefix of every Redis key (one prefix per memq deployment)",
     "shards": "due/inflight sets spread over this many hash tags (Redis Cluster)",
     "redis_max_connections": "connection pool size per process",
     "debounce_seconds": "quiet time after the last enqueue before a context is extracted",
-    "max_delay_seconds": "a busy thread is extracted at most this long after its first pending enqueue",
+    "max_delay_seconds": "a busy thread waits at most this long after its first pending turn",
     "tick_seconds": "beat period of `memq.tick` (claim due contexts, reap expired leases)",
-    "lease_seconds": "a claimed context returns to `due` if its extraction has not finished by then",
+    "lease_seconds": "a claimed context returns to `due` if not finished by then",
     "max_attempts": "failed extractions before a context moves to the dead letters",
     "claim_batch": "contexts claimed per tick",
     "max_inflight": "cap on contexts in flight at once (back-pressure on the LLM)",
@@ -36,7 +39,7 @@ DESCRIPTIONS: dict[str, str] = {
     "producer_timeout_seconds": "Redis timeout of a producer call (the agent never waits longer)",
     "spool_max_contexts": "contexts a producer keeps for a later retry while Redis is unreachable",
     "producer_max_chars": "size cap, in characters, of the conversation sent by one enqueue",
-    "llm_provider": "`auto` (a model when an endpoint or key is set, else rules), `openai` or `rules`",
+    "llm_provider": "`auto` (a model if an endpoint or key is set, else rules), `openai`, `rules`",
     "llm_base_url": "OpenAI-compatible endpoint (`…/v1`)",
     "llm_api_key": "API key (`MEMQ_LLM_API_KEY` or `OPENAI_API_KEY`)",
     "llm_model": "model used for extraction",
@@ -71,7 +74,7 @@ DESCRIPTIONS: dict[str, str] = {
     "flower_address": "address Flower binds to in `memq up`",
     "flower_port": "port of Flower in `memq up`",
     "flower_user": "Flower basic-auth user",
-    "flower_password": "Flower basic-auth password; unset → generated and printed once by `memq up`",
+    "flower_password": "Flower basic-auth password; unset → `memq up` prints a generated one once",
     "worker_concurrency": "concurrency of each Celery worker",
 }
 

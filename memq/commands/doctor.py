@@ -136,10 +136,10 @@ def check_broker(settings: MemqSettings, *, redis_ok: bool) -> list[Check]:
     if url == settings.redis_url:
         status: Status = "ok" if redis_ok else "fail"
         return [Check(status, "broker", "the Celery broker is the same Redis as above")]
-    from kombu import Connection
+    import kombu
 
     try:
-        with Connection(url, connect_timeout=3) as conn:
+        with kombu.Connection(url, connect_timeout=3) as conn:  # type: ignore[attr-defined,no-untyped-call]
             conn.ensure_connection(max_retries=1, timeout=3)
     except Exception as exc:
         return [

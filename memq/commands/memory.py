@@ -1,7 +1,7 @@
-"""`memq show | inject | facts | export | import | forget`: a user's memory, read and repaired by hand.
+"""`memq show | inject | facts | export | import | forget`: a user's memory, by hand.
 
-Every write goes through :class:`storage.management.MemoryManager`, so a hand edit is serialised with
-running extractions and recorded in the document's history.
+Every write goes through :class:`storage.management.MemoryManager`, so a hand edit is serialised
+with running extractions and recorded in the document's history.
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _user_agent(export)
     export.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
     export.set_defaults(run=run_export)
-    load = sub.add_parser("import", help="replace a user's memory with a memq or DeerFlow JSON file")
+    load = sub.add_parser(
+        "import", help="replace a user's memory with a memq or DeerFlow JSON file"
+    )
     load.add_argument("user")
     load.add_argument("file")
     load.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
@@ -93,7 +95,9 @@ def _manager(context: CommandContext) -> MemoryManager:
     return MemoryManager(context.storage)
 
 
-def _require(manager: MemoryManager, user: str, agent: str | None, *, any_agent: bool = False) -> list[str | None]:
+def _require(
+    manager: MemoryManager, user: str, agent: str | None, *, any_agent: bool = False
+) -> list[str | None]:
     """The agents of ``user`` with a stored memory; an unknown user or agent is a clear error."""
     user = validate_user_id(user)
     agents = manager.list_agents(user)
@@ -115,10 +119,12 @@ def run_show(args: argparse.Namespace, context: CommandContext) -> int:
     agents = _require(manager, args.user, args.agent, any_agent=args.agent is None)
     documents = [(a, manager.document(args.user, agent_name=a)) for a in agents]
     if args.json:
-        print_json({
-            "user_id": args.user,
-            "memories": [{"agent_name": a, "memory": d.to_json()} for a, d in documents],
-        })
+        print_json(
+            {
+                "user_id": args.user,
+                "memories": [{"agent_name": a, "memory": d.to_json()} for a, d in documents],
+            }
+        )
         return 0
     for index, (agent, document) in enumerate(documents):
         if index:
@@ -129,7 +135,10 @@ def run_show(args: argparse.Namespace, context: CommandContext) -> int:
 
 def _render(user: str, agent: str | None, document: MemoryDocument) -> str:
     updated = document.last_updated.isoformat(timespec="seconds") if document.last_updated else "-"
-    lines = [f"user {user} · agent {agent_label(agent)} · {len(document.facts)} facts · updated {updated}"]
+    lines = [
+        f"user {user} · agent {agent_label(agent)} · {len(document.facts)} facts"
+        f" · updated {updated}"
+    ]
     for group, names in SECTIONS:
         for name in names:
             summary = getattr(getattr(document, group), name).summary.strip()
@@ -171,7 +180,9 @@ def run_facts_add(args: argparse.Namespace, context: CommandContext) -> int:
         category=args.category,
         confidence=args.confidence,
     )
-    print(f"added {fact.id} to user {args.user}, agent {agent_label(validate_agent_name(args.agent))}")
+    print(
+        f"added {fact.id} to user {args.user}, agent {agent_label(validate_agent_name(args.agent))}"
+    )
     return 0
 
 

@@ -6,7 +6,13 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any
 
-from memq.commands.common import CommandContext, CommandError, format_table, print_json, read_json_file
+from memq.commands.common import (
+    CommandContext,
+    CommandError,
+    format_table,
+    print_json,
+    read_json_file,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,9 +58,7 @@ def run_enqueue(args: argparse.Namespace, context: CommandContext) -> int:
         )
     producer = MemoryProducer(context.settings, context.redis)
     try:
-        result = producer.enqueue(
-            args.thread, args.user, args.agent, messages, flush=args.flush
-        )
+        result = producer.enqueue(args.thread, args.user, args.agent, messages, flush=args.flush)
     finally:
         producer.close()
     if result is None:
@@ -99,15 +103,17 @@ def run_stats(args: argparse.Namespace, context: CommandContext) -> int:
 def run_dead_list(args: argparse.Namespace, context: CommandContext) -> int:
     entries = _queue(context).dead_list()
     if args.json:
-        print_json([
-            {
-                "context_id": e.context_id,
-                "dead_at_ms": e.dead_at_ms,
-                "attempts": e.attempts,
-                "last_error": e.last_error,
-            }
-            for e in entries
-        ])
+        print_json(
+            [
+                {
+                    "context_id": e.context_id,
+                    "dead_at_ms": e.dead_at_ms,
+                    "attempts": e.attempts,
+                    "last_error": e.last_error,
+                }
+                for e in entries
+            ]
+        )
         return 0
     if not entries:
         print("no dead letters")

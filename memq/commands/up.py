@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-
 from memq.commands.common import CommandContext, mask_url
 
 
@@ -34,9 +33,10 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     where = "private redis-server, AOF in " + str(settings.data_dir / "redis")
     if not uses_private_redis(settings):
         where = "from MEMQ_REDIS_URL"
+    where_memory = settings.storage_dir if settings.storage == "file" else "in Redis"
     lines = [
         f"memq up: Redis {mask_url(stack.redis_url)} ({where})",
-        f"  storage: {settings.storage} ({settings.storage_dir if settings.storage == 'file' else 'in Redis'})",
+        f"  storage: {settings.storage} ({where_memory})",
         f"  extractor: {_extractor(settings.resolved_llm_provider, settings.llm_model)}",
     ]
     if options.flower:
@@ -53,5 +53,3 @@ def _extractor(provider: str, model: str) -> str:
     if provider == "rules":
         return "offline rules extractor (set MEMQ_LLM_BASE_URL or OPENAI_API_KEY for a real model)"
     return f"LLM {model}"
-
-

@@ -41,6 +41,8 @@ def memq_env(settings: MemqSettings, **extra: str) -> dict[str, str]:
         "redis_url",
         "broker_url",
         "key_prefix",
+        "shards",
+        "redis_max_connections",
         "storage",
         "storage_dir",
         "data_dir",

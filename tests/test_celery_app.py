@@ -1,0 +1,46 @@
+"""The Celery app factory and the lazy `worker.app` entry point (no broker needed)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+import worker
+from worker.celery_app import EXTRACT_TASK, TICK_TASK, create_app
+
+
+def test_the_app_has_both_tasks_and_the_reliability_options(make_settings: Any) -> None:
+    settings = make_settings(tick_seconds=0.5, lease_seconds=100.0, key_prefix="memqx")
+    app = create_app(settings)
+    conf = app.conf
+
+    assert {EXTRACT_TASK, TICK_TASK} <= set(app.tasks)
+    assert conf.broker_url == settings.redis_url
+    assert (conf.task_acks_late, conf.task_reject_on_worker_lost) == (True, True)
+    assert conf.worker_prefetch_multiplier == 1 and conf.task_ignore_result is True
+    assert conf.worker_send_task_events and conf.task_send_sent_event  # Flower
+    assert conf.task_default_queue == "memqx"
+    [entry] = conf.beat_schedule.values()
+    assert (entry["task"], entry["schedule"]) == (TICK_TASK, 0.5)
+    assert entry["options"]["expires"] > 0  # ticks never pile up behind a busy worker
+    extract = app.tasks[EXTRACT_TASK]
+    assert extract.soft_time_limit < extract.time_limit < settings.lease_seconds
+
+
+def test_worker_app_is_built_lazily_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, redis_server: Any
+) -> None:
+    monkeypatch.delitem(worker.__dict__, "app", raising=False)
+    monkeypatch.setenv("MEMQ_BROKER_URL", redis_server.url)
+    monkeypatch.setenv("MEMQ_KEY_PREFIX", "lazyapp")
+    assert "app" not in vars(sys.modules["worker"])  # importing built nothing
+
+    app = worker.app
+
+    assert app.conf.task_default_queue == "lazyapp"
+    assert worker.app is app  # built once
+    monkeypatch.delitem(worker.__dict__, "app")
+    with pytest.raises(AttributeError):
+        _ = worker.no_such_thing  # type: ignore[attr-defined]

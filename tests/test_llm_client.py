@@ -1,0 +1,167 @@
+"""The OpenAI-compatible client through the real `openai` SDK against the scripted server:
+request shape, usage, retries of transient failures, typed errors, and the model choice."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from core.errors import PermanentLLMError, TransientLLMError
+from core.models import Message
+from core.settings import MemqSettings
+from prompts.update_prompt import UpdatePrompt
+from tests.support.openai_server import EMPTY_UPDATE, Reply, ScriptedOpenAI, completion_body
+from worker.llm import OpenAIUpdateModel, build_update_model
+from worker.offline import RulesUpdateModel
+
+SECRET = "sk-test-very-secret-key"
+PROMPT = UpdatePrompt(system="instructions", user="data", conversation=(Message("user", "hi"),))
+
+
+def llm_settings(server: ScriptedOpenAI, **overrides: Any) -> MemqSettings:
+    values: dict[str, Any] = {
+        "llm_provider": "openai",
+        "llm_base_url": server.base_url,
+        "llm_api_key": SECRET,
+        "llm_model": "scripted-model",
+        "llm_timeout_seconds": 5.0,
+        "llm_max_retries": 2,
+    }
+    values.update(overrides)
+    return MemqSettings(**values)
+
+
+@pytest.fixture
+def sleeps() -> list[float]:
+    return []
+
+
+def make_model(server: ScriptedOpenAI, sleeps: list[float], **overrides: Any) -> OpenAIUpdateModel:
+    return OpenAIUpdateModel(llm_settings(server, **overrides), sleep=sleeps.append)
+
+
+def test_request_shape_and_usage(openai_server: ScriptedOpenAI, sleeps: list[float]) -> None:
+    openai_server.script(Reply(content=EMPTY_UPDATE, prompt_tokens=321, completion_tokens=45))
+    answer = make_model(openai_server, sleeps).propose(PROMPT)
+    assert answer.text == EMPTY_UPDATE
+    assert (answer.prompt_tokens, answer.completion_tokens) == (321, 45)
+    assert answer.model == "scripted-model" and answer.attempts == 1
+    (request,) = openai_server.requests
+    assert request["model"] == "scripted-model" and request["temperature"] == 0
+    assert request["response_format"] == {"type": "json_object"}
+    assert [m["role"] for m in request["messages"]] == ["system", "user"]
+    assert openai_server.auth_headers == [f"Bearer {SECRET}"]
+
+
+def test_json_mode_can_be_switched_off(openai_server: ScriptedOpenAI, sleeps: list[float]) -> None:
+    make_model(openai_server, sleeps, llm_json_mode=False).propose(PROMPT)
+    assert "response_format" not in openai_server.requests[0]
+
+
+def test_an_endpoint_that_rejects_json_mode_is_asked_again_without_it(
+    openai_server: ScriptedOpenAI, sleeps: list[float]
+) -> None:
+    rejected = {"error": {"message": "response_format is not supported", "type": "invalid"}}
+    openai_server.script(Reply(status=400, body=rejected), Reply(content=EMPTY_UPDATE))
+    model = make_model(openai_server, sleeps)
+    assert model.propose(PROMPT).text == EMPTY_UPDATE
+    assert "response_format" not in openai_server.requests[1]
+    model.propose(PROMPT)
+    assert "response_format" not in openai_server.requests[2]  # remembered
+
+
+def test_list_content_is_read_as_text(openai_server: ScriptedOpenAI, sleeps: list[float]) -> None:
+    body = completion_body(Reply(), "m")
+    body["choices"][0]["message"]["content"] = [{"type": "text", "text": EMPTY_UPDATE}]
+    openai_server.script(Reply(body=body))
+    assert make_model(openai_server, sleeps).propose(PROMPT).text == EMPTY_UPDATE
+
+
+def test_server_errors_are_retried_with_backoff(
+    openai_server: ScriptedOpenAI, sleeps: list[float]
+) -> None:
+    openai_server.script(Reply(status=500), Reply(status=503), Reply(content=EMPTY_UPDATE))
+    answer = make_model(openai_server, sleeps).propose(PROMPT)
+    assert answer.attempts == 3 and openai_server.call_count == 3
+    assert sleeps == [0.5, 1.0]
+
+
+def test_exhausted_retries_raise_a_transient_error(
+    openai_server: ScriptedOpenAI, sleeps: list[float]
+) -> None:
+    openai_server.script(*[Reply(status=502)] * 5)
+    with pytest.raises(TransientLLMError, match="gave up after 3 attempts"):
+        make_model(openai_server, sleeps).propose(PROMPT)
+    assert openai_server.call_count == 3
+
+
+def test_rate_limit_honours_retry_after(openai_server: ScriptedOpenAI, sleeps: list[float]) -> None:
+    openai_server.script(
+        Reply(status=429, headers={"Retry-After": "2"}), Reply(content=EMPTY_UPDATE)
+    )
+    assert make_model(openai_server, sleeps).propose(PROMPT).attempts == 2
+    assert sleeps == [2.0]
+
+
+def test_a_long_retry_after_is_handed_to_the_queue_not_slept(
+    openai_server: ScriptedOpenAI, sleeps: list[float]
+) -> None:
+    openai_server.script(Reply(status=429, headers={"Retry-After": "120"}))
+    with pytest.raises(TransientLLMError) as caught:
+        make_model(openai_server, sleeps).propose(PROMPT)
+    assert caught.value.retry_after_seconds == 120.0
+    assert sleeps == [] and openai_server.call_count == 1
+
+
+def test_timeouts_are_retried_then_raised(
+    openai_server: ScriptedOpenAI, sleeps: list[float]
+) -> None:
+    openai_server.script(*[Reply(content=EMPTY_UPDATE, delay_seconds=1.5)] * 3)
+    with pytest.raises(TransientLLMError, match="timed out"):
+        make_model(openai_server, sleeps, llm_timeout_seconds=0.3).propose(PROMPT)
+    assert openai_server.call_count == 3
+
+
+def test_a_timeout_then_success(openai_server: ScriptedOpenAI, sleeps: list[float]) -> None:
+    openai_server.script(Reply(content="{}", delay_seconds=1.5), Reply(content=EMPTY_UPDATE))
+    model = make_model(openai_server, sleeps, llm_timeout_seconds=0.3)
+    assert model.propose(PROMPT).text == EMPTY_UPDATE
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+def test_permanent_failures_are_not_retried(
+    openai_server: ScriptedOpenAI, sleeps: list[float], status: int
+) -> None:
+    openai_server.script(Reply(status=status))
+    with pytest.raises(PermanentLLMError, match=str(status)):
+        make_model(openai_server, sleeps).propose(PROMPT)
+    assert openai_server.call_count == 1
+
+
+def test_the_api_key_is_never_logged(
+    openai_server: ScriptedOpenAI, sleeps: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    openai_server.script(Reply(status=500), Reply(status=401))
+    with caplog.at_level(logging.DEBUG), pytest.raises(PermanentLLMError) as caught:
+        build = build_update_model(llm_settings(openai_server))
+        assert isinstance(build, OpenAIUpdateModel)
+        make_model(openai_server, sleeps).propose(PROMPT)
+    assert SECRET not in caplog.text and SECRET not in str(caught.value)
+
+
+def test_unreachable_endpoint_is_transient(sleeps: list[float]) -> None:
+    config = MemqSettings(
+        llm_provider="openai", llm_base_url="http://127.0.0.1:9/v1", llm_max_retries=1
+    )
+    with pytest.raises(TransientLLMError, match="unreachable"):
+        OpenAIUpdateModel(config, sleep=sleeps.append).propose(PROMPT)
+    assert len(sleeps) == 1
+
+
+def test_model_choice_follows_the_settings(openai_server: ScriptedOpenAI) -> None:
+    assert isinstance(build_update_model(MemqSettings()), RulesUpdateModel)
+    chosen = build_update_model(MemqSettings(llm_base_url=openai_server.base_url))
+    assert isinstance(chosen, OpenAIUpdateModel)
+    chosen.close()

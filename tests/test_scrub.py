@@ -1,0 +1,61 @@
+"""The upload-mention scrub, including the gaps of DeerFlow's pattern (§4.7)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prompts.scrub import mentions_upload, scrub_document, scrub_text
+from storage.document import Fact, MemoryDocument, Section
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "User uploaded a file.",
+        "The user uploaded the big quarterly sales report file yesterday.",  # 4+ words between
+        "She uploads file exports every week.",  # present tense
+        "See /mnt/user-data/uploads/x.csv for the data.",  # path after a space
+        "<uploaded_files>report.pdf</uploaded_files>",  # tag without a word before it
+        "There was a file upload earlier.",
+        "Uploading documents to the assistant.",
+        "用户上传了一个PDF文件。",
+    ],
+)
+def test_upload_mentions_are_detected(text: str) -> None:
+    assert mentions_upload(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Works with CSV files.",
+        "Prefers PDF export.",
+        "Keeps documents in Notion.",
+        "喜欢用 Excel 文件",
+    ],
+)
+def test_ordinary_file_talk_is_kept(text: str) -> None:
+    assert not mentions_upload(text)
+    assert scrub_text(text) == text
+
+
+def test_only_the_mentioning_sentences_are_removed_including_file_names_with_dots() -> None:
+    text = "Analyses churn. Sent it to /mnt/user-data/uploads/data.csv. Next   we plot v2.0 charts!"
+    assert scrub_text(text) == "Analyses churn. Next we plot v2.0 charts!"
+    assert scrub_text("用户上传了文件。喜欢茶。") == "喜欢茶。"
+
+
+def test_document_scrub_cleans_summaries_and_drops_facts_but_not_manual_ones() -> None:
+    doc = MemoryDocument(
+        user={"top_of_mind": Section(summary="Uploaded the deck file. Prepares a talk.")},
+        facts=[
+            Fact(id="a", content="Uploaded report.pdf for review"),
+            Fact(id="b", content="Uploaded files are in /mnt/user-data/uploads", source="manual"),
+            Fact(id="c", content="Prefers PDF export"),
+        ],
+    )
+    cleaned, changes = scrub_document(doc, source_thread_id="t1")
+    assert cleaned.user.top_of_mind.summary == "Prepares a talk."
+    assert [f.id for f in cleaned.facts] == ["b", "c"]
+    assert sorted(c.action for c in changes) == ["remove", "summary"]
+    assert doc.facts[0].id == "a"  # the input is untouched
