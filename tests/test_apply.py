@@ -9,7 +9,7 @@ from typing import Any
 from core.settings import MemqSettings
 from prompts.answer import NewFact, SectionUpdate, UpdateAnswer
 from prompts.apply import apply_update, evict_over_cap
-from storage.document import Fact, MemoryDocument, Section
+from storage.document import Fact, MemoryDocument, Section, UserContext
 
 NOW = datetime(2026, 7, 15, 12, 0, tzinfo=UTC)
 EARLIER = datetime(2026, 1, 1, tzinfo=UTC)
@@ -38,7 +38,7 @@ def contents(doc: MemoryDocument) -> list[str]:
 
 
 def test_summaries_replaced_only_when_flagged_and_non_blank() -> None:
-    doc = MemoryDocument(user={"work_context": Section(summary="old", updated_at=EARLIER)})
+    doc = MemoryDocument(user=UserContext(work_context=Section(summary="old", updated_at=EARLIER)))
     answer = UpdateAnswer(
         sections={
             "work_context": SectionUpdate(summary="Engineer at Acme", should_update=True),

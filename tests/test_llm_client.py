@@ -144,10 +144,12 @@ def test_the_api_key_is_never_logged(
     openai_server: ScriptedOpenAI, sleeps: list[float], caplog: pytest.LogCaptureFixture
 ) -> None:
     openai_server.script(Reply(status=500), Reply(status=401))
-    with caplog.at_level(logging.DEBUG), pytest.raises(PermanentLLMError) as caught:
-        build = build_update_model(llm_settings(openai_server))
-        assert isinstance(build, OpenAIUpdateModel)
-        make_model(openai_server, sleeps).propose(PROMPT)
+    with caplog.at_level(logging.DEBUG):
+        model = build_update_model(llm_settings(openai_server))
+        assert isinstance(model, OpenAIUpdateModel)
+        with pytest.raises(PermanentLLMError) as caught:
+            make_model(openai_server, sleeps).propose(PROMPT)
+    assert "retrying" in caplog.text
     assert SECRET not in caplog.text and SECRET not in str(caught.value)
 
 

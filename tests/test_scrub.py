@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prompts.scrub import mentions_upload, scrub_document, scrub_text
-from storage.document import Fact, MemoryDocument, Section
+from storage.document import Fact, MemoryDocument, Section, UserContext
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,7 @@ def test_only_the_mentioning_sentences_are_removed_including_file_names_with_dot
 
 def test_document_scrub_cleans_summaries_and_drops_facts_but_not_manual_ones() -> None:
     doc = MemoryDocument(
-        user={"top_of_mind": Section(summary="Uploaded the deck file. Prepares a talk.")},
+        user=UserContext(top_of_mind=Section(summary="Uploaded the deck file. Prepares a talk.")),
         facts=[
             Fact(id="a", content="Uploaded report.pdf for review"),
             Fact(id="b", content="Uploaded files are in /mnt/user-data/uploads", source="manual"),

@@ -1,0 +1,110 @@
+"""P1: ``MemoryProducer.after_agent`` with a 2 KB conversation, against a bare EVALSHA doing the
+same writes (HSET of the same 2 KB + ZADD) with no Python-side work, on the same Redis.
+
+The two are interleaved in blocks from one thread, so a noisy neighbour slows both alike.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from bench.common import BenchEnv, Result, fmt_ms, percentile
+from core.connection import redis_client
+from core.identity import ContextKey
+from core.keys import KeySchema
+from producer.producer import MemoryProducer
+
+BARE_SCRIPT = """\
+redis.call('HSET', KEYS[1], 'messages', ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+return 1
+"""
+THREADS = 200  # distinct contexts written in turn, as many agent threads would
+
+
+def conversation(turns: int = 4, chars: int = 240) -> list[dict[str, Any]]:
+    """About 2 KB of user/assistant text in OpenAI dicts, with a system and a tool message."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful agent."}]
+    for turn in range(turns):
+        user = f"Turn {turn}: I work on the billing service in Go 1.22 and prefer short answers. "
+        answer = f"Answer {turn}: use table-driven tests and keep handlers small and focused. "
+        messages.append({"role": "user", "content": (user * 4)[:chars], "id": f"u{turn}"})
+        if turn == 1:
+            messages.append({"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]})
+            messages.append({"role": "tool", "content": "{}", "tool_call_id": "c"})
+        messages.append({"role": "assistant", "content": (answer * 4)[:chars], "id": f"a{turn}"})
+    return messages
+
+
+def run(env: BenchEnv) -> Result:
+    settings = env.settings(debounce_seconds=30, producer_timeout_seconds=1.0)
+    messages = conversation()
+    producer = MemoryProducer(settings)
+    bare_client = redis_client(settings, socket_timeout=settings.producer_timeout_seconds)
+    keys = KeySchema(settings.key_prefix, settings.shards)
+    threads = [f"thread-{i}" for i in range(THREADS)]
+    ids = [ContextKey.create(t, "alice", "bench").id for t in threads]
+    payload = json.dumps(
+        [{"role": m["role"], "content": m["content"]} for m in messages if m.get("id")]
+    )
+    sha = bare_client.script_load(BARE_SCRIPT)
+    blocks = 10 if env.quick else 40
+    block = 250
+    producer_lat: list[float] = []
+    bare_lat: list[float] = []
+    producer_time = bare_time = 0.0
+
+    def producer_block() -> float:
+        start = time.perf_counter()
+        for i in range(block):
+            t0 = time.perf_counter()
+            if not producer.after_agent(threads[i % THREADS], "alice", "bench", messages):
+                raise RuntimeError("after_agent did not enqueue")
+            producer_lat.append(time.perf_counter() - t0)
+        return time.perf_counter() - start
+
+    def bare_block() -> float:
+        start = time.perf_counter()
+        for i in range(block):
+            cid = ids[i % THREADS]
+            q = keys.for_context(cid)
+            t0 = time.perf_counter()
+            bare_client.evalsha(sha, 2, q.context(cid), q.due, payload, 1, cid)
+            bare_lat.append(time.perf_counter() - t0)
+        return time.perf_counter() - start
+
+    try:
+        producer_block(), bare_block()  # warm up: connections, caches, the encoder of the JIT-less
+        producer_lat.clear()
+        bare_lat.clear()
+        for index in range(blocks):
+            if index % 2:
+                producer_time += producer_block()
+                bare_time += bare_block()
+            else:
+                bare_time += bare_block()
+                producer_time += producer_block()
+    finally:
+        producer.close()
+        bare_client.close()
+    size = len(json.dumps(messages))
+    p_rate = len(producer_lat) / producer_time
+    b_rate = len(bare_lat) / bare_time
+    ratio = p_rate / b_rate
+    p50, p99 = percentile(producer_lat, 50), percentile(producer_lat, 99)
+    return Result(
+        key="P1",
+        title="producer after_agent (2 KB, one thread)",
+        measured=f"p50 {fmt_ms(p50)}, p99 {fmt_ms(p99)}, {p_rate:,.0f} ops/s",
+        baseline=f"bare EVALSHA {b_rate:,.0f} ops/s (p99 {fmt_ms(percentile(bare_lat, 99))}); "
+        f"ratio {ratio:.0%}",
+        goal="p99 <= 1 ms, >= 70 % of bare rate",
+        met=p99 <= 0.001 and ratio >= 0.70,
+        details=[
+            f"conversation {size} bytes as sent by the agent, {len(messages)} messages",
+            f"{len(producer_lat)} calls each side, in {blocks} interleaved blocks of {block}",
+            f"bare p50 {fmt_ms(percentile(bare_lat, 50))}",
+        ],
+    )

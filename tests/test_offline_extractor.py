@@ -1,0 +1,117 @@
+"""The offline rules extractor on English and Chinese sentences: what it must and must not
+extract, and that its answer goes through the same parser and apply as a model's."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+import pytest
+
+from core.identity import ContextKey
+from core.models import ConversationContext, Message
+from core.settings import MemqSettings
+from prompts.answer import parse_update_response
+from prompts.update_prompt import UpdatePrompt
+from storage.document import MemoryDocument
+from worker import offline
+from worker.offline import RulesUpdateModel, extract_facts
+from worker.pipeline import extract_update
+
+EXTRACTED = [
+    # (user sentence, category, content, sourceError)
+    (
+        "I prefer dark mode in my editor.",
+        "preference",
+        "User prefers dark mode in their editor",
+        None,
+    ),
+    ("I really like TypeScript", "preference", "User likes TypeScript", None),
+    ("I hate long meetings!", "preference", "User dislikes long meetings", None),
+    ("I don’t like Java.", "preference", "User dislikes Java", None),
+    ("I'm a big fan of Rust.", "preference", "User likes Rust", None),
+    ("I am a data scientist at Acme.", "context", "User is a data scientist at Acme", None),
+    ("I work as a nurse.", "context", "User works as a nurse", None),
+    ("My goal is to ship v2 by March.", "goal", "User's goal: ship v2 by March", None),
+    ("Let's go with PostgreSQL.", "context", "Decided to use PostgreSQL", None),
+    ("We decided to migrate to Kubernetes.", "context", "Decided to migrate to Kubernetes", None),
+    ("No, use pnpm instead of npm.", "correction", "Use pnpm instead of npm", "Used npm"),
+    ("That's wrong. Don't use mocks in tests.", "correction", "Avoid using mocks in tests", None),
+    ("我喜欢用Python写脚本。", "preference", "用户喜欢用Python写脚本", None),
+    ("我不喜欢冗长的回答", "preference", "用户不喜欢冗长的回答", None),
+    ("我是一名后端工程师", "context", "用户是后端工程师", None),
+    ("我在字节跳动工作。", "context", "用户在字节跳动工作", None),
+    ("我的目标是三个月内学会Rust", "goal", "用户的目标：三个月内学会Rust", None),
+    ("就用 uv 吧", "context", "决定使用uv", None),
+    ("不要用pip，改用uv", "correction", "使用uv，不要用pip", "用了pip"),
+]
+
+NOTHING = [
+    "Do you like Python?",
+    "Can you prefer shorter answers?",
+    "If I were rich I would buy a boat.",
+    "I am not sure.",
+    "I'm a bit tired today.",
+    "I want to know how this works.",
+    "I'm going to the store.",
+    "I don't use Windows.",
+    "I would like you to summarise this.",
+    "The weather is nice.",
+    "你喜欢Go吗？",
+    "我是说这个不行",
+    "不对称的设计很好看",
+    "如果我喜欢Java会怎样",
+]
+
+
+@pytest.mark.parametrize(("text", "category", "content", "source_error"), EXTRACTED)
+def test_explicit_statements_are_extracted(
+    text: str, category: str, content: str, source_error: str | None
+) -> None:
+    (fact,) = extract_facts(text)
+    assert (fact["category"], fact["content"]) == (category, content)
+    assert fact.get("sourceError") == source_error
+    assert fact["confidence"] >= 0.7  # passes the default threshold
+
+
+@pytest.mark.parametrize("text", NOTHING)
+def test_questions_hypotheticals_and_small_talk_give_nothing(text: str) -> None:
+    assert extract_facts(text) == []
+
+
+def test_it_reads_only_the_user_and_feeds_the_normal_pipeline() -> None:
+    context = ConversationContext(
+        key=ContextKey.create("t1", "alice", None),
+        messages=(
+            Message("user", "I prefer tabs. Do you like Go?"),
+            Message("assistant", "I prefer spaces, and I am a language model."),
+        ),
+    )
+    settings = MemqSettings(llm_provider="rules")
+    memory, changes, usage = extract_update(
+        context,
+        MemoryDocument(),
+        settings,
+        RulesUpdateModel(count_tokens=len),
+        now=datetime(2026, 7, 15, tzinfo=UTC),
+        count_tokens=len,
+    )
+    assert [f.content for f in memory.facts] == ["User prefers tabs"]
+    assert memory.facts[0].source_thread_id == "t1"
+    assert [c.action for c in changes] == ["add"]
+    assert usage.model == "memq-rules" and usage.prompt_tokens > 0
+
+
+def test_it_says_it_is_not_an_llm(caplog: pytest.LogCaptureFixture) -> None:
+    offline._announce.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="worker.offline"):
+        RulesUpdateModel()
+        RulesUpdateModel()
+    warnings = [r for r in caplog.records if "not an LLM" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+
+
+def test_answer_is_valid_json_of_the_update_schema() -> None:
+    prompt = UpdatePrompt(system="", user="", conversation=(Message("user", "I hate tabs"),))
+    text = RulesUpdateModel().propose(prompt).text
+    assert [f.content for f in parse_update_response(text).new_facts] == ["User dislikes tabs"]
