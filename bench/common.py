@@ -10,7 +10,7 @@ import os
 import platform
 import subprocess
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,3 +132,58 @@ def machine_info(env: BenchEnv) -> dict[str, str]:
         "Python": platform.python_version(),
         "Redis": redis_version(env) + (f" ({server_banner})" if server_banner else ""),
     }
+
+
+@contextmanager
+def scripted_llm(responder: Callable[[dict[str, Any]], Any] | None = None) -> Iterator[Any]:
+    """The scripted OpenAI-compatible server of the tests, on loopback, always stopped."""
+    from tests.support.openai_server import ScriptedOpenAI
+
+    server = ScriptedOpenAI(responder).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def llm_settings(env: BenchEnv, server: Any, **overrides: Any) -> MemqSettings:
+    values: dict[str, Any] = {
+        "llm_provider": "openai",
+        "llm_base_url": server.base_url,
+        "llm_api_key": "sk-bench",
+        "llm_max_retries": 0,
+        "llm_timeout_seconds": 10.0,
+    }
+    values.update(overrides)
+    return env.settings(**values)
+
+
+@contextmanager
+def celery_stack(
+    env: BenchEnv,
+    settings: MemqSettings,
+    *,
+    workers: int = 1,
+    concurrency: int = 4,
+    beat: bool = True,
+) -> Iterator[Any]:
+    """Real ``celery worker`` (threads pool) and ``beat`` processes with ``settings``, started
+    with the tests' helper and always stopped (SIGTERM, then SIGKILL), Ctrl-C included."""
+    from tests.support.celery_procs import CeleryProcs, memq_env
+
+    procs = CeleryProcs(env.work_dir / "celery" / settings.key_prefix)
+    variables = memq_env(settings)
+    try:
+        for _ in range(workers):
+            procs.start_worker(variables, concurrency=concurrency, pool="threads")
+        if beat:
+            procs.start_beat(variables)
+        yield procs
+    finally:
+        procs.stop()
+
+
+def start_beat(procs: Any, settings: MemqSettings) -> None:
+    from tests.support.celery_procs import memq_env
+
+    procs.start_beat(memq_env(settings))

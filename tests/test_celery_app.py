@@ -29,6 +29,14 @@ def test_the_app_has_both_tasks_and_the_reliability_options(make_settings: Any) 
     assert extract.soft_time_limit < extract.time_limit < settings.lease_seconds
 
 
+def test_each_app_keeps_its_own_tasks(make_settings: Any) -> None:
+    first = create_app(make_settings(key_prefix="one"))
+    second = create_app(make_settings(key_prefix="two"))
+    assert first.tasks[TICK_TASK] is not second.tasks[TICK_TASK]
+    assert first.memq_runtime.settings.key_prefix == "one"
+    assert second.memq_runtime.settings.key_prefix == "two"
+
+
 def test_worker_app_is_built_lazily_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, redis_server: Any
 ) -> None:

@@ -94,7 +94,11 @@ def create_app(settings: MemqSettings) -> Celery:
         return {"claimed": report.claimed, "released": report.released, "full": report.full}
 
     # Registered by call, not decorator: celery is untyped and mypy --strict rejects that.
-    app.task(name=EXTRACT_TASK, soft_time_limit=soft_limit, time_limit=hard_limit)(extract_task)
-    app.task(name=TICK_TASK, acks_late=False)(tick_task)
+    # shared=False: Celery would otherwise add these closures, bound to *this* runtime, to every
+    # app created later in the process (each app must get its own settings).
+    app.task(name=EXTRACT_TASK, shared=False, soft_time_limit=soft_limit, time_limit=hard_limit)(
+        extract_task
+    )
+    app.task(name=TICK_TASK, shared=False, acks_late=False)(tick_task)
     app.memq_runtime = runtime  # for tests and `memq doctor`; tasks never look it up
     return app

@@ -1,0 +1,89 @@
+"""P2: claiming 100 due contexts with 1k, 100k and 1M pending (``QueueClient.claim``: one range
+read + one claim_due.lua). Baseline: the bare ``ZRANGEBYSCORE … LIMIT 0 100`` read on the same set.
+
+The three queues live side by side in one Redis and are claimed in turn, round after round; after
+each round the claimed ids go back to ``due`` (untimed), so every queue keeps its size.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from bench.common import BenchEnv, Result, fmt_ms, percentile
+from core.keys import QueueKeys
+from core.settings import MemqSettings
+from worker.queue import QueueClient
+
+BATCH = 100
+FILL_CHUNK = 10_000
+
+
+def fill(client: redis.Redis, q: QueueKeys, count: int, due_at_ms: int) -> None:
+    """``count`` due contexts with minimal hashes, pipelined in chunks."""
+    for start in range(0, count, FILL_CHUNK):
+        ids = [f"t{i}:u:a" for i in range(start, min(count, start + FILL_CHUNK))]
+        pipe = client.pipeline(transaction=False)
+        pipe.zadd(q.due, {cid: due_at_ms - i for i, cid in enumerate(ids)})
+        for cid in ids:
+            pipe.hset(q.context(cid), "version", "1")
+        pipe.execute()
+
+
+def run(env: BenchEnv) -> Result:
+    sizes = (1_000, 100_000) if env.quick else (1_000, 100_000, 1_000_000)
+    rounds = 100 if env.quick else 300
+    client = env.client()
+    now = int(time.time() * 1000)
+    queues: dict[int, tuple[QueueClient, MemqSettings]] = {}
+    try:
+        for size in sizes:
+            settings = env.settings(max_inflight=10**9, claim_batch=BATCH)
+            queue = QueueClient(settings, client)
+            fill(client, queue.keys.shard(0), size, now - 1000)
+            queues[size] = (queue, settings)
+        claim_lat: dict[int, list[float]] = {size: [] for size in sizes}
+        read_lat: dict[int, list[float]] = {size: [] for size in sizes}
+        for index in range(rounds + 5):
+            order = sizes if index % 2 else tuple(reversed(sizes))
+            for size in order:
+                queue, _ = queues[size]
+                q = queue.keys.shard(0)
+                t0 = time.perf_counter()
+                client.zrangebyscore(q.due, "-inf", now, start=0, num=BATCH)
+                t1 = time.perf_counter()
+                batch = queue.claim(now, BATCH)
+                t2 = time.perf_counter()
+                if len(batch.claims) != BATCH:
+                    raise RuntimeError(f"claimed {len(batch.claims)} of {BATCH} at {size}")
+                if index >= 5:  # the first rounds warm the scripts and the connection
+                    read_lat[size].append(t1 - t0)
+                    claim_lat[size].append(t2 - t1)
+                pipe = client.pipeline(transaction=False)
+                pipe.zrem(q.inflight, *(c.context_id for c in batch.claims))
+                pipe.zadd(q.due, {c.context_id: now - 500 for c in batch.claims})
+                pipe.execute()
+    finally:
+        env.flush_redis()  # a million hashes are not left for the next benchmark
+        client.close()
+    p50 = {size: percentile(claim_lat[size], 50) for size in sizes}
+    p99 = {size: percentile(claim_lat[size], 99) for size in sizes}
+    largest, smallest = sizes[-1], sizes[0]
+    flat = p50[largest] / p50[smallest]
+    base = percentile(read_lat[largest], 50)
+    return Result(
+        key="P2",
+        title=f"claim {BATCH} due keys at 1k / 100k / 1M pending",
+        measured=", ".join(f"{size:,}: p50 {fmt_ms(p50[size])}" for size in sizes)
+        + f"; {largest:,}/{smallest:,} = {flat:.2f}",
+        baseline=f"bare ZRANGEBYSCORE of {BATCH} at {largest:,}: {fmt_ms(base)}; "
+        f"ratio {p50[largest] / base:.1f}x",
+        goal="<= 1 ms, flat (1M/1k <= 1.3)",
+        met=p50[largest] <= 0.001 and flat <= 1.3,
+        details=[
+            "p99: " + ", ".join(f"{size:,}: {fmt_ms(p99[size])}" for size in sizes),
+            f"{rounds} interleaved rounds; claimed ids returned to due between rounds",
+        ],
+        note="" if largest == 1_000_000 else "quick run: 1M skipped",
+    )

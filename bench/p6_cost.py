@@ -1,0 +1,80 @@
+"""P6: prompt tokens per extraction along one thread, turns 1…50: memq (the pipeline's message
+selection, watermark carried from turn to turn, default token budget) against DeerFlow's whole-thread
+re-send of the same prompt. Both are counted with tiktoken over the system and user messages."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from bench.common import BenchEnv, Result
+from bench.p7_injection import memory_with_facts
+from core.models import Message
+from prompts.conversation import select_messages
+from prompts.tokens import make_token_counter
+from prompts.update_prompt import build_update_prompt
+
+TURNS = 50
+SHOWN = (1, 5, 10, 25, 50)
+
+
+def thread(turns: int) -> list[Message]:
+    """A varied synthetic thread: ~80-token questions, ~220-token answers, ids like a framework's."""
+    messages: list[Message] = []
+    for turn in range(1, turns + 1):
+        ask = f"Turn {turn}: how should I structure module m{turn} of the billing service in Go? "
+        answer = f"For m{turn}, split handlers from storage, add table tests, pin Go 1.22. "
+        messages.append(Message("user", ask * 4, f"msg-{turn}-u"))
+        messages.append(Message("assistant", answer * 12, f"msg-{turn}-a"))
+    return messages
+
+
+def run(env: BenchEnv) -> Result:
+    settings = env.settings()
+    # The re-send baseline is uncapped: DeerFlow sends the whole thread however long it grows.
+    resend_settings = env.settings(conversation_max_tokens=10_000_000, message_max_chars=10**7)
+    count = make_token_counter(True)
+    memory = memory_with_facts(20)
+    now = datetime(2025, 6, 1, tzinfo=UTC)
+    full = thread(TURNS)
+    watermark: str | None = None
+    memq_tokens: dict[int, int] = {}
+    resend_tokens: dict[int, int] = {}
+    sent_counts: dict[int, int] = {}
+    for turn in range(1, TURNS + 1):
+        messages = full[: 2 * turn]
+        selected, watermark = select_messages(messages, watermark, settings.context_messages)
+        for target, chosen, s in (
+            (memq_tokens, selected, settings),
+            (resend_tokens, messages, resend_settings),
+        ):
+            prompt = build_update_prompt(memory, chosen, settings=s, now=now, count_tokens=count)
+            if prompt is None:
+                raise RuntimeError(f"turn {turn}: no prompt")
+            target[turn] = count(prompt.system) + count(prompt.user)
+            if target is memq_tokens:
+                sent_counts[turn] = len(prompt.conversation)
+    share = memq_tokens[TURNS] / resend_tokens[TURNS]
+    flatness = memq_tokens[TURNS] / memq_tokens[10]
+    incremental = sent_counts[TURNS] < 2 * TURNS and len(selected) < 2 * TURNS
+    note = ""
+    if not incremental:
+        note = (
+            "select_messages still returns the whole thread (incremental extraction not landed): "
+            "memq is capped only by conversation_max_tokens"
+        )
+    return Result(
+        key="P6",
+        title="cost: prompt tokens at turn 50 of a thread",
+        measured=f"memq {memq_tokens[TURNS]:,} tokens at turn 50 "
+        f"({sent_counts[TURNS]} messages sent); turn50/turn10 {flatness:.2f}",
+        baseline=f"whole-thread re-send {resend_tokens[TURNS]:,} tokens; ratio {share:.0%}",
+        goal="turn 50 <= 20 % of re-send, flat (turn50/turn10 <= 1.25)",
+        met=share <= 0.20 and flatness <= 1.25,
+        details=[
+            "turn: " + ", ".join(
+                f"{t}: {memq_tokens[t]:,} vs {resend_tokens[t]:,}" for t in SHOWN
+            ),
+            f"memory in the prompt: 20 facts; context_messages={settings.context_messages}",
+        ],
+        note=note,
+    )
