@@ -37,7 +37,11 @@ def run(env: BenchEnv) -> Result:
                 started = time.monotonic()
                 if not producer.flush(f"flush-{index}", "alice", None, turn(index)):
                     raise RuntimeError("flush was not enqueued")
-                wait_for(lambda: server.call_count > seen, timeout=30, what="the LLM request")
+                wait_for(
+                    lambda: server.call_count > seen,  # noqa: B023 - called in this iteration
+                    timeout=30,
+                    what="the LLM request",
+                )
                 with server.lock:
                     arrived = server.request_times[seen]
                 if index:  # the first run builds the worker's LLM client and loads tiktoken

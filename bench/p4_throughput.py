@@ -56,7 +56,7 @@ def one_round(env: BenchEnv, processes: int, contexts: int) -> tuple[float, int]
                 start_beat(procs, settings)
 
                 def drained() -> bool:
-                    stats = queue.stats()
+                    stats: dict[str, int] = queue.stats()
                     return stats["due"] == 0 and stats["inflight"] == 0
 
                 wait_for(drained, timeout=contexts * LLM_SECONDS + 120, interval=0.02)

@@ -29,7 +29,7 @@ class InstantModel:
         self.calls += 1
         n = self.calls
         answer = {
-            "user": {"topOfMind": {"summary": f"Billing migration, step {n}.", "shouldUpdate": True}},
+            "user": {"topOfMind": {"summary": f"Billing, step {n}.", "shouldUpdate": True}},
             "history": {},
             "newFacts": [
                 {"content": f"User prefers Go for service {n}", "category": "preference",
@@ -87,7 +87,8 @@ def run(env: BenchEnv) -> Result:
     return Result(
         key="P5",
         title="pipeline CPU per extraction (instant LLM, file storage)",
-        measured=f"{mean_cpu * 1000:.2f} ms CPU mean (wall p50 {percentile(wall, 50) * 1000:.2f} ms)",
+        measured=f"{mean_cpu * 1000:.2f} ms CPU mean "
+        f"(wall p50 {percentile(wall, 50) * 1000:.2f} ms)",
         baseline=f"storage load + update alone {mean_io * 1000:.2f} ms CPU; "
         f"ratio {mean_cpu / mean_io:.1f}x",
         goal="<= 3 ms CPU",

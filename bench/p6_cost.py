@@ -1,6 +1,7 @@
 """P6: prompt tokens per extraction along one thread, turns 1…50: memq (the pipeline's message
-selection, watermark carried from turn to turn, default token budget) against DeerFlow's whole-thread
-re-send of the same prompt. Both are counted with tiktoken over the system and user messages."""
+selection, watermark carried from turn to turn, default token budget) against DeerFlow's
+whole-thread re-send of the same prompt. Both are counted with tiktoken over the system and
+user messages."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ SHOWN = (1, 5, 10, 25, 50)
 
 
 def thread(turns: int) -> list[Message]:
-    """A varied synthetic thread: ~80-token questions, ~220-token answers, ids like a framework's."""
+    """A synthetic thread: ~80-token questions, ~220-token answers, ids as frameworks give."""
     messages: list[Message] = []
     for turn in range(1, turns + 1):
         ask = f"Turn {turn}: how should I structure module m{turn} of the billing service in Go? "
@@ -71,9 +72,7 @@ def run(env: BenchEnv) -> Result:
         goal="turn 50 <= 20 % of re-send, flat (turn50/turn10 <= 1.25)",
         met=share <= 0.20 and flatness <= 1.25,
         details=[
-            "turn: " + ", ".join(
-                f"{t}: {memq_tokens[t]:,} vs {resend_tokens[t]:,}" for t in SHOWN
-            ),
+            "turn: " + ", ".join(f"{t}: {memq_tokens[t]:,} vs {resend_tokens[t]:,}" for t in SHOWN),
             f"memory in the prompt: 20 facts; context_messages={settings.context_messages}",
         ],
         note=note,

@@ -30,7 +30,9 @@ def memory_with_facts(count: int = 200) -> MemoryDocument:
             category=CATEGORIES[i % len(CATEGORIES)],
             confidence=0.7 + (i % 30) / 100,
             created_at=start + timedelta(hours=i),
-            source_error="suggested pip" if CATEGORIES[i % len(CATEGORIES)] == "correction" else None,
+            source_error="suggested pip"
+            if CATEGORIES[i % len(CATEGORIES)] == "correction"
+            else None,
         )
         for i in range(count)
     ]

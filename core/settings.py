@@ -98,6 +98,7 @@ class MemqSettings(BaseSettings):
     conversation_max_tokens: int = Field(default=6000, ge=200)
     message_max_chars: int = Field(default=2000, ge=100)
     context_messages: int = Field(default=2, ge=0, le=50)
+    watermark_ttl_days: int = Field(default=30, ge=1, le=3650)
     staleness_review_enabled: bool = True
     staleness_age_days: int = Field(default=90, ge=1, le=3650)
     staleness_min_candidates: int = Field(default=3, ge=1, le=50)
@@ -183,6 +184,10 @@ class MemqSettings(BaseSettings):
     @property
     def lease_ms(self) -> int:
         return int(self.lease_seconds * 1000)
+
+    @property
+    def watermark_ttl_ms(self) -> int:
+        return self.watermark_ttl_days * 86_400_000
 
     @property
     def resolved_llm_provider(self) -> Literal["openai", "rules"]:

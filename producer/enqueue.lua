@@ -27,10 +27,18 @@ local ctx, due, inflight, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = tonumber(ARGV[1])
 local id = ARGV[12]
 
-local pending_since = tonumber(redis.call('HGET', ctx, 'pending_since_ms'))
+-- One read and one write of the hash: this runs on every agent turn.
+local stored = redis.call('HMGET', ctx, 'pending_since_ms', 'deadline_ms', 'first_enqueued_ms',
+  'flush', 'correction', 'reinforcement')
+local fields = {'thread_id', ARGV[8], 'user_id', ARGV[9], 'agent_name', ARGV[10],
+  'trace_id', ARGV[11], 'messages', ARGV[5], 'last_enqueued_ms', ARGV[1]}
+local n = #fields
+
+local pending_since = tonumber(stored[1])
 if not pending_since then
   pending_since = now
-  redis.call('HSET', ctx, 'pending_since_ms', ARGV[1])
+  fields[n + 1], fields[n + 2] = 'pending_since_ms', ARGV[1]
+  n = n + 2
 end
 
 local deadline
@@ -40,25 +48,31 @@ else
   deadline = math.min(now + tonumber(ARGV[2]), pending_since + tonumber(ARGV[3]))
 end
 -- An already-due key is never pushed back by a later enqueue (a flush stays a flush).
-local stored = tonumber(redis.call('HGET', ctx, 'deadline_ms'))
-if stored and stored <= now then
-  deadline = stored
+local stored_deadline = tonumber(stored[2])
+if stored_deadline and stored_deadline <= now then
+  deadline = stored_deadline
 end
 local deadline_str = string.format('%d', deadline)
+fields[n + 1], fields[n + 2] = 'deadline_ms', deadline_str
+n = n + 2
 
-redis.call('HSETNX', ctx, 'first_enqueued_ms', ARGV[1])
-redis.call('HSET', ctx,
-  'thread_id', ARGV[8], 'user_id', ARGV[9], 'agent_name', ARGV[10], 'trace_id', ARGV[11],
-  'messages', ARGV[5], 'last_enqueued_ms', ARGV[1], 'deadline_ms', deadline_str)
+if not stored[3] then
+  fields[n + 1], fields[n + 2] = 'first_enqueued_ms', ARGV[1]
+  n = n + 2
+end
 -- Flags are OR-merged: a "1" overwrites, a "0" only fills a missing field.
-local flags = {flush = ARGV[4], correction = ARGV[6], reinforcement = ARGV[7]}
-for field, value in pairs(flags) do
-  if value == '1' then
-    redis.call('HSET', ctx, field, '1')
-  else
-    redis.call('HSETNX', ctx, field, '0')
+local flags = {{'flush', ARGV[4], stored[4]}, {'correction', ARGV[6], stored[5]},
+  {'reinforcement', ARGV[7], stored[6]}}
+for _, flag in ipairs(flags) do
+  if flag[2] == '1' then
+    fields[n + 1], fields[n + 2] = flag[1], '1'
+    n = n + 2
+  elseif not flag[3] then
+    fields[n + 1], fields[n + 2] = flag[1], '0'
+    n = n + 2
   end
 end
+redis.call('HSET', ctx, unpack(fields))
 local version = redis.call('HINCRBY', ctx, 'version', 1)
 
 -- New messages deserve a new try: a dead context comes back with its attempts reset.

@@ -3,11 +3,14 @@
 Pure functions over :class:`core.models.Message` and a ``count_tokens`` callable. The newest
 messages are kept within a token budget (the end of a thread is what the model must see); a long
 message keeps its head and its tail, because the conclusion of an answer is usually at its end
-(§10.8).
+(§10.8). Incremental extraction splits a context at its watermark — the identities of the last
+messages already extracted — so only what is new is sent, with a few earlier messages as context.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -24,6 +27,9 @@ TokenCounter = Callable[[str], int]
 _UPLOAD_BLOCK = re.compile(r"<(uploaded_files|current_uploads)>[\s\S]*?</\1>\n*", re.IGNORECASE)
 _ROLE_LABEL = {"user": "User", "assistant": "Assistant"}
 _MIN_KEEP_CHARS = 40
+# Identities remembered per context: enough to find the boundary after the last extracted
+# message was edited or summarised away, small enough to rewrite on every completion.
+WATERMARK_DEPTH = 8
 
 
 def truncate_middle(text: str, max_chars: int) -> str:
@@ -35,17 +41,94 @@ def truncate_middle(text: str, max_chars: int) -> str:
     return f"{head} […{len(text) - len(head) - len(tail)} characters cut…] {tail}"
 
 
+def message_identity(message: Message) -> str:
+    """What marks a message across enqueues: its id, else a fingerprint of role and content.
+
+    Never a list index: summarisation drops the front of the list and every index moves.
+    """
+    if message.id:
+        return message.id
+    raw = f"{message.role}\0{message.content.strip()}".encode()
+    return "fp:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
+def encode_watermark(identities: Sequence[str]) -> str | None:
+    """The last ``WATERMARK_DEPTH`` identities, oldest first, as the JSON list stored in Redis."""
+    if not identities:
+        return None
+    return json.dumps(list(identities[-WATERMARK_DEPTH:]), separators=(",", ":"))
+
+
+def decode_watermark(raw: str | None) -> tuple[str, ...]:
+    """The remembered identities; a plain string (an older single-id watermark) is one identity."""
+    if not raw:
+        return ()
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return (raw,)
+    if isinstance(data, list) and all(isinstance(item, str) for item in data):
+        return tuple(data)
+    return (raw,)
+
+
+def find_boundary(identities: Sequence[str], remembered: Sequence[str]) -> int:
+    """Index of the last already-extracted message, or -1 when none is recognised.
+
+    Each recognised message is scored by how far the messages before it line up with the
+    remembered sequence; the longest run wins, the earliest on a tie. So a new "yes" that repeats
+    an extracted "yes" is not taken for the boundary (its run is shorter), and when the last
+    extracted message was edited or summarised away, the newest one still present marks it.
+    Ties go to the earlier candidate: re-sending an extracted message costs a few tokens, skipping
+    a new one loses it.
+    """
+    if not remembered:
+        return -1
+    position = {identity: index for index, identity in enumerate(remembered)}  # last one wins
+    best, best_run = -1, 0
+    for index, identity in enumerate(identities):
+        at = position.get(identity)
+        if at is None:
+            continue
+        run = 0
+        while run <= min(index, at) and identities[index - run] == remembered[at - run]:
+            run += 1
+        if run > best_run:
+            best, best_run = index, run
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """A context's messages split at its watermark."""
+
+    context: tuple[Message, ...]  # already extracted, shown only so the new part reads well
+    new: tuple[Message, ...]  # after the watermark: what the model learns from
+    watermark: str | None  # to store once this run's result is saved (None: leave it)
+
+
+def split_at_watermark(
+    messages: Sequence[Message], watermark: str | None, context_messages: int
+) -> Selection:
+    """What follows ``watermark`` (everything when nothing is recognised), with up to
+    ``context_messages`` earlier ones, and the watermark that covers all of ``messages``."""
+    identities = [message_identity(m) for m in messages]
+    boundary = find_boundary(identities, decode_watermark(watermark))
+    new = tuple(messages[boundary + 1 :])
+    start = max(boundary + 1 - context_messages, 0)
+    context = tuple(messages[start : boundary + 1]) if new else ()
+    return Selection(context, new, encode_watermark(identities) or watermark)
+
+
 def select_messages(
     messages: Sequence[Message], watermark: str | None, context_messages: int
 ) -> tuple[tuple[Message, ...], str | None]:
-    """Which messages of a context to send, and the watermark to remember after a success.
-
-    The seam for incremental extraction: a later version sends only what follows ``watermark`` plus
-    ``context_messages`` earlier ones. For now every message is sent and the watermark is the id of
-    the last message (``None`` when it has no id).
-    """
-    selected = tuple(messages)
-    return selected, (selected[-1].id if selected else watermark)
+    """The messages to send (context then new; empty when nothing is new) and the watermark to
+    remember after a success. :func:`split_at_watermark` keeps the two parts apart."""
+    selection = split_at_watermark(messages, watermark, context_messages)
+    if not selection.new:
+        return (), selection.watermark
+    return selection.context + selection.new, selection.watermark
 
 
 def _clean(message: Message) -> str:
@@ -92,8 +175,13 @@ def budget_conversation(
     max_tokens: int,
     message_max_chars: int,
     count_tokens: TokenCounter,
+    shrink: bool = True,
 ) -> ConversationSlice:
-    """Newest first, keep what fits ``max_tokens``; never the whole of an oversized message."""
+    """Newest first, keep what fits ``max_tokens``; never the whole of an oversized message.
+
+    With ``shrink`` the newest message is cut to fit when it alone is over budget (it is what the
+    model must see); without it (context that is nice to have) nothing is sent then.
+    """
     kept: list[Message] = []
     used = 0
     truncated = 0
@@ -105,7 +193,7 @@ def budget_conversation(
         message = Message(original.role, cut, original.id)
         cost = count_tokens(render_line(message)) + 1  # +1: the blank line between messages
         if used + cost > max_tokens:
-            if not kept:
+            if not kept and shrink:
                 kept.append(_shrink_to_fit(message, max_tokens, count_tokens))
                 truncated += 1
             dropped = len(usable) - len(kept)

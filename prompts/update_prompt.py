@@ -103,6 +103,10 @@ REINFORCEMENT_HINT = """\
 Signal: the user explicitly confirmed that the assistant's approach was right. Record that \
 approach as a "preference" or "behavior" fact with confidence 0.9 or more."""
 
+EARLIER_NOTE = """\
+Earlier messages of this conversation, already reflected in the memory. They are context for the \
+new messages only: record nothing from them again."""
+
 
 @dataclass(frozen=True)
 class UpdatePrompt:
@@ -114,6 +118,7 @@ class UpdatePrompt:
     correction: bool = False
     reinforcement: bool = False
     messages_dropped: int = 0
+    earlier_shown: int = 0  # already-extracted messages shown as context
     stale_candidates_shown: int = 0
     consolidation_groups_shown: int = 0
 
@@ -158,8 +163,13 @@ def build_update_prompt(
     count_tokens: TokenCounter,
     correction: bool = False,
     reinforcement: bool = False,
+    earlier: Sequence[Message] = (),
 ) -> UpdatePrompt | None:
-    """The prompt for one extraction, or None when the conversation has nothing to say."""
+    """The prompt for one extraction, or None when the conversation has nothing to say.
+
+    ``messages`` are the new ones the model learns from; ``earlier`` ones, already extracted, are
+    shown apart as context, from what the new ones leave of the budget.
+    """
     conversation = budget_conversation(
         messages,
         max_tokens=settings.conversation_max_tokens,
@@ -168,10 +178,20 @@ def build_update_prompt(
     )
     if not conversation.messages:
         return None
-    parts = [
-        f"<current_memory>\n{prompt_json(memory_for_prompt(memory))}\n</current_memory>",
-        f"<conversation>\n{conversation.text}\n</conversation>",
-    ]
+    shown_before = budget_conversation(
+        earlier,
+        max_tokens=settings.conversation_max_tokens - count_tokens(conversation.text),
+        # Context only has to say what the new messages answer: half the length is plenty.
+        message_max_chars=max(settings.message_max_chars // 2, 100),
+        count_tokens=count_tokens,
+        shrink=False,
+    )
+    parts = [f"<current_memory>\n{prompt_json(memory_for_prompt(memory))}\n</current_memory>"]
+    if shown_before.messages:
+        parts.append(
+            f"{EARLIER_NOTE}\n<earlier_messages>\n{shown_before.text}\n</earlier_messages>"
+        )
+    parts.append(f"<conversation>\n{conversation.text}\n</conversation>")
     hints = [
         h for h, on in ((CORRECTION_HINT, correction), (REINFORCEMENT_HINT, reinforcement)) if on
     ]
@@ -193,6 +213,7 @@ def build_update_prompt(
         correction=correction,
         reinforcement=reinforcement,
         messages_dropped=conversation.dropped,
+        earlier_shown=len(shown_before.messages),
         stale_candidates_shown=len(stale),
         consolidation_groups_shown=min(len(groups), settings.consolidation_max_groups_per_cycle),
     )

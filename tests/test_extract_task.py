@@ -33,6 +33,7 @@ class Report:
     completion_tokens: int = 30
     duration_ms: int = 5
     changes: list[Any] = field(default_factory=list)
+    watermark: str | None = None
 
 
 class ScriptedPipeline:
@@ -42,7 +43,7 @@ class ScriptedPipeline:
         self.action = action
         self.seen: list[ConversationContext] = []
 
-    def run(self, context: ConversationContext) -> Report:
+    def run(self, context: ConversationContext, *, watermark: str | None = None) -> Report:
         self.seen.append(context)
         return self.action(context)
 

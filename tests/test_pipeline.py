@@ -164,12 +164,26 @@ def test_timeouts_retried_then_a_typed_error(openai_server: ScriptedOpenAI) -> N
 
 
 @pytest.mark.parametrize(
-    ("correction", "reinforcement"), [(False, False), (True, False), (False, True), (True, True)]
+    ("said", "correction", "reinforcement"),
+    [
+        ("Thanks.", False, False),
+        ("That's wrong, I use pnpm.", True, False),
+        ("Perfect!", False, True),
+        ("Perfect! Wait, that's wrong.", True, False),  # a correction suppresses the praise
+    ],
 )
-def test_signal_hints_only_when_flagged(
-    harness: Harness, correction: bool, reinforcement: bool
+def test_signal_hints_follow_what_the_new_messages_say(
+    harness: Harness, said: str, correction: bool, reinforcement: bool
 ) -> None:
-    harness.pipeline.run(context(correction=correction, reinforcement=reinforcement))
+    # The producer's merged flags are deliberately contradicted: the hints come from the text.
+    messages = (
+        Message("user", "I write Rust at work."),
+        Message("assistant", "Noted."),
+        Message("user", said),
+    )
+    harness.pipeline.run(
+        context(messages=messages, correction=not correction, reinforcement=not reinforcement)
+    )
     (prompt,) = harness.server.prompts()
     assert (CORRECTION_HINT in prompt) is correction
     assert (REINFORCEMENT_HINT in prompt) is reinforcement

@@ -1,23 +1,31 @@
--- complete.lua — finish a run: drop the context, or reschedule it if messages arrived meanwhile.
+-- complete.lua — finish a run: drop the context, or reschedule it if messages arrived meanwhile;
+-- and advance the thread's extraction watermark, only for the run that still holds the claim.
 --
 -- KEYS[1]  ctx:<id>   hash of the context
 -- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
 -- KEYS[3]  due        zset  context id -> deadline (epoch ms)
+-- KEYS[4]  wm:<id>    string, the watermark (JSON list of the last extracted message identities)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the worker got from claim_due
 -- ARGV[3]  now_ms     current time, epoch milliseconds (deadline when none is stored)
+-- ARGV[4]  watermark  new value of KEYS[4]; "" leaves it as it is
+-- ARGV[5]  watermark_ttl_ms   time to live of KEYS[4], milliseconds
 --
 -- Returns
---   0  stale: the token does not match (the lease was reaped and maybe re-claimed); nothing done
+--   0  stale: the token does not match (the lease was reaped and maybe re-claimed); nothing done,
+--      the watermark included
 --   1  done: the version did not move during the run; the hash is deleted
 --   2  rescheduled: an enqueue arrived during the run; back in `due` at the stored deadline_ms
 
-local ctx, inflight, due = KEYS[1], KEYS[2], KEYS[3]
+local ctx, inflight, due, wm = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
 
 if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
   return 0
+end
+if ARGV[4] ~= '' then
+  redis.call('SET', wm, ARGV[4], 'PX', ARGV[5])
 end
 redis.call('ZREM', inflight, id)
 if redis.call('HGET', ctx, 'version') == redis.call('HGET', ctx, 'claimed_version') then

@@ -5,6 +5,10 @@ usage out) for callers without storage. ``ExtractionPipeline`` adds storage: it 
 from a snapshot, calls the model with no lock held (the call takes seconds and other threads of the
 same user would queue behind it), and applies the answer to the *latest* document inside the
 storage's atomic ``update``, so a concurrent extraction of another thread is never overwritten.
+
+Extraction is incremental: only the messages after the thread's watermark are sent (with a few
+earlier ones as context), the correction/reinforcement signals are detected on that new part, and
+the report carries the watermark the caller stores once the run is settled.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from core.models import ConversationContext
+from core.models import ConversationContext, Message
 from core.settings import MemqSettings
+from producer.signals import detect_correction, detect_reinforcement
 from prompts.answer import UpdateAnswer, parse_update_response
 from prompts.apply import apply_update
-from prompts.conversation import TokenCounter, select_messages
+from prompts.conversation import Selection, TokenCounter, split_at_watermark
 from prompts.tokens import make_token_counter
 from prompts.update_prompt import UpdatePrompt, build_update_prompt
 from storage.base import Change, MemoryStorage, UpdateResult
@@ -53,11 +58,26 @@ class ExtractionReport:
     model: str = ""
     messages_sent: int = 0
     messages_dropped: int = 0
+    earlier_shown: int = 0
     reason: str = ""
+    watermark: str | None = None  # store it on completion (None: leave the stored one)
 
 
 def _count(changes: list[Change], *actions: str) -> int:
     return sum(1 for c in changes if c.action in actions)
+
+
+def signals_in(messages: tuple[Message, ...]) -> tuple[bool, bool]:
+    """``(correction, reinforcement)`` anywhere in the new messages.
+
+    Not the producer's flags: they are OR-merged from windows that reach back into turns already
+    extracted, so an old "that's wrong" would flag every later run. The producer's detectors only
+    look at the last few messages of what they get, hence one message at a time; a correction
+    suppresses a reinforcement, as in the producer.
+    """
+    user = [(m,) for m in messages if m.role == "user"]
+    correction = any(detect_correction(one) for one in user)
+    return correction, (not correction) and any(detect_reinforcement(one) for one in user)
 
 
 def propose_update(
@@ -68,20 +88,25 @@ def propose_update(
     *,
     now: datetime,
     count_tokens: TokenCounter,
+    selection: Selection | None = None,
 ) -> tuple[UpdatePrompt | None, UpdateAnswer | None, Usage]:
     """Prompt → model → parsed answer; (None, None, empty usage) when there is nothing to send.
 
+    ``selection`` defaults to the whole conversation as new (no watermark).
     Raises TransientLLMError / PermanentLLMError from the model, ResponseParseError from parsing.
     """
-    selected, _watermark = select_messages(context.messages, None, settings.context_messages)
+    if selection is None:
+        selection = split_at_watermark(context.messages, None, settings.context_messages)
+    correction, reinforcement = signals_in(selection.new)
     prompt = build_update_prompt(
         memory,
-        selected,
+        selection.new,
         settings=settings,
         now=now,
         count_tokens=count_tokens,
-        correction=context.correction,
-        reinforcement=context.reinforcement,
+        correction=correction,
+        reinforcement=reinforcement,
+        earlier=selection.context,
     )
     if prompt is None:
         return None, None, Usage()
@@ -98,10 +123,17 @@ def extract_update(
     *,
     now: datetime,
     count_tokens: TokenCounter,
+    watermark: str | None = None,
 ) -> tuple[MemoryDocument, list[Change], Usage]:
-    """The updated memory, what changed and what it cost; ``memory`` itself is never modified."""
+    """The updated memory, what changed and what it cost; ``memory`` itself is never modified.
+
+    Only the messages after ``watermark`` are extracted (see :func:`split_at_watermark`).
+    """
+    selection = split_at_watermark(context.messages, watermark, settings.context_messages)
+    if not selection.new:
+        return memory, [], Usage()
     _prompt, answer, usage = propose_update(
-        context, memory, settings, model, now=now, count_tokens=count_tokens
+        context, memory, settings, model, now=now, count_tokens=count_tokens, selection=selection
     )
     if answer is None:
         return memory, [], usage
@@ -125,11 +157,15 @@ class ExtractionPipeline:
         self._count_tokens = count_tokens or make_token_counter(settings.token_counting)
         self._clock = clock or utc_now
 
-    def run(self, context: ConversationContext) -> ExtractionReport:
-        """Extract one context into its (user, agent) memory.
+    def run(
+        self, context: ConversationContext, *, watermark: str | None = None
+    ) -> ExtractionReport:
+        """Extract the messages of one context after ``watermark`` into its (user, agent) memory.
 
-        Raises TransientLLMError (retry), PermanentLLMError, ResponseParseError — the memory is
-        untouched in every one of those cases.
+        Nothing new (a re-delivered task, a flush of a thread already extracted) is "skipped"
+        without calling the model; the report's watermark is still set, so the caller completes
+        the context as usual. Raises TransientLLMError (retry), PermanentLLMError,
+        ResponseParseError — the memory is untouched in every one of those cases.
         """
         started = time.monotonic()
 
@@ -138,6 +174,15 @@ class ExtractionPipeline:
 
         if not context.messages:
             return ExtractionReport("skipped", duration_ms=elapsed_ms(), reason="no messages")
+        selection = split_at_watermark(context.messages, watermark, self._settings.context_messages)
+        if not selection.new:
+            log.info("nothing new in %s since its last extraction", context.key.describe())
+            return ExtractionReport(
+                "skipped",
+                duration_ms=elapsed_ms(),
+                reason="nothing new since the last extraction",
+                watermark=selection.watermark,
+            )
         snapshot = self._storage.load(context.user_id, context.agent_name)
         prompt, answer, usage = propose_update(
             context,
@@ -146,10 +191,15 @@ class ExtractionPipeline:
             self._model,
             now=self._clock(),
             count_tokens=self._count_tokens,
+            selection=selection,
         )
         if prompt is None or answer is None:
+            # The new part is blank: nothing to learn from it, and nothing to send again.
             return ExtractionReport(
-                "skipped", duration_ms=elapsed_ms(), reason="blank conversation"
+                "skipped",
+                duration_ms=elapsed_ms(),
+                reason="blank conversation",
+                watermark=selection.watermark,
             )
         changes: list[Change] = []
         if not answer.is_noop():
@@ -165,6 +215,8 @@ class ExtractionPipeline:
             model=usage.model,
             messages_sent=len(prompt.conversation),
             messages_dropped=prompt.messages_dropped,
+            earlier_shown=prompt.earlier_shown,
+            watermark=selection.watermark,
         )
         log.info(
             "extracted %s: %s (+%d -%d facts, %d+%d tokens, %d ms, trace=%s)",

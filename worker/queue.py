@@ -166,13 +166,38 @@ class QueueClient:
         )
         return int(raw) == 1
 
-    def complete(self, context_id: str, token: str, now: int | None = None) -> CompleteResult:
+    def load_run(self, context_id: str) -> tuple[dict[str, str], str | None]:
+        """The ``ctx:<id>`` hash and the thread's watermark (None when unset), in one round trip."""
+        q = self._q(context_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(q.context(context_id))
+        pipe.get(q.watermark(context_id))
+        raw, watermark = pipe.execute()
+        data = {_text(k): _text(v) for k, v in raw.items()}
+        return data, (_text(watermark) if watermark is not None else None)
+
+    def complete(
+        self,
+        context_id: str,
+        token: str,
+        now: int | None = None,
+        *,
+        watermark: str | None = None,
+    ) -> CompleteResult:
+        """Settle a successful run; ``watermark`` (None: leave it) is stored with the settlement,
+        so only the run that still holds the claim can advance it."""
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["complete"](
-            keys=[q.context(context_id), q.inflight, q.due], args=[context_id, token, now]
+            keys=[q.context(context_id), q.inflight, q.due, q.watermark(context_id)],
+            args=[context_id, token, now, watermark or "", self.settings.watermark_ttl_ms],
         )
         return CompleteResult(int(raw))
+
+    def watermark(self, context_id: str) -> str | None:
+        """The stored watermark of a context (None when there is none)."""
+        raw = self.redis.get(self._q(context_id).watermark(context_id))
+        return _text(raw) if raw is not None else None
 
     def fail(
         self,

@@ -126,7 +126,7 @@ def extract(
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
     queue = runtime.queue
     started = clock()
-    data = queue.load(context_id)
+    data, watermark = queue.load_run(context_id)
     if data.get("claim_token") != token or not queue.renew(context_id, token, started):
         log.info("extraction key=%s version=%d outcome=stale", context_id, version)
         return {"outcome": "stale"}
@@ -136,7 +136,7 @@ def extract(
     except MemqError as exc:
         return _failed(queue, context_id, token, version, exc, None, started, clock)
     try:
-        report = runtime.pipeline.run(context)
+        report = runtime.pipeline.run(context, watermark=watermark)
     except PermanentLLMError as exc:
         return _failed(queue, context_id, token, version, exc, None, started, clock)
     except TransientLLMError as exc:
@@ -149,7 +149,9 @@ def extract(
         retry_at = clock() + backoff_ms(attempts, runtime.settings)
         return _failed(queue, context_id, token, version, exc, retry_at, started, clock)
 
-    settled = queue.complete(context_id, token, clock())
+    # The watermark advances with the settlement, never before: a run that fails or lost its
+    # claim leaves it where it was, so its messages are sent again.
+    settled = queue.complete(context_id, token, clock(), watermark=report.watermark)
     duration = clock() - started
     queue.add_metrics(
         extractions=1,

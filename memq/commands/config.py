@@ -52,6 +52,7 @@ DESCRIPTIONS: dict[str, str] = {
     "conversation_max_tokens": "token budget of the conversation in the update prompt",
     "message_max_chars": "each message is cut to this length in the prompt",
     "context_messages": "already-extracted messages repeated as context before the new ones",
+    "watermark_ttl_days": "how long a thread's extraction watermark is kept after its last run",
     "staleness_review_enabled": "ask the model to review old facts",
     "staleness_age_days": "age at which a fact becomes a staleness candidate",
     "staleness_min_candidates": "candidates needed before the review runs",
