@@ -24,27 +24,40 @@ local lease_until = string.format('%d', now + tonumber(ARGV[2]))
 local cap = tonumber(ARGV[3])
 local count = redis.call('ZCARD', inflight)
 local out = {1}
+local n = #KEYS - 2
+if n == 0 then return out end
 
-for i = 1, #KEYS - 2 do
-  local ctx, id = KEYS[2 + i], ARGV[3 + i]
-  local deadline = tonumber(redis.call('ZSCORE', due, id))
+-- Two batched reads instead of two reads per candidate (ZMSCORE needs Redis 6.2, our floor).
+local ids = {}
+for i = 1, n do ids[i] = ARGV[3 + i] end
+local deadlines = redis.call('ZMSCORE', due, unpack(ids))
+local leases = redis.call('ZMSCORE', inflight, unpack(ids))
+local drop, lease_args = {}, {}
+
+for i = 1, n do
+  local ctx, id = KEYS[2 + i], ids[i]
+  local deadline = tonumber(deadlines[i])
   if deadline and deadline <= now then
-    if redis.call('EXISTS', ctx) == 0 then
-      redis.call('ZREM', due, id)
-    elseif redis.call('ZSCORE', inflight, id) then
-      redis.call('ZREM', due, id)
+    -- `version` is set by every enqueue, so its absence means the hash vanished.
+    local fields = redis.call('HMGET', ctx, 'version', 'claims')
+    if not fields[1] then
+      drop[#drop + 1] = id
+    elseif leases[i] then
+      drop[#drop + 1] = id
     elseif count >= cap then
       out[1] = 2
       break
     else
-      redis.call('ZREM', due, id)
-      redis.call('ZADD', inflight, lease_until, id)
+      drop[#drop + 1] = id
+      lease_args[#lease_args + 1] = lease_until
+      lease_args[#lease_args + 1] = id
       count = count + 1
       -- The counter makes tokens unique per hash; the time makes them unique across a hash that
       -- was deleted and re-created, so a worker from an earlier life can never match.
-      local token = redis.call('HINCRBY', ctx, 'claims', 1) .. '-' .. ARGV[1]
-      local version = redis.call('HGET', ctx, 'version') or '0'
-      redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
+      local claims = (tonumber(fields[2]) or 0) + 1
+      local token = claims .. '-' .. ARGV[1]
+      local version = fields[1]
+      redis.call('HSET', ctx, 'claims', claims, 'claim_token', token, 'claimed_version', version,
         'claimed_at_ms', ARGV[1])
       -- The next enqueue starts a fresh debounce window: it must not inherit this run's past
       -- deadline (which would make it due at once) nor its max-delay start.
@@ -55,4 +68,6 @@ for i = 1, #KEYS - 2 do
     end
   end
 end
+if #drop > 0 then redis.call('ZREM', due, unpack(drop)) end
+if #lease_args > 0 then redis.call('ZADD', inflight, unpack(lease_args)) end
 return out
