@@ -156,8 +156,9 @@ def test_two_beats_make_one_llm_call_per_version(
             assert producer.after_agent(f"t{n}", f"b{n}", None, turn(f"item-{n}", "Thanks!"))
         wait_for(lambda: openai_server.call_count >= contexts, timeout=20, what="first round")
         wait_for(lambda: queue_idle(queue), timeout=10, what="the first round drained")
-        for n in range(0, contexts, 2):  # a second version for half of them
-            assert producer.flush(f"t{n}", f"b{n}", None, turn(f"item-{n}", "Once more."))
+        for n in range(0, contexts, 2):  # a second version for half of them: the thread grew
+            grown = turn(f"item-{n}", "Thanks!") + turn(f"item-{n}", "Once more.")
+            assert producer.flush(f"t{n}", f"b{n}", None, grown)
         wait_for(lambda: openai_server.call_count >= contexts * 3 // 2, timeout=20)
         wait_for(lambda: queue_idle(queue), timeout=10, what="the second round drained")
 
