@@ -10,9 +10,10 @@ from datetime import UTC, datetime
 from bench.common import BenchEnv, Result
 from bench.p7_injection import memory_with_facts
 from core.models import Message
-from prompts.conversation import select_messages
+from prompts.conversation import split_at_watermark
 from prompts.tokens import make_token_counter
 from prompts.update_prompt import build_update_prompt
+from worker.pipeline import prompt_for
 
 TURNS = 50
 SHOWN = (1, 5, 10, 25, 50)
@@ -43,26 +44,21 @@ def run(env: BenchEnv) -> Result:
     sent_counts: dict[int, int] = {}
     for turn in range(1, TURNS + 1):
         messages = full[: 2 * turn]
-        selected, watermark = select_messages(messages, watermark, settings.context_messages)
-        for target, chosen, s in (
-            (memq_tokens, selected, settings),
-            (resend_tokens, messages, resend_settings),
-        ):
-            prompt = build_update_prompt(memory, chosen, settings=s, now=now, count_tokens=count)
-            if prompt is None:
-                raise RuntimeError(f"turn {turn}: no prompt")
-            target[turn] = count(prompt.system) + count(prompt.user)
-            if target is memq_tokens:
-                sent_counts[turn] = len(prompt.conversation)
+        # Exactly what the pipeline sends: the new part after the watermark, plus context.
+        selection = split_at_watermark(messages, watermark, settings.context_messages)
+        watermark = selection.watermark or watermark  # None means: leave it
+        prompt = prompt_for(selection, memory, settings, now=now, count_tokens=count)
+        resend = build_update_prompt(
+            memory, messages, settings=resend_settings, now=now, count_tokens=count
+        )
+        if prompt is None or resend is None:
+            raise RuntimeError(f"turn {turn}: no prompt")
+        memq_tokens[turn] = count(prompt.system) + count(prompt.user)
+        resend_tokens[turn] = count(resend.system) + count(resend.user)
+        sent_counts[turn] = len(prompt.conversation) + prompt.earlier_shown
     share = memq_tokens[TURNS] / resend_tokens[TURNS]
     flatness = memq_tokens[TURNS] / memq_tokens[10]
-    incremental = sent_counts[TURNS] < 2 * TURNS and len(selected) < 2 * TURNS
     note = ""
-    if not incremental:
-        note = (
-            "select_messages still returns the whole thread (incremental extraction not landed): "
-            "memq is capped only by conversation_max_tokens"
-        )
     return Result(
         key="P6",
         title="cost: prompt tokens at turn 50 of a thread",

@@ -35,7 +35,25 @@ def one_line(text: str) -> str:
 
 
 def prompt_json(data: Any) -> str:
-    """Readable JSON (2-space indent, non-ASCII kept) with no raw ``<``, ``>`` or ``&`` anywhere."""
-    text = json.dumps(data, ensure_ascii=False, indent=2)
+    """Compact JSON, one list item per line, with no raw ``<``, ``>`` or ``&`` anywhere.
+
+    Every extraction pays for the memory in its prompt: a 2-space indent costs about 40 % more
+    tokens for the same content, and one fact per line keeps the document readable to the model.
+    """
+    if isinstance(data, dict):
+        parts = []
+        for key, value in data.items():
+            if isinstance(value, list) and value:
+                items = ",\n".join(_compact(item) for item in value)
+                parts.append(f"{_compact(key)}:[\n{items}\n]")
+            else:
+                parts.append(f"{_compact(key)}:{_compact(value)}")
+        text = "{\n" + ",\n".join(parts) + "\n}"
+    else:
+        text = _compact(data)
     # Outside strings JSON never contains these characters, so a plain replace is exact.
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+
+
+def _compact(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))

@@ -80,6 +80,29 @@ def signals_in(messages: tuple[Message, ...]) -> tuple[bool, bool]:
     return correction, (not correction) and any(detect_reinforcement(one) for one in user)
 
 
+def prompt_for(
+    selection: Selection,
+    memory: MemoryDocument,
+    settings: MemqSettings,
+    *,
+    now: datetime,
+    count_tokens: TokenCounter,
+) -> UpdatePrompt | None:
+    """The prompt for the new part of a conversation (signals detected on that part alone), with
+    the earlier messages shown as context only; None when there is nothing to send."""
+    correction, reinforcement = signals_in(selection.new)
+    return build_update_prompt(
+        memory,
+        selection.new,
+        settings=settings,
+        now=now,
+        count_tokens=count_tokens,
+        correction=correction,
+        reinforcement=reinforcement,
+        earlier=selection.context,
+    )
+
+
 def propose_update(
     context: ConversationContext,
     memory: MemoryDocument,
@@ -97,17 +120,7 @@ def propose_update(
     """
     if selection is None:
         selection = split_at_watermark(context.messages, None, settings.context_messages)
-    correction, reinforcement = signals_in(selection.new)
-    prompt = build_update_prompt(
-        memory,
-        selection.new,
-        settings=settings,
-        now=now,
-        count_tokens=count_tokens,
-        correction=correction,
-        reinforcement=reinforcement,
-        earlier=selection.context,
-    )
+    prompt = prompt_for(selection, memory, settings, now=now, count_tokens=count_tokens)
     if prompt is None:
         return None, None, Usage()
     answer = model.propose(prompt)
