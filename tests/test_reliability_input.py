@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from core.errors import LLMError, MemqError
 from core.identity import ContextKey
+from core.keys import KeySchema
 from core.models import ConversationContext, Message
 from core.settings import MemqSettings
 from producer import MemoryProducer
@@ -121,7 +122,8 @@ def test_the_producer_api_enqueues_cleanly_or_raises_a_typed_error(
         assert _redis_keys(redis_client, key_prefix) == before
         return
     key = ContextKey.from_id(result.context_id)
-    stored = redis_client.hgetall(f"{{{key_prefix}:0}}:ctx:{result.context_id}")
+    q = KeySchema(key_prefix).for_context(result.context_id)
+    stored = redis_client.hgetall(q.context(result.context_id))
     assert stored, "the context hash is where the key schema says"
     context = ConversationContext.from_hash(stored)  # what a worker decodes
     assert context.key == key and context.messages
