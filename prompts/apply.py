@@ -21,7 +21,14 @@ from prompts.consolidation import apply_consolidations
 from prompts.scrub import scrub_document
 from prompts.staleness import select_stale_removals
 from storage.base import Change
-from storage.document import HISTORY_SECTIONS, USER_SECTIONS, Fact, MemoryDocument, Section
+from storage.document import (
+    HISTORY_SECTIONS,
+    USER_SECTIONS,
+    Fact,
+    MemoryDocument,
+    Section,
+    copy_document,
+)
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +231,7 @@ def apply_update(
     thread_id: str | None = None,
 ) -> ApplyResult:
     """A new document with ``answer`` applied (the input is not modified), and its changes."""
-    doc = document.model_copy(deep=True)
+    doc = copy_document(document)
     changes = _apply_sections(doc, answer, now, thread_id)
     changes += _remove_contradicted(doc, answer, settings, now, thread_id)
     changes += _remove_stale(doc, answer, settings, now, thread_id)

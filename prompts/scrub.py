@@ -14,7 +14,13 @@ from __future__ import annotations
 import re
 
 from storage.base import Change
-from storage.document import HISTORY_SECTIONS, USER_SECTIONS, MemoryDocument, Section
+from storage.document import (
+    HISTORY_SECTIONS,
+    USER_SECTIONS,
+    MemoryDocument,
+    Section,
+    copy_document,
+)
 
 UPLOAD_MENTION = re.compile(
     r"\bupload(?:s|ed|ing)?\b(?:\s+[\w'’-]+){0,6}?\s+(?:files?|documents?|attachments?)\b"
@@ -49,7 +55,7 @@ def scrub_document(
 ) -> tuple[MemoryDocument, list[Change]]:
     """A copy of ``document`` without upload mentions, and what was taken out."""
     changes: list[Change] = []
-    doc = document.model_copy(deep=True)
+    doc = copy_document(document)
     for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS)):
         container = getattr(doc, group)
         for name in names:

@@ -247,3 +247,23 @@ class MemoryDocument(BaseModel):
 
 def empty_document() -> MemoryDocument:
     return MemoryDocument()
+
+
+def copy_document(document: MemoryDocument) -> MemoryDocument:
+    """A private copy that shares nothing mutable with ``document``.
+
+    Every leaf of a document is immutable (str, float, datetime) except the lists, so copying the
+    models and the lists is enough — about 4x cheaper than ``model_copy(deep=True)``, which runs
+    ``copy.deepcopy`` over every string on every load, apply and save of the pipeline.
+    """
+    user = document.user.model_copy(
+        update={name: getattr(document.user, name).model_copy() for name in USER_SECTIONS}
+    )
+    history = document.history.model_copy(
+        update={name: getattr(document.history, name).model_copy() for name in HISTORY_SECTIONS}
+    )
+    facts = [
+        fact.model_copy(update={"consolidated_from": list(fact.consolidated_from)})
+        for fact in document.facts
+    ]
+    return document.model_copy(update={"user": user, "history": history, "facts": facts})

@@ -29,7 +29,7 @@ from core.errors import CorruptMemoryFile, LockTimeout, StorageError
 from core.identity import validate_agent_name, validate_user_id
 from core.settings import MemqSettings
 from storage.base import Change, UpdateFn
-from storage.document import MemoryDocument, empty_document, utc_now
+from storage.document import MemoryDocument, copy_document, empty_document, utc_now
 from storage.history import (
     DocumentDecodeError,
     decode_changes,
@@ -109,9 +109,9 @@ class FileMemoryStorage:
         with self._cache_lock:
             hit = self._cache.get(path)
         if hit is not None and hit[0] == sig:
-            return hit[1].model_copy(deep=True)
+            return copy_document(hit[1])
         document = self._read(path, locked=False)
-        return document.model_copy(deep=True) if document is not None else empty_document()
+        return copy_document(document) if document is not None else empty_document()
 
     def save(
         self,
@@ -132,15 +132,15 @@ class FileMemoryStorage:
         with self._locked(directory):
             # Read from disk, not the cache: inside the lock the file is the only truth.
             # The callback may mutate its argument: hand it a copy, never the cached object.
-            current = (self._read(path, locked=True) or empty_document()).model_copy(deep=True)
-            before = dump_document(current)
+            current = copy_document(self._read(path, locked=True) or empty_document())
+            before = copy_document(current)  # the callback may change its argument in place
             document, changes = split_update_result(fn(current))
-            if dump_document(document) == before and not changes:
-                return document.model_copy(deep=True)
+            if document == before and not changes:
+                return copy_document(document)
             saved = stamp_for_save(document)
             self._write(path, saved)
             self._append_history(directory, changes)
-        return saved.model_copy(deep=True)
+        return copy_document(saved)
 
     def history(
         self, user_id: str | None, agent_name: str | None = None, *, limit: int = 100
@@ -313,7 +313,7 @@ class FileMemoryStorage:
             self._forget_cached(path)
             raise StorageError(f"cannot write {path}: {exc}") from exc
         with self._cache_lock:
-            self._cache[path] = (sig, document.model_copy(deep=True))
+            self._cache[path] = (sig, copy_document(document))
 
     def _append_history(self, directory: Path, changes: list[Change]) -> None:
         """Append under the caller's lock; trim to the bound by an atomic rewrite."""

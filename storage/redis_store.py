@@ -25,7 +25,7 @@ from core.identity import validate_agent_name, validate_user_id
 from core.keys import KeySchema
 from core.settings import MemqSettings
 from storage.base import Change, UpdateFn
-from storage.document import MemoryDocument, empty_document
+from storage.document import MemoryDocument, copy_document, empty_document
 from storage.history import (
     DocumentDecodeError,
     decode_changes,
@@ -94,9 +94,9 @@ class RedisMemoryStorage:
         attempt = 0
         while True:
             revision, current = self._fetch(user, agent)
-            before = dump_document(current)
+            before = copy_document(current)  # the callback may change its argument in place
             document, changes = split_update_result(fn(current))
-            if dump_document(document) == before and not changes:
+            if document == before and not changes:
                 return document
             saved = stamp_for_save(document)
             if self._store(user, agent, revision, saved, changes):
