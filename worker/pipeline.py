@@ -231,7 +231,8 @@ class ExtractionPipeline:
             earlier_shown=prompt.earlier_shown,
             watermark=selection.watermark,
         )
-        log.info(
+        # The worker logs the one structured line per extraction; this one is for debugging.
+        log.debug(
             "extracted %s: %s (+%d -%d facts, %d+%d tokens, %d ms, trace=%s)",
             context.key.describe(),
             report.outcome,
