@@ -18,12 +18,13 @@ from worker.queue import QueueClient
 
 BATCH = 100
 FILL_CHUNK = 10_000
+USERS = 1_000  # contexts are spread over this many users, so each claim checks ~100 user caps
 
 
 def fill(client: redis.Redis, q: QueueKeys, count: int, due_at_ms: int) -> None:
     """``count`` due contexts with minimal hashes, pipelined in chunks."""
     for start in range(0, count, FILL_CHUNK):
-        ids = [f"t{i}:u:a" for i in range(start, min(count, start + FILL_CHUNK))]
+        ids = [f"t{i}:u{i % USERS}:a" for i in range(start, min(count, start + FILL_CHUNK))]
         pipe = client.pipeline(transaction=False)
         pipe.zadd(q.due, {cid: due_at_ms - i for i, cid in enumerate(ids)})
         for cid in ids:
@@ -39,7 +40,9 @@ def run(env: BenchEnv) -> Result:
     queues: dict[int, tuple[QueueClient, MemqSettings]] = {}
     try:
         for size in sizes:
-            settings = env.settings(max_inflight=10**9, claim_batch=BATCH)
+            settings = env.settings(
+                max_inflight=10**9, max_inflight_per_user=10**9, claim_batch=BATCH
+            )
             queue = QueueClient(settings, client)
             fill(client, queue.keys.shard(0), size, now - 1000)
             queues[size] = (queue, settings)
@@ -62,6 +65,8 @@ def run(env: BenchEnv) -> Result:
                     claim_lat[size].append(t2 - t1)
                 pipe = client.pipeline(transaction=False)
                 pipe.zrem(q.inflight, *(c.context_id for c in batch.claims))
+                for c in batch.claims:
+                    pipe.zrem(q.user_inflight(c.context_id.split(":")[1]), c.context_id)
                 pipe.zadd(q.due, {c.context_id: now - 500 for c in batch.claims})
                 pipe.execute()
     finally:

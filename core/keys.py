@@ -39,6 +39,11 @@ class QueueKeys:
     def watermark(self, context_id: str) -> str:
         return f"{self.tag}:wm:{context_id}"
 
+    def user_inflight(self, user_id: str) -> str:
+        """Zset of one user's contexts in flight in this shard (id -> lease expiry): the per-user
+        cap counts it, so one tenant's backlog cannot fill the broker ahead of everyone else."""
+        return f"{self.tag}:uinflight:{user_id}"
+
 
 @dataclass(frozen=True, slots=True)
 class KeySchema:

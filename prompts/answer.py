@@ -294,9 +294,11 @@ def parse_update_response(content: Any) -> UpdateAnswer:
     text = response_text(content)
     data = find_update_object(text)
     if data is None:
-        preview = text[:120].replace("\n", " ")
+        # Only the answer's shape: this message becomes the dead letter's reason, which
+        # `memq dead list` shows, and the answer quotes the user's conversation.
+        shape = "a '{' but no object with them decodes" if "{" in text else "no '{' at all"
         raise ResponseParseError(
             f"no JSON object with {', '.join(REQUIRED_KEYS)} in the model's answer "
-            f"({len(text)} chars, starts {preview!r})"
+            f"({len(text)} chars, {shape})"
         )
     return normalise_answer(data)

@@ -10,7 +10,7 @@ import json
 import threading
 from collections import Counter
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -18,7 +18,9 @@ import redis
 from core.identity import ContextKey
 from core.keys import KeySchema
 from core.settings import MemqSettings
+from prompts.answer import parse_update_response
 from worker.queue import Claim, CompleteResult, FailResult, QueueClient
+from worker.tasks import WorkerRuntime, extract
 from worker.tick import run_tick
 
 pytestmark = pytest.mark.integration
@@ -36,8 +38,10 @@ class Enqueuer:
         source = resources.files("producer").joinpath("enqueue.lua").read_text(encoding="utf-8")
         self.script = client.register_script(source)
 
-    def __call__(self, thread: str, now: int, *, flush: bool = False, text: str = "hi") -> str:
-        key = ContextKey.create(thread, "alice", None)
+    def __call__(
+        self, thread: str, now: int, *, flush: bool = False, text: str = "hi", user: str = "alice"
+    ) -> str:
+        key = ContextKey.create(thread, user, None)
         q = self.keys.for_context(key.id)
         messages = json.dumps([{"role": "user", "content": text}])
         self.script(
@@ -51,7 +55,7 @@ class Enqueuer:
                 0,
                 0,
                 thread,
-                "alice",
+                user,
                 "",
                 "",
                 key.id,
@@ -78,7 +82,7 @@ def enqueue(qsettings: MemqSettings, redis_client: redis.Redis) -> Enqueuer:
 
 
 def members(client: redis.Redis, zset: str) -> dict[str, float]:
-    return dict(client.zrange(zset, 0, -1, withscores=True))
+    return dict(cast("list[tuple[str, float]]", client.zrange(zset, 0, -1, withscores=True)))
 
 
 def test_claim_takes_only_due_keys_and_leases_them(
@@ -244,6 +248,16 @@ def test_orphans_whose_hash_vanished_are_cleaned(
     assert members(redis_client, q.due) == {} and members(redis_client, q.inflight) == {}
 
 
+def test_a_member_that_is_no_context_id_is_cleaned_not_fatal(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    q = queue.keys.shard(0)
+    cid = enqueue("t1", T0, flush=True)
+    redis_client.zadd(q.due, {"junk": T0 - 1, "a:b{c}:d": T0 - 1})
+    assert [c.context_id for c in queue.claim(T0).claims] == [cid]
+    assert members(redis_client, q.due) == {}
+
+
 def race_claims(queues: list[QueueClient], now: int) -> list[Claim]:
     """Every queue client claims in small batches from its own thread, all released at once."""
     claimed: list[Claim] = []
@@ -273,14 +287,18 @@ def test_two_tickers_at_once_never_claim_a_version_twice(
     now = T0
     try:
         for round_no in range(5):
-            ids = [enqueue(f"t{i}", now, flush=True, text=f"r{round_no}") for i in range(60)]
+            ids = [
+                enqueue(f"t{i}", now, flush=True, text=f"r{round_no}", user=f"u{i}")
+                for i in range(60)
+            ]
             claimed = race_claims(queues, now)
             counts = Counter((c.context_id, c.version) for c in claimed)
             assert sorted(cid for cid, _ in counts) == sorted(ids)  # every key claimed...
             assert max(counts.values()) == 1  # ...and no version twice
             # Half the keys get new messages while in flight: each is claimed again, once.
             for claim in claimed[::2]:
-                enqueue(claim.context_id.split(":")[0], now + 1, flush=True, text="more")
+                key = ContextKey.from_id(claim.context_id)
+                enqueue(key.thread_id, now + 1, flush=True, text="more", user=key.user_id)
             for claim in claimed:
                 queues[0].complete(claim.context_id, claim.token, now + 2)
             again = race_claims(queues, now + 2)
@@ -344,3 +362,152 @@ def test_tick_drains_in_batches_and_releases_when_dispatch_fails(
     sent: list[Claim] = []
     report = run_tick(queue, sent.append, clock=lambda: T0 + 1)
     assert report.rounds >= 3 and {c.context_id for c in sent} == ids
+
+
+# --- fairness: the per-user in-flight cap
+
+
+@pytest.fixture
+def capped(make_settings: Any, redis_client: redis.Redis) -> tuple[QueueClient, Enqueuer]:
+    settings = make_settings(
+        debounce_seconds=1.0, lease_seconds=60.0, tick_seconds=0.5, max_inflight_per_user=2
+    )
+    return QueueClient(settings, redis_client), Enqueuer(settings, redis_client)
+
+
+def test_a_user_at_the_cap_is_not_claimed_but_another_user_is(
+    capped: tuple[QueueClient, Enqueuer], redis_client: redis.Redis
+) -> None:
+    queue, enqueue = capped
+    alice = [enqueue(f"a{i}", T0 + i, flush=True) for i in range(4)]
+    bob = enqueue("b0", T0 + 10, flush=True, user="bob")  # due after all of alice's
+
+    batch = queue.claim(T0 + 10, limit=4)  # the batch holds only alice's keys
+
+    assert [c.context_id for c in batch.claims] == alice[:2]
+    assert batch.deferred == 2
+    q = queue.keys.shard(0)
+    # Moved back one tick, behind bob, and nothing lost; the hash keeps the real deadline.
+    assert members(redis_client, q.due) == {bob: T0 + 10, alice[2]: T0 + 510, alice[3]: T0 + 510}
+    assert queue.load(alice[2])["deadline_ms"] == str(T0 + 2)
+    assert members(redis_client, q.user_inflight("alice")) == {
+        i: T0 + 10 + 60_000 for i in alice[:2]
+    }
+
+    assert [c.context_id for c in queue.claim(T0 + 11, limit=4).claims] == [bob]
+
+
+def test_a_capped_key_is_claimed_once_a_slot_frees(
+    capped: tuple[QueueClient, Enqueuer], redis_client: redis.Redis
+) -> None:
+    queue, enqueue = capped
+    ids = [enqueue(f"a{i}", T0, flush=True) for i in range(3)]
+    first, _ = queue.claim(T0).claims
+    assert queue.claim(T0 + 600).claims == []  # still at the cap: deferred again
+    assert queue.complete(first.context_id, first.token, T0 + 700) is CompleteResult.DONE
+
+    assert [c.context_id for c in queue.claim(T0 + 1_200).claims] == [ids[2]]
+
+
+def test_a_new_turn_does_not_push_a_capped_flush_back(
+    capped: tuple[QueueClient, Enqueuer], redis_client: redis.Redis
+) -> None:
+    queue, enqueue = capped
+    ids = [enqueue(f"a{i}", T0, flush=True) for i in range(3)]
+    queue.claim(T0)
+    enqueue("a2", T0 + 100)  # a normal (debounced) turn on the deferred flush
+    assert members(redis_client, queue.keys.shard(0).due) == {ids[2]: T0}  # still due at once
+
+
+def test_expired_leases_do_not_count_against_the_cap(
+    capped: tuple[QueueClient, Enqueuer], redis_client: redis.Redis
+) -> None:
+    queue, enqueue = capped
+    cid = enqueue("a0", T0, flush=True)
+    # Two leases whose settlement was lost (the worker vanished, nobody reaped yet).
+    users = queue.keys.shard(0).user_inflight("alice")
+    redis_client.zadd(users, {"lost1:alice:": T0 + 1_000, "lost2:alice:": T0 + 2_000})
+
+    assert queue.claim(T0).claims == []  # two live leases: alice is at her cap
+    assert [c.context_id for c in queue.claim(T0 + 1_000).claims] == [cid]  # one has expired
+    assert set(members(redis_client, users)) == {"lost2:alice:", cid}
+
+
+@pytest.mark.parametrize("settle", ["complete", "fail", "release", "reap"])
+def test_every_settlement_frees_the_users_slot(
+    settle: str, make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings = make_settings(debounce_seconds=1.0, lease_seconds=60.0, max_inflight_per_user=1)
+    queue, enqueue = QueueClient(settings, redis_client), Enqueuer(settings, redis_client)
+    enqueue("a0", T0, flush=True)
+    other = enqueue("a1", T0, flush=True)
+    [claim] = queue.claim(T0).claims
+    cid, now = claim.context_id, T0 + 1
+    if settle == "complete":
+        assert queue.complete(cid, claim.token, now) is CompleteResult.DONE
+    elif settle == "fail":
+        assert queue.fail(cid, claim.token, "timeout", T0 + 10**6, now) is FailResult.RETRY
+    elif settle == "release":
+        assert queue.release(cid, claim.token, T0 + 10**6)
+    else:
+        now = T0 + 60_000
+        assert queue.reap(now).requeued == 1
+    users = queue.keys.shard(0).user_inflight("alice")
+    assert cid not in members(redis_client, users)
+    assert other in [c.context_id for c in queue.claim(max(now, T0 + 1_000)).claims]
+
+
+def test_renew_moves_the_users_lease_too(
+    capped: tuple[QueueClient, Enqueuer], redis_client: redis.Redis
+) -> None:
+    queue, enqueue = capped
+    cid = enqueue("a0", T0, flush=True)
+    claim = queue.claim(T0).claims[0]
+    assert queue.renew(cid, claim.token, T0 + 30_000)
+    users = queue.keys.shard(0).user_inflight("alice")
+    assert members(redis_client, users) == {cid: T0 + 30_000 + 60_000}
+
+
+def test_a_tick_reaches_another_tenant_behind_a_wall_of_capped_keys(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings = make_settings(debounce_seconds=1.0, claim_batch=3, max_inflight_per_user=2)
+    queue, enqueue = QueueClient(settings, redis_client), Enqueuer(settings, redis_client)
+    for i in range(30):
+        enqueue(f"a{i}", T0, flush=True)
+    bob = enqueue("b0", T0 + 1, flush=True, user="bob")
+    sent: list[Claim] = []
+
+    # Two rounds would only ever see alice's keys; rounds that hit the cap do not count.
+    report = run_tick(queue, sent.append, clock=lambda: T0 + 2, max_rounds=2)
+
+    assert bob in [c.context_id for c in sent]
+    assert len(sent) == 3 and report.deferred == 28
+    assert queue.stats(T0 + 2)["due"] == 28  # nothing lost, all still waiting
+
+
+# --- dead letters hold no user content
+
+
+def test_a_parse_failure_is_dead_lettered_without_the_models_answer(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings = make_settings(debounce_seconds=1.0, max_attempts=1)
+    answer = "Sure! The user told me their passport number is X1234567 and lives at 5 Elm St."
+
+    class Parrot:  # a pipeline whose model answered prose instead of the update object
+        def run(self, context: Any, *, watermark: str | None = None) -> Any:
+            return parse_update_response(answer)
+
+    runtime = WorkerRuntime(settings, pipeline_factory=lambda s, r: Parrot())  # type: ignore[arg-type,return-value]
+    cid = Enqueuer(settings, redis_client)("t1", T0, flush=True)
+    [claim] = runtime.queue.claim(T0).claims
+
+    result = extract(runtime, cid, claim.token, claim.version, clock=lambda: T0 + 1)
+
+    assert result["queue"] == "dead"
+    [entry] = runtime.queue.dead_list()
+    assert entry.last_error.startswith("ResponseParseError: ")
+    assert f"{len(answer)} chars" in entry.last_error  # its shape, to tell answers apart
+    for word in ("passport", "X1234567", "Elm", "Sure"):
+        assert word not in entry.last_error

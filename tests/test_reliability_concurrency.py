@@ -163,11 +163,6 @@ def test_a_flood_of_turns_does_not_hold_up_another_tenants_flush(
     assert len(facts_of(settings, "noisy")) == flood
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limitation: due contexts are served oldest deadline first across tenants, so "
-    "a backlog of one tenant's flushes delays a later flush of another (docs/reliability.md)",
-)
 def test_a_backlog_of_one_tenants_flushes_does_not_hold_up_another_tenants_flush(
     make_settings: Any,
     openai_server: ScriptedOpenAI,

@@ -5,6 +5,7 @@
 -- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
 -- KEYS[3]  due        zset  context id -> deadline (epoch ms)
 -- KEYS[4]  wm:<id>    string, the watermark (JSON list of the last extracted message identities)
+-- KEYS[5]  uinflight:<user>  zset  the user's in-flight contexts -> lease expiry (per-user cap)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the worker got from claim_due
@@ -18,7 +19,7 @@
 --   1  done: the version did not move during the run; the hash is deleted
 --   2  rescheduled: an enqueue arrived during the run; back in `due` at the stored deadline_ms
 
-local ctx, inflight, due, wm = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ctx, inflight, due, wm, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
 
 if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
@@ -28,6 +29,7 @@ if ARGV[4] ~= '' then
   redis.call('SET', wm, ARGV[4], 'PX', ARGV[5])
 end
 redis.call('ZREM', inflight, id)
+redis.call('ZREM', users, id)
 if redis.call('HGET', ctx, 'version') == redis.call('HGET', ctx, 'claimed_version') then
   redis.call('DEL', ctx)
   redis.call('ZREM', due, id)

@@ -4,6 +4,7 @@
 -- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
 -- KEYS[3]  due        zset  context id -> deadline (epoch ms)
 -- KEYS[4]  dead       zset  context id -> time it died (epoch ms)
+-- KEYS[5]  uinflight:<user>  zset  the user's in-flight contexts -> lease expiry (per-user cap)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the worker got from claim_due
@@ -17,13 +18,14 @@
 --   1  retry: back in `due` at retry_at_ms
 --   2  dead: moved to `dead` with dead_at_ms and last_error
 
-local ctx, inflight, due, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ctx, inflight, due, dead, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
 
 if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
   return 0
 end
 redis.call('ZREM', inflight, id)
+redis.call('ZREM', users, id)
 redis.call('HDEL', ctx, 'claim_token')
 local attempts = redis.call('HINCRBY', ctx, 'attempts', 1)
 redis.call('HSET', ctx, 'last_error', ARGV[4])

@@ -17,6 +17,8 @@ from typing import Any, Literal, cast
 import redis
 from redis.commands.core import Script
 
+from core.errors import InvalidIdentifier
+from core.identity import user_id_of
 from core.keys import KeySchema, QueueKeys
 from core.settings import MemqSettings
 
@@ -64,6 +66,7 @@ class ClaimBatch:
     claims: list[Claim] = field(default_factory=list)
     examined: int = 0
     full: bool = False  # `inflight` reached max_inflight: backpressure, stop claiming
+    deferred: int = 0  # due, but their user was at max_inflight_per_user: moved back in `due`
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,25 +108,34 @@ class QueueClient:
 
         Candidates come from an O(log N + limit) range read; the script re-checks each, so this
         stays cheap however many keys are pending and racing tickers never claim one twice.
+        A candidate whose user already holds ``max_inflight_per_user`` leases is not claimed but
+        moved back one tick in ``due``, so the next batch reaches other users' keys.
         """
+        settings = self.settings
         now = now_ms() if now is None else now
-        limit = limit or self.settings.claim_batch
-        cap = math.ceil(self.settings.max_inflight / self.settings.shards)
+        limit = limit or settings.claim_batch
+        cap = math.ceil(settings.max_inflight / settings.shards)
+        user_cap = math.ceil(settings.max_inflight_per_user / settings.shards)
+        defer_ms = max(1, int(settings.tick_seconds * 1000))
         claims: list[Claim] = []
-        examined, full = 0, False
+        examined = deferred = 0
+        full = False
         for shard in self.keys.all_shards():
             ids = self._range(shard.due, now, limit)
             if not ids:
                 continue
+            keys = [shard.due, shard.inflight]
+            for context_id in ids:
+                keys += (shard.context(context_id), self._user_inflight(shard, context_id))
             raw = self._scripts["claim_due"](
-                keys=[shard.due, shard.inflight, *(shard.context(i) for i in ids)],
-                args=[now, self.settings.lease_ms, cap, *ids],
+                keys=keys, args=[now, settings.lease_ms, cap, user_cap, defer_ms, *ids]
             )
             examined += len(ids)
             full = full or int(raw[0]) == 2
-            for pos in range(1, len(raw), 3):
+            deferred += int(raw[1])
+            for pos in range(2, len(raw), 3):
                 claims.append(Claim(_text(raw[pos]), _text(raw[pos + 1]), int(raw[pos + 2])))
-        return ClaimBatch(claims=claims, examined=examined, full=full)
+        return ClaimBatch(claims=claims, examined=examined, full=full, deferred=deferred)
 
     def reap(self, now: int | None = None, limit: int = 1000) -> ReapResult:
         """Put contexts whose lease expired back in ``due`` (or ``dead`` past max_attempts)."""
@@ -133,9 +145,11 @@ class QueueClient:
             ids = self._range(shard.inflight, now, limit)
             if not ids:
                 continue
+            keys = [shard.inflight, shard.due, shard.dead]
+            for context_id in ids:
+                keys += (shard.context(context_id), self._user_inflight(shard, context_id))
             raw = self._scripts["reap_expired"](
-                keys=[shard.inflight, shard.due, shard.dead, *(shard.context(i) for i in ids)],
-                args=[now, self.settings.max_attempts, *ids],
+                keys=keys, args=[now, self.settings.max_attempts, *ids]
             )
             requeued += int(raw[0])
             dead += int(raw[1])
@@ -146,7 +160,8 @@ class QueueClient:
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["release"](
-            keys=[q.context(context_id), q.inflight, q.due], args=[context_id, token, now]
+            keys=[q.context(context_id), q.inflight, q.due, self._user_inflight(q, context_id)],
+            args=[context_id, token, now],
         )
         return int(raw) == 1
 
@@ -161,7 +176,7 @@ class QueueClient:
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["renew"](
-            keys=[q.context(context_id), q.inflight],
+            keys=[q.context(context_id), q.inflight, self._user_inflight(q, context_id)],
             args=[context_id, token, now + self.settings.lease_ms],
         )
         return int(raw) == 1
@@ -189,7 +204,13 @@ class QueueClient:
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["complete"](
-            keys=[q.context(context_id), q.inflight, q.due, q.watermark(context_id)],
+            keys=[
+                q.context(context_id),
+                q.inflight,
+                q.due,
+                q.watermark(context_id),
+                self._user_inflight(q, context_id),
+            ],
             args=[context_id, token, now, watermark or "", self.settings.watermark_ttl_ms],
         )
         return CompleteResult(int(raw))
@@ -212,7 +233,13 @@ class QueueClient:
         now = now_ms() if now is None else now
         retry = _PERMANENT if retry_at_ms is None else str(max(int(retry_at_ms), 0))
         raw = self._scripts["fail"](
-            keys=[q.context(context_id), q.inflight, q.due, q.dead],
+            keys=[
+                q.context(context_id),
+                q.inflight,
+                q.due,
+                q.dead,
+                self._user_inflight(q, context_id),
+            ],
             args=[context_id, token, now, reason[:2000], retry, self.settings.max_attempts],
         )
         return FailResult(int(raw))
@@ -312,6 +339,17 @@ class QueueClient:
     # --- helpers
     def _q(self, context_id: str) -> QueueKeys:
         return self.keys.for_context(context_id)
+
+    @staticmethod
+    def _user_inflight(q: QueueKeys, context_id: str) -> str:
+        """The per-user lease set of a context's user, in the context's own shard."""
+        try:
+            user_id = user_id_of(context_id)
+        except InvalidIdentifier:
+            # Not one of ours (the producer only writes valid ids): it shares one set, so a
+            # malformed member can still be claimed, dropped or reaped, never crash the batch.
+            user_id = ""
+        return q.user_inflight(user_id)
 
     def _range(self, zset: str, now: int, limit: int) -> list[str]:
         found = self.redis.zrangebyscore(zset, "-inf", now, start=0, num=limit)

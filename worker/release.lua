@@ -3,6 +3,7 @@
 -- KEYS[1]  ctx:<id>   hash of the context
 -- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
 -- KEYS[3]  due        zset  context id -> deadline (epoch ms)
+-- KEYS[4]  uinflight:<user>  zset  the user's in-flight contexts -> lease expiry (per-user cap)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the ticker got from claim_due
@@ -10,13 +11,14 @@
 --
 -- Returns 1 released, 0 stale (the token does not match; nothing done).
 
-local ctx, inflight, due = KEYS[1], KEYS[2], KEYS[3]
+local ctx, inflight, due, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
 
 if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
   return 0
 end
 redis.call('ZREM', inflight, id)
+redis.call('ZREM', users, id)
 redis.call('HDEL', ctx, 'claim_token')
 -- An enqueue during the claim stored its own deadline; keep the earlier of the two.
 local deadline = tonumber(redis.call('HGET', ctx, 'deadline_ms')) or tonumber(ARGV[3])

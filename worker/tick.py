@@ -29,6 +29,7 @@ class TickReport:
     dead: int = 0  # expired leases past max_attempts
     full: bool = False  # stopped by backpressure
     rounds: int = 0
+    deferred: int = 0  # due contexts moved back because their user was at its in-flight cap
 
 
 def max_rounds_for(max_inflight: int, claim_batch: int) -> int:
@@ -49,18 +50,27 @@ def run_tick(
     A claim whose dispatch fails is released at once (no attempt counted), and so is the rest of
     its batch: a broker that refuses one send will refuse the next, and each refusal costs a retry
     policy's worth of waiting. Without the release the lease reaper would still bring them back.
+
+    A round that only met users at their in-flight cap claims nothing but moves those keys past
+    this tick, so the next round reaches keys further down ``due``. Such rounds do not use up
+    ``max_rounds`` (else a wall of one tenant's backlog would end the tick before another tenant's
+    key): the time budget bounds them, and so does ``due`` itself, since every such round takes
+    its keys out of this tick's range.
     """
     settings = queue.settings
     rounds_left = max_rounds or max_rounds_for(settings.max_inflight, settings.claim_batch)
     budget = budget_ms if budget_ms is not None else int(settings.tick_seconds * 1000)
     started = time.monotonic()
     reaped = queue.reap(clock())
-    claimed = dispatched = released = rounds = 0
+    claimed = dispatched = released = rounds = deferred = 0
     full = False
-    while rounds < rounds_left:
+    while rounds_left > 0:
         rounds += 1
         batch = queue.claim(clock())
         claimed += len(batch.claims)
+        deferred += batch.deferred
+        if batch.claims or not batch.deferred:
+            rounds_left -= 1
         sent, failed = _dispatch_all(queue, dispatch, batch.claims, clock)
         dispatched += sent
         released += failed
@@ -77,6 +87,7 @@ def run_tick(
         dead=reaped.dead,
         full=full,
         rounds=rounds,
+        deferred=deferred,
     )
 
 

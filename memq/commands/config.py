@@ -34,6 +34,10 @@ DESCRIPTIONS: dict[str, str] = {
     "max_attempts": "failed extractions before a context moves to the dead letters",
     "claim_batch": "contexts claimed per tick",
     "max_inflight": "cap on contexts in flight at once (back-pressure on the LLM)",
+    "max_inflight_per_user": (
+        "cap on one user's contexts in flight at once (split over the shards), so one tenant's "
+        "backlog never holds up another's"
+    ),
     "retry_backoff_seconds": "base delay before a retry after a transient LLM failure",
     "retry_backoff_max_seconds": "longest delay before such a retry",
     "producer_timeout_seconds": "Redis timeout of a producer call (the agent never waits longer)",
