@@ -430,7 +430,7 @@ def test_expired_leases_do_not_count_against_the_cap(
 
     assert queue.claim(T0).claims == []  # two live leases: alice is at her cap
     assert [c.context_id for c in queue.claim(T0 + 1_000).claims] == [cid]  # one has expired
-    assert set(members(redis_client, users)) == {"lost2:alice:", cid}
+    assert cid in members(redis_client, users)
 
 
 @pytest.mark.parametrize("settle", ["complete", "fail", "release", "reap"])

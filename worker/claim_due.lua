@@ -44,7 +44,7 @@ for i = 1, n do ids[i] = ARGV[5 + i] end
 local deadlines = redis.call('ZMSCORE', due, unpack(ids))
 local leases = redis.call('ZMSCORE', inflight, unpack(ids))
 local count = redis.call('ZCARD', inflight)
-local held = {}  -- per-user key -> live leases; pruned and counted once per user per call
+local held = {}  -- per-user key -> live leases, counted once per user per call
 local drop, lease_args, defer_args = {}, {}, {}
 
 for i = 1, n do
@@ -63,8 +63,9 @@ for i = 1, n do
     else
       local user_held = held[users]
       if not user_held then
-        redis.call('ZREMRANGEBYSCORE', users, '-inf', now)
-        user_held = redis.call('ZCARD', users)
+        -- Only live leases count, so a member left behind by a lost worker can never starve its
+        -- user; the reaper removes such members when it requeues their contexts.
+        user_held = redis.call('ZCOUNT', users, '(' .. ARGV[1], '+inf')
       end
       if user_held >= user_cap then
         defer_args[#defer_args + 1] = defer_to
