@@ -20,7 +20,7 @@ from prompts.answer import UpdateAnswer
 from prompts.consolidation import apply_consolidations
 from prompts.scrub import scrub_document
 from prompts.staleness import select_stale_removals
-from storage.base import Change
+from storage.base import Change, ChangeAction
 from storage.document import (
     HISTORY_SECTIONS,
     USER_SECTIONS,
@@ -93,14 +93,7 @@ def _remove_contradicted(
         else:
             doomed.add(fact_id)
     changes = [
-        Change(
-            at=now,
-            action="remove",
-            fact_id=f.id,
-            content=f.content,
-            reason="contradicted by the conversation",
-            source_thread_id=thread_id,
-        )
+        _fact_change("remove", f, "contradicted by the conversation", now, thread_id)
         for f in doc.facts
         if f.id in doomed
     ]
@@ -119,15 +112,7 @@ def _remove_stale(
     doomed = {fact.id for fact, _ in removals}
     doc.facts = [f for f in doc.facts if f.id not in doomed]
     return [
-        Change(
-            at=now,
-            action="stale",
-            fact_id=fact.id,
-            content=fact.content,
-            reason=f"stale: {reason}",
-            source_thread_id=thread_id,
-        )
-        for fact, reason in removals
+        _fact_change("stale", fact, f"stale: {reason}", now, thread_id) for fact, reason in removals
     ]
 
 
@@ -156,13 +141,8 @@ def _add_facts(
         )
         doc.facts.append(fact)
         changes.append(
-            Change(
-                at=now,
-                action="add",
-                fact_id=fact.id,
-                content=fact.content,
-                reason=f"{fact.category}, confidence {fact.confidence:.2f}",
-                source_thread_id=thread_id,
+            _fact_change(
+                "add", fact, f"{fact.category}, confidence {fact.confidence:.2f}", now, thread_id
             )
         )
     return changes
@@ -196,30 +176,30 @@ def _consolidate(
     if not result.merged:
         return []
     changes = [
-        Change(
-            at=now,
-            action="remove",
-            fact_id=f.id,
-            content=f.content,
-            reason=f"merged into {result.consumed[f.id]}",
-            source_thread_id=thread_id,
-        )
+        _fact_change("remove", f, f"merged into {result.consumed[f.id]}", now, thread_id)
         for f in doc.facts
         if f.id in result.consumed
     ]
     doc.facts = [f for f in doc.facts if f.id not in result.consumed] + result.merged
     changes += [
-        Change(
-            at=now,
-            action="merge",
-            fact_id=m.id,
-            content=m.content,
-            reason="merged from " + ", ".join(m.consolidated_from),
-            source_thread_id=thread_id,
-        )
+        _fact_change("merge", m, "merged from " + ", ".join(m.consolidated_from), now, thread_id)
         for m in result.merged
     ]
     return changes
+
+
+def _fact_change(
+    action: ChangeAction, fact: Fact, reason: str, now: datetime, thread_id: str | None
+) -> Change:
+    """The history entry for one fact that this update added, removed, merged or evicted."""
+    return Change(
+        at=now,
+        action=action,
+        fact_id=fact.id,
+        content=fact.content,
+        reason=reason,
+        source_thread_id=thread_id,
+    )
 
 
 def apply_update(
@@ -238,13 +218,12 @@ def apply_update(
     changes += _add_facts(doc, answer, settings, now, thread_id)
     doc.facts, evicted = evict_over_cap(doc.facts, settings.max_facts)
     changes += [
-        Change(
-            at=now,
-            action="evict",
-            fact_id=f.id,
-            content=f.content,
-            reason=f"over max_facts={settings.max_facts}, lowest confidence ({f.confidence:.2f})",
-            source_thread_id=thread_id,
+        _fact_change(
+            "evict",
+            f,
+            f"over max_facts={settings.max_facts}, lowest confidence ({f.confidence:.2f})",
+            now,
+            thread_id,
         )
         for f in evicted
     ]
