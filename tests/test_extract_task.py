@@ -4,6 +4,7 @@ place of the LLM: how each outcome and each error class settles the context in t
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -16,7 +17,7 @@ from core.errors import PermanentLLMError, ResponseParseError, TransientLLMError
 from core.identity import ContextKey
 from core.models import ConversationContext
 from core.settings import MemqSettings
-from worker.queue import Claim, QueueClient
+from worker.queue import Claim, QueueClient, ReapResult, now_ms
 from worker.tasks import WorkerRuntime, backoff_ms, describe_args, extract
 
 pytestmark = pytest.mark.integration
@@ -241,3 +242,28 @@ def test_backoff_is_exponential_and_capped(xsettings: MemqSettings) -> None:
 def test_flower_sees_identifiers_not_content() -> None:
     cid = ContextKey.create("chat:42", "alice", None).id
     assert describe_args(cid, 3) == "thread=chat:42 user=alice agent=- version=3"
+
+
+def test_a_run_longer_than_its_lease_keeps_the_claim(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    """A slow model call outlasting several leases is not reaped under the running worker."""
+    settings = make_settings(debounce_seconds=1.0, lease_seconds=0.6)
+    h = Harness(settings, redis_client)
+    cid = h.enqueue(now_ms())
+    claim = h.claim(now_ms())
+    reaped: list[ReapResult] = []
+
+    def slow_model_call(ctx: ConversationContext) -> Report:
+        end = time.monotonic() + 3 * settings.lease_seconds
+        while time.monotonic() < end:  # the reaper runs on every tick meanwhile
+            reaped.append(h.queue.reap(now_ms()))
+            time.sleep(0.05)  # wait-ok: this is the slow call itself
+        return Report()
+
+    h.pipeline.action = slow_model_call
+    result = extract(h.runtime, cid, claim.token, claim.version)
+
+    assert result["outcome"] == "updated" and result["queue"] == "done"
+    assert reaped and all(r.requeued == 0 and r.dead == 0 for r in reaped)
+    assert h.queue.load(cid) == {} and len(h.pipeline.seen) == 1

@@ -17,6 +17,7 @@ from core.errors import MemqError, PermanentLLMError, ResponseParseError, Transi
 from core.identity import ContextKey
 from core.models import ConversationContext
 from core.settings import MemqSettings
+from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient, now_ms
 
 if TYPE_CHECKING:
@@ -136,7 +137,10 @@ def extract(
     except MemqError as exc:
         return _failed(queue, context_id, token, version, exc, None, started, clock)
     try:
-        report = runtime.pipeline.run(context, watermark=watermark)
+        with LeaseKeeper(
+            queue, context_id, token, lease_seconds=runtime.settings.lease_seconds, clock=clock
+        ):
+            report = runtime.pipeline.run(context, watermark=watermark)
     except PermanentLLMError as exc:
         return _failed(queue, context_id, token, version, exc, None, started, clock)
     except TransientLLMError as exc:
