@@ -223,4 +223,9 @@ def load_settings(**overrides: Any) -> MemqSettings:
     try:
         return MemqSettings(**overrides)
     except ValidationError as exc:
-        raise ConfigError(f"invalid memq settings: {exc}") from exc
+        # Never the input values: they hold API keys and Redis passwords.
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in error['loc']) or 'settings'}: {error['msg']}"
+            for error in exc.errors(include_input=False, include_url=False)
+        )
+        raise ConfigError(f"invalid memq settings: {problems}") from None

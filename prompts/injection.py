@@ -6,13 +6,15 @@ past a skipped one); facts of the guaranteed categories (corrections by default)
 budget first, and are never cut: when the text overflows, only the leading sections are shortened.
 
 Every slot that came from a conversation (summaries, content, category, the corrected mistake) is
-escaped for ``<``, ``>`` and ``&`` so nothing can close the ``<user_memory>`` block around it;
-quotes and everything else stay byte-identical.
+escaped for ``<``, ``>`` and ``&`` and kept on one line, so nothing can close the
+``<user_memory>`` block around it or forge a section or a fact line; quotes and everything else
+stay byte-identical.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -34,9 +36,14 @@ SECTION_SEPARATOR = "\n\n"
 CUT_MARKER = "\n..."
 
 
+_LINE_BREAKS = re.compile(r"\s*[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+\s*")
+
+
 def escape(text: str) -> str:
-    """``<``, ``>`` and ``&`` only, so benign text (quotes included) renders as written."""
-    return html.escape(text, quote=False)
+    """``<``, ``>`` and ``&`` escaped and line breaks folded to a space: every slot renders on its
+    own line, so no stored text can close the block or forge a ``Facts:`` header or a fact line.
+    Benign one-line text (quotes included) renders as written."""
+    return html.escape(_LINE_BREAKS.sub(" ", text), quote=False)
 
 
 def render_fact(fact: Fact) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,20 +27,26 @@ class CommandError(MemqError):
     """Bad input to a command (unknown user, unusable file): one line for the operator."""
 
 
+_SECRET_QUERY = re.compile(r"(?i)((?:^|&)(?:password|pass|pwd|token|api_key|key|secret)=)[^&]*")
+
+
 def mask_url(url: str) -> str:
-    """The URL with its password replaced by ``***`` (user names stay: they help debugging)."""
+    """The URL with its password (in the user part or a ``password=``-like query parameter)
+    replaced by ``***``; user names stay, they help debugging."""
     try:
         parts = urlsplit(url)
+        password, port = parts.password, parts.port
     except ValueError:
         return "<unparsable url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    if password is not None:
+        user = parts.username or ""
+        host = parts.hostname or ""
+        if ":" in host:  # IPv6 literal
+            host = f"[{host}]"
+        parts = parts._replace(netloc=f"{user}:***@{host}" + (f":{port}" if port else ""))
+    if parts.query:
+        parts = parts._replace(query=_SECRET_QUERY.sub(r"\1***", parts.query))
+    return urlunsplit(parts)
 
 
 class CommandContext:

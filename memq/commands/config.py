@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
 def _show(name: str, value: Any) -> str:
     if isinstance(value, SecretStr):
         return "***"
-    if name in ("redis_url", "broker_url") and isinstance(value, str):
+    if name in ("redis_url", "broker_url", "llm_base_url") and isinstance(value, str):
         return mask_url(value)
     return _format_default(value)
 

@@ -165,6 +165,7 @@ def check_llm(settings: MemqSettings, timeout_seconds: float = 3.0) -> list[Chec
         ]
     base = (settings.llm_base_url or OPENAI_DEFAULT_BASE_URL).rstrip("/")
     request = urllib.request.Request(f"{base}/models")
+    base = mask_url(base)  # from here on only for messages
     if settings.llm_api_key is not None:
         request.add_header("Authorization", f"Bearer {settings.llm_api_key.get_secret_value()}")
     try:
