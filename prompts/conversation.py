@@ -139,7 +139,13 @@ def _clean(message: Message) -> str:
 
 
 def render_line(message: Message) -> str:
-    return f"{_ROLE_LABEL[message.role]}: {neutralise_tags(message.content)}"
+    """``User: …`` / ``Assistant: …``; continuation lines are indented, so a line that starts
+    with a role label can only be ours — a message cannot forge another turn."""
+    text = _CONTINUATION.sub("\n  ", neutralise_tags(message.content))
+    return f"{_ROLE_LABEL[message.role]}: {text}"
+
+
+_CONTINUATION = re.compile(r"\r\n|[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]")
 
 
 @dataclass(frozen=True, slots=True)
