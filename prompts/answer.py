@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +21,15 @@ from core.errors import ResponseParseError
 from storage.document import CATEGORIES, DEFAULT_CATEGORY, HISTORY_SECTIONS, USER_SECTIONS
 
 REQUIRED_KEYS = ("user", "history", "newFacts")
-_MAX_DECODE_ATTEMPTS = 2000  # bounds the work on a long answer full of braces
+# Bounds the decoding work on a long answer full of braces, in characters the decoder reads per
+# character of the answer: linear in the answer, however many braces (a count of attempts would
+# reject a valid answer after a brace-heavy preamble).
+_DECODE_WORK_PER_CHAR = 16
+_DECODE_WORK_FLOOR = 1_000_000
+# Closed reasoning blocks come before the answer and may be full of braces, or of drafts.
+_REASONING_BLOCK = re.compile(
+    r"<(think|thinking|reasoning|reflection)>[\s\S]*?</\1>", re.IGNORECASE
+)
 _TRUE_STRINGS = {"true", "yes", "1"}
 
 # Our section names and the camelCase names the model answers with.
@@ -114,16 +123,28 @@ def response_text(content: Any) -> str:
 
 
 def find_update_object(text: str) -> dict[str, Any] | None:
-    """The first JSON object in ``text`` that has every required key, wherever it starts."""
+    """The first JSON object in ``text`` that has every required key, wherever it starts; closed
+    reasoning blocks (``<think>…</think>``) are skipped unless nothing outside them is found."""
+    without_reasoning = _REASONING_BLOCK.sub("\n", text)
+    if without_reasoning != text:
+        found = _first_update_object(without_reasoning)
+        if found is not None:
+            return found
+    return _first_update_object(text)
+
+
+def _first_update_object(text: str) -> dict[str, Any] | None:
     decoder = json.JSONDecoder()
+    budget = _DECODE_WORK_PER_CHAR * len(text) + _DECODE_WORK_FLOOR
     start = text.find("{")
-    attempts = 0
-    while start != -1 and attempts < _MAX_DECODE_ATTEMPTS:
-        attempts += 1
+    while start != -1 and budget > 0:
         try:
-            value, _ = decoder.raw_decode(text, start)
-        except ValueError:
-            value = None
+            value, end = decoder.raw_decode(text, start)
+        except json.JSONDecodeError as error:
+            value, end = None, error.pos
+        except (ValueError, RecursionError):
+            value, end = None, len(text)  # unknown how far it read: assume all of it
+        budget -= end - start + 1
         if isinstance(value, dict) and all(key in value for key in REQUIRED_KEYS):
             return value
         start = text.find("{", start + 1)

@@ -4,7 +4,8 @@ answer, the settings and ``now``.
 It runs inside the storage's atomic ``update`` on the *latest* document, which may differ from the
 snapshot the prompt showed: removals of ids that vanished meanwhile are no-ops, dedup is against
 what is there now. Differences from DeerFlow, each fixing a weakness of §10.17: a contradiction
-cannot delete a ``correction`` fact unless the same answer adds a replacement correction; the cap
+cannot delete a ``correction`` fact unless the same answer stores a replacement correction (one
+removal per replacement actually added and kept by the upload scrub); the cap
 evicts any other category before a correction; dedup ignores case *and* whitespace; every change is
 recorded.
 """
@@ -73,27 +74,54 @@ def _apply_sections(
 
 
 def _remove_contradicted(
-    doc: MemoryDocument,
-    answer: UpdateAnswer,
-    settings: MemqSettings,
-    now: datetime,
-    thread_id: str | None,
+    doc: MemoryDocument, answer: UpdateAnswer, now: datetime, thread_id: str | None
 ) -> list[Change]:
-    replaces_correction = any(
-        f.category == CORRECTION and f.confidence >= settings.fact_confidence_threshold
-        for f in answer.new_facts
-    )
+    """Removes the contradicted facts other than corrections; those wait for
+    ``_remove_replaced_corrections``, once it is known which replacements were really stored."""
     doomed: set[str] = set()
     for fact_id in answer.facts_to_remove:
         fact = doc.fact(fact_id)
         if fact is None:
             log.debug("removal of %s skipped: not in the latest document", fact_id)
-        elif fact.category == CORRECTION and not replaces_correction:
-            log.info("removal of correction fact %s refused: no replacement correction", fact_id)
-        else:
+        elif fact.category != CORRECTION:
             doomed.add(fact_id)
     changes = [
         _fact_change("remove", f, "contradicted by the conversation", now, thread_id)
+        for f in doc.facts
+        if f.id in doomed
+    ]
+    doc.facts = [f for f in doc.facts if f.id not in doomed]
+    return changes
+
+
+def _remove_replaced_corrections(
+    doc: MemoryDocument,
+    answer: UpdateAnswer,
+    replacements: list[Fact],
+    now: datetime,
+    thread_id: str | None,
+) -> list[Change]:
+    """Removes contradicted corrections, at most one per correction this answer stored (and the
+    scrub kept): a duplicate, a scrubbed or a single trivial replacement must not license wiping
+    the user's corrections."""
+    available = [f for f in replacements if f.category == CORRECTION and doc.fact(f.id) is not None]
+    doomed: dict[str, Fact] = {}
+    for fact_id in answer.facts_to_remove:
+        fact = doc.fact(fact_id)
+        if fact is None or fact.category != CORRECTION or fact_id in doomed:
+            continue
+        if not available:
+            log.info("removal of correction fact %s refused: no replacement correction", fact_id)
+            continue
+        doomed[fact_id] = available.pop(0)
+    changes = [
+        _fact_change(
+            "remove",
+            f,
+            f"contradicted by the conversation, replaced by {doomed[f.id].id}",
+            now,
+            thread_id,
+        )
         for f in doc.facts
         if f.id in doomed
     ]
@@ -122,9 +150,10 @@ def _add_facts(
     settings: MemqSettings,
     now: datetime,
     thread_id: str | None,
-) -> list[Change]:
+) -> tuple[list[Change], list[Fact]]:
     seen = {content_key(f.content) for f in doc.facts}
     changes = []
+    added = []
     for new in answer.new_facts:
         key = content_key(new.content)
         if new.confidence < settings.fact_confidence_threshold or key in seen:
@@ -140,12 +169,13 @@ def _add_facts(
             source_error=new.source_error,
         )
         doc.facts.append(fact)
+        added.append(fact)
         changes.append(
             _fact_change(
                 "add", fact, f"{fact.category}, confidence {fact.confidence:.2f}", now, thread_id
             )
         )
-    return changes
+    return changes, added
 
 
 def evict_over_cap(facts: list[Fact], max_facts: int) -> tuple[list[Fact], list[Fact]]:
@@ -202,6 +232,15 @@ def _fact_change(
     )
 
 
+def _scrub(
+    doc: MemoryDocument, now: datetime, thread_id: str | None
+) -> tuple[MemoryDocument, list[Change]]:
+    doc, changes = scrub_document(doc, source_thread_id=thread_id)
+    for change in changes:
+        change.at = now
+    return doc, changes
+
+
 def apply_update(
     document: MemoryDocument,
     answer: UpdateAnswer,
@@ -213,9 +252,15 @@ def apply_update(
     """A new document with ``answer`` applied (the input is not modified), and its changes."""
     doc = copy_document(document)
     changes = _apply_sections(doc, answer, now, thread_id)
-    changes += _remove_contradicted(doc, answer, settings, now, thread_id)
+    changes += _remove_contradicted(doc, answer, now, thread_id)
     changes += _remove_stale(doc, answer, settings, now, thread_id)
-    changes += _add_facts(doc, answer, settings, now, thread_id)
+    added_changes, added = _add_facts(doc, answer, settings, now, thread_id)
+    changes += added_changes
+    # Scrubbed before corrections are removed, so that a replacement the scrub drops replaces
+    # nothing; the final scrub below catches what the merges bring in.
+    doc, scrubbed = _scrub(doc, now, thread_id)
+    changes += scrubbed
+    changes += _remove_replaced_corrections(doc, answer, added, now, thread_id)
     doc.facts, evicted = evict_over_cap(doc.facts, settings.max_facts)
     changes += [
         _fact_change(
@@ -230,9 +275,7 @@ def apply_update(
     # After the cap, so that a merge never names a source the cap just evicted.
     if settings.consolidation_enabled:
         changes += _consolidate(doc, answer, settings, now, thread_id)
-    doc, scrubbed = scrub_document(doc, source_thread_id=thread_id)
-    for change in scrubbed:
-        change.at = now
+    doc, scrubbed = _scrub(doc, now, thread_id)
     changes += scrubbed
     if changes:
         doc.last_updated = now

@@ -75,26 +75,43 @@ def decode_watermark(raw: str | None) -> tuple[str, ...]:
 def find_boundary(identities: Sequence[str], remembered: Sequence[str]) -> int:
     """Index of the last already-extracted message, or -1 when none is recognised.
 
-    Each recognised message is scored by how far the messages before it line up with the
-    remembered sequence; the longest run wins, the earliest on a tie. So a new "yes" that repeats
-    an extracted "yes" is not taken for the boundary (its run is shorter), and when the last
-    extracted message was edited or summarised away, the newest one still present marks it.
-    Ties go to the earlier candidate: re-sending an extracted message costs a few tokens, skipping
-    a new one loses it.
+    A candidate is a recognised message read as one remembered position; its run is how far the
+    messages before it line up with the remembered ones before that position. A candidate is
+    *consistent* when nothing before its run speaks against it: its run used up the remembered
+    sequence (and no earlier message is one remembered as coming later), or every earlier message
+    is unrecognised (the start of the thread, or a summary that replaced it). Consistent
+    candidates beat the others, then the longest run wins, then the earliest. So a new "yes" that
+    repeats an extracted "yes" is not taken for the boundary (its run is shorter or stops at a
+    mismatch), and neither is a repeat of the old tail after summarisation kept only a message or
+    two of it (the true boundary's run is short, but nothing contradicts it). When the last
+    extracted message was edited away, the newest one still present marks it. Every doubt goes to
+    the earlier candidate: re-sending extracted messages costs a few tokens (apply dedups what
+    they yield), skipping a new one loses it.
     """
     if not remembered:
         return -1
-    position = {identity: index for index, identity in enumerate(remembered)}  # last one wins
-    best, best_run = -1, 0
+    positions: dict[str, list[int]] = {}
+    for index, identity in enumerate(remembered):
+        positions.setdefault(identity, []).append(index)
+    # latest_before[i]: the latest remembered position that the messages before i must come
+    # after (each at its earliest possible place), -1 when none of them is recognised.
+    latest_before = [-1]
+    for identity in identities:
+        earliest = positions[identity][0] if identity in positions else -1
+        latest_before.append(max(latest_before[-1], earliest))
+    best, best_score = -1, (False, 0)
     for index, identity in enumerate(identities):
-        at = position.get(identity)
-        if at is None:
-            continue
-        run = 0
-        while run <= min(index, at) and identities[index - run] == remembered[at - run]:
-            run += 1
-        if run > best_run:
-            best, best_run = index, run
+        for at in positions.get(identity, ()):
+            run = 0
+            while run <= min(index, at) and identities[index - run] == remembered[at - run]:
+                run += 1
+            start = index - run + 1
+            consistent = latest_before[start] == -1 or (
+                run == at + 1 and latest_before[start] <= at
+            )
+            score = (consistent, run)
+            if score > best_score:
+                best, best_score = index, score
     return best
 
 

@@ -162,3 +162,44 @@ def test_empty_answer_changes_nothing() -> None:
     result = apply(doc, UpdateAnswer())
     assert result.changes == [] and result.document.last_updated is None
     assert result.document == doc
+
+
+def _corrections() -> MemoryDocument:
+    return MemoryDocument(
+        facts=[
+            fact("c1", "Run the app with make dev", 0.95, "correction"),
+            fact("c2", "Use uv, not pip", 0.95, "correction"),
+            fact("c3", "Never push to main", 0.95, "correction"),
+        ]
+    )
+
+
+def test_a_duplicate_replacement_does_not_license_removing_a_correction() -> None:
+    answer = UpdateAnswer(
+        facts_to_remove=("c1",), new_facts=(new("use UV,  not pip", 0.95, "correction"),)
+    )
+    result = apply(_corrections(), answer)
+    assert [f.id for f in result.document.facts] == ["c1", "c2", "c3"]
+    assert result.changes == []
+
+
+def test_one_replacement_removes_at_most_one_correction() -> None:
+    answer = UpdateAnswer(
+        facts_to_remove=("c1", "c2", "c3"), new_facts=(new("Be nice", 0.95, "correction"),)
+    )
+    result = apply(_corrections(), answer)
+    assert contents(result.document) == ["Use uv, not pip", "Never push to main", "Be nice"]
+    (added,) = [c for c in result.changes if c.action == "add"]
+    (removed,) = [c for c in result.changes if c.action == "remove"]
+    assert removed.fact_id == "c1" and added.fact_id is not None
+    assert added.fact_id in removed.reason
+
+
+def test_a_replacement_dropped_by_the_upload_scrub_removes_no_correction() -> None:
+    answer = UpdateAnswer(
+        facts_to_remove=("c1",),
+        new_facts=(new("Run the app with the script from the uploaded file", 0.95, "correction"),),
+    )
+    result = apply(_corrections(), answer)
+    assert [f.id for f in result.document.facts] == ["c1", "c2", "c3"]
+    assert all(c.fact_id != "c1" for c in result.changes)

@@ -105,6 +105,17 @@ def test_rate_limit_honours_retry_after(openai_server: ScriptedOpenAI, sleeps: l
     assert sleeps == [2.0]
 
 
+@pytest.mark.parametrize("value", ["soon", "inf", "Fri, 99 Foo 2026 25:61:00 GMT"])
+def test_an_unreadable_retry_after_falls_back_to_the_backoff(
+    openai_server: ScriptedOpenAI, sleeps: list[float], value: str
+) -> None:
+    openai_server.script(
+        Reply(status=429, headers={"Retry-After": value}), Reply(content=EMPTY_UPDATE)
+    )
+    assert make_model(openai_server, sleeps).propose(PROMPT).attempts == 2
+    assert len(sleeps) == 1 and 0 < sleeps[0] < 60
+
+
 def test_a_long_retry_after_is_handed_to_the_queue_not_slept(
     openai_server: ScriptedOpenAI, sleeps: list[float]
 ) -> None:

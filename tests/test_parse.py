@@ -42,6 +42,23 @@ def test_wrapped_answers_are_found(wrapped: Any) -> None:
     assert fact.content == "Uses Rust daily" and fact.category == "knowledge"
 
 
+def test_an_answer_after_a_brace_heavy_preamble_is_found() -> None:
+    """Thousands of braces before the JSON (reasoning about code, templates) are not a reason to
+    give up: the search is bounded by the work done, not by the number of braces."""
+    draft = json.dumps(answer(newFacts=[{**FACT, "content": "a draft"}]))
+    thinking = "<think>" + "{x} " * 3000 + draft + "</think>\n"
+    (fact,) = parse_update_response(thinking + VALID).new_facts
+    assert fact.content == "Uses Rust daily"  # the draft inside the reasoning is skipped
+    prose = "Consider the set {a, b} and the map {k: v}. " * 500
+    (fact,) = parse_update_response(prose + VALID).new_facts
+    assert fact.content == "Uses Rust daily"
+
+
+def test_a_draft_inside_the_reasoning_is_the_answer_only_when_there_is_no_other() -> None:
+    (fact,) = parse_update_response(f"<think>{VALID}</think> Done.").new_facts
+    assert fact.content == "Uses Rust daily"
+
+
 @pytest.mark.parametrize(
     "garbage",
     [

@@ -114,6 +114,36 @@ def test_a_repeated_short_message_is_not_mistaken_for_the_boundary() -> None:
     assert contents(split_at_watermark(again, watermark, 0).new) == ["yes", "Done."]
 
 
+def test_a_repeat_of_the_old_tail_after_summarisation_is_not_the_boundary() -> None:
+    """Summarisation kept only the last extracted message, so the true boundary lines up with one
+    remembered message; a later repeat of the old tail lines up with two, but not from the start."""
+    thread = [*turns(1, 4, ids=False), Message("user", "continue"), Message("assistant", "Done.")]
+    watermark = split_at_watermark(thread, None, 2).watermark
+    summarised = [
+        Message("user", "[summary of earlier conversation]"),
+        Message("assistant", "Done."),
+        Message("user", "I work at Acme as an SRE"),
+        Message("assistant", "Noted."),
+        Message("user", "continue"),
+        Message("assistant", "Done."),
+    ]
+    selection = split_at_watermark(summarised, watermark, 1)
+    assert contents(selection.new) == ["I work at Acme as an SRE", "Noted.", "continue", "Done."]
+    assert contents(selection.context) == ["Done."]
+
+
+def test_a_repeat_of_the_oldest_remembered_messages_is_not_the_boundary() -> None:
+    thread = [Message("user", "yes"), Message("assistant", "Done."), *turns(1, 3, ids=False)]
+    watermark = split_at_watermark(thread, None, 0).watermark
+    summarised = [
+        Message("user", "[summary]"),
+        Message("assistant", "answer 3"),
+        Message("user", "yes"),
+        Message("assistant", "Done."),
+    ]
+    assert contents(split_at_watermark(summarised, watermark, 0).new) == ["yes", "Done."]
+
+
 def test_nothing_recognised_means_everything_is_new() -> None:
     elsewhere = split_at_watermark(turns(10, 12), None, 2).watermark
     for watermark in (None, elsewhere, "not json", json.dumps({"odd": 1})):

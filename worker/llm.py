@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,12 +67,16 @@ def retry_after_seconds(response: Any) -> float | None:
     if not raw:
         return None
     try:
-        return max(0.0, float(raw))
+        seconds = float(raw)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(raw) if raw.strip() else None
-        if parsed is None:
-            return None
-        return max(0.0, parsed.timestamp() - time.time())
+        pass
+    else:
+        return max(0.0, seconds) if math.isfinite(seconds) else None
+    try:
+        parsed = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):  # neither seconds nor a date ("soon"): no hint, not a crash
+        return None
+    return max(0.0, parsed.timestamp() - time.time())
 
 
 def classify(exc: openai.OpenAIError) -> TransientLLMError | PermanentLLMError:

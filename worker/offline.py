@@ -34,10 +34,40 @@ _HYPOTHETICAL = re.compile(r"^\s*(?:if|suppose|imagine|what if)\b|如果|假如|
 # Trailing punctuation, and the Chinese sentence-final particles ("就用 uv 吧").
 _TRAILING = re.compile(r"(?:[\s.,!?;:。，！？；：、…]|(?<=\S)\s*[吧啊呀哦])+$")
 _LEADING = re.compile(r"^[\s,:，：]+")
-_NOT_A_ROLE = re.compile(r"^(?:bit|little|lot|few|big fan|huge fan|fan)\b", _I)
-_NOT_A_GOAL = re.compile(
-    r"^(?:the|a|an|my|your|know|ask|see|check|understand|say|be sure|make sure)\b", _I
+_NOT_A_ROLE = re.compile(
+    r"^(?:an? )?(?:bit|little|lot|few|big fan|huge fan|fan|idiot|fool|moron|dummy|mess|"
+    r"genius|joke)\b",
+    _I,
 )
+# "I want to thank you", "I hope to hear from you": politeness, not a goal.
+_NOT_A_GOAL = re.compile(
+    r"^(?:the|a|an|my|your|know|ask|see|check|understand|say|be sure|make sure|thank|thanks|"
+    r"apologi[sz]e|hear|add|mention|note|clarify|confirm|tell|share|point out|talk|chat|need|"
+    r"let)\b",
+    _I,
+)
+# "I love you", "I like it.", "I like how you explained that", "We chose it because …": a capture
+# that starts with a pronoun or a demonstrative points into the conversation, not at a fact.
+_DEICTIC = re.compile(
+    r"^(?:it|its|it['’]s|that|this|these|those|you|your|yours|how|what|why|when|where|which|who|"
+    r"whom|them|him|her|us|he|she|they|me|there|here)\b",
+    _I,
+)
+_JOKING = re.compile(r"\b(?:lol|lmao|rofl|haha\w*|jk|brb)\b", _I)
+_NOT_AN_EMPLOYER = re.compile(
+    r"^(?:food|free|fun|money|nothing|peanuts|myself|tips|a living)\b", _I
+)
+# "Don't stop using the cache": a negated "stop using" asks to keep using it.
+_NEGATED = re.compile(
+    r"\b(?:don['’]t|do not|never|not|no need to|didn['’]t|won['’]t|wouldn['’]t)\s*$", _I
+)
+# "He told me I should never use tabs", "the guide says never use X": someone else's rule.
+_REPORTED = re.compile(
+    r"\b(?:told|tells|said|says|saying|asked|asks|according to|heard|read|reads|wrote|writes|"
+    r"claims?|claimed|thinks?|thought|believes?|believed)\b",
+    _I,
+)
+_MY_OWN_WORDS = re.compile(r"\b(?:i|we)\s+(?:already\s+|just\s+)?(?:told|said|asked)\b", _I)
 _PRONOUNS = ((re.compile(r"\bmy\b", _I), "their"), (re.compile(r"\bme\b", _I), "them"))
 
 
@@ -56,8 +86,34 @@ def _en(pattern: str) -> re.Pattern[str]:
 
 
 def _not_after_subject(text: str, start: int) -> bool:
-    # "don't use X" instructs the assistant; "I don't use X" is a statement about the user.
-    return re.search(r"\b(?:i|we|they|he|she)\s*$", text[:start], _I) is None
+    # "don't use X" instructs the assistant; "I don't use X" or "I should never use X" is a
+    # statement about the user.
+    before = text[:start]
+    return (
+        re.search(
+            r"\b(?:i|we|they|he|she)\s+(?:(?:should|must|will|would|can|could|might|may|"
+            r"shall)\s+)?$|\b(?:i|we|they|he|she)\s*$",
+            before,
+            _I,
+        )
+        is None
+    )
+
+
+def _inside_quotes(text: str, start: int) -> bool:
+    before = text[:start]
+    return before.count('"') % 2 == 1 or before.count("“") > before.count("”")
+
+
+def _is_instruction(text: str, start: int) -> bool:
+    """A correction rule's match is the user's own instruction, not a negated, reported or
+    quoted one, and not a statement about someone."""
+    before = text[:start]
+    if not _not_after_subject(text, start) or _NEGATED.search(before) is not None:
+        return False
+    if _inside_quotes(text, start):
+        return False
+    return _REPORTED.search(before) is None or _MY_OWN_WORDS.search(before) is not None
 
 
 RULES: tuple[Rule, ...] = (
@@ -144,8 +200,8 @@ RULES: tuple[Rule, ...] = (
     ),
     # identity and role
     Rule(
-        _en(r"\bi(?:'m| am) (?:a|an) (?P<x>[a-z][\w -]{2,60})"),
-        "User is a {x}",
+        _en(r"\bi(?:'m| am) (?P<x>(?:a|an) [a-z][\w -]{2,60})"),
+        "User is {x}",
         "context",
         0.9,
         check=lambda g: _NOT_A_ROLE.match(g["x"]) is None,
@@ -154,7 +210,13 @@ RULES: tuple[Rule, ...] = (
     Rule(
         _en(r"\bmy (?:job|role|profession|title) is (?P<x>.+)"), "User works as {x}", "context", 0.9
     ),
-    Rule(_en(r"\bi work (?:at|for) (?P<x>.+)"), "User works at {x}", "context", 0.9),
+    Rule(
+        _en(r"\bi work (?:at|for) (?P<x>.+)"),
+        "User works at {x}",
+        "context",
+        0.9,
+        check=lambda g: _NOT_AN_EMPLOYER.match(g["x"]) is None,
+    ),
     Rule(re.compile(r"我是(?:一名|一个|一位|个)(?P<x>.+)"), "用户是{x}", "context", 0.9),
     Rule(re.compile(r"我的(?:职业|工作|职位)是(?P<x>.+)"), "用户的职业是{x}", "context", 0.9),
     Rule(re.compile(r"我(?:担任|是做)(?P<x>.+)"), "用户担任{x}", "context", 0.9),
@@ -163,7 +225,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         _en(
             r"\b(?:my goal is to|i plan to|i'm planning to|i am planning to|i intend to|i aim to|"
-            r"i'm going to|i am going to|i want to|i hope to) (?P<x>.+)"
+            r"i want to|i hope to) (?P<x>.+)"
         ),
         "User's goal: {x}",
         "goal",
@@ -224,7 +286,12 @@ def _is_question(sentence: str) -> bool:
 def sentences(text: str) -> Iterator[str]:
     for match in _SENTENCES.finditer(text):
         sentence = match.group(0).strip()
-        if sentence and not _is_question(sentence) and not _HYPOTHETICAL.search(sentence):
+        if (
+            sentence
+            and not _is_question(sentence)
+            and not _HYPOTHETICAL.search(sentence)
+            and not _JOKING.search(sentence)
+        ):
             yield sentence
 
 
@@ -236,12 +303,15 @@ def extract_facts(text: str) -> list[dict[str, Any]]:
             match = rule.pattern.search(sentence)
             if match is None:
                 continue
-            groups = {k: _clean(v) for k, v in match.groupdict().items() if v is not None}
+            raw = {k: v for k, v in match.groupdict().items() if v is not None}
+            if any(_DEICTIC.match(_LEADING.sub("", v)) for v in raw.values()):
+                continue
+            groups = {k: _clean(v) for k, v in raw.items()}
             if any(len(v) < 2 for v in groups.values()):
                 continue
             if rule.check is not None and not rule.check(groups):
                 continue
-            if rule.category == "correction" and not _not_after_subject(sentence, match.start()):
+            if rule.category == "correction" and not _is_instruction(sentence, match.start()):
                 continue
             fact: dict[str, Any] = {
                 "content": rule.template.format(**groups),
