@@ -101,7 +101,9 @@ def apply_consolidations(
         merged = Fact(
             id=new_fact_id(),
             content=proposal.content,
-            category=proposal.category or sources[0].category,
+            # The sources share one category and a merge does not change what kind of fact it
+            # is; taking the model's label could promote facts into a protected category.
+            category=sources[0].category,
             confidence=confidence,
             created_at=max(created) if created else now,
             source="consolidation",

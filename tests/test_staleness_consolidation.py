@@ -163,3 +163,11 @@ def test_consolidation_is_ignored_when_disabled() -> None:
     doc = MemoryDocument(facts=prefs(9))
     answer = UpdateAnswer(facts_to_consolidate=(merge("p0", "p1"),))
     assert apply_update(doc, answer, settings=settings(), now=NOW).document == doc
+
+
+def test_a_merge_keeps_its_sources_category_whatever_the_model_labels_it() -> None:
+    doc = MemoryDocument(facts=prefs(9))
+    answer = UpdateAnswer(facts_to_consolidate=(merge("p0", "p1", category="correction"),))
+    result = apply_update(doc, answer, settings=settings(consolidation_enabled=True), now=NOW)
+    [merged] = [f for f in result.document.facts if f.source == "consolidation"]
+    assert merged.category == "preference"  # never promoted into the protected category
