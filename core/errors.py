@@ -70,3 +70,8 @@ class ResponseParseError(LLMError, ValueError):
 class InvalidMemoryData(MemqError, ValueError):
     """A fact or an imported document memq will not store: blank content, a confidence outside
     [0, 1], or data that is not a memory document."""
+
+
+class FactEvicted(MemqError):
+    """A fact added by hand was not kept: the document is at its ``max_facts`` cap and every stored
+    fact ranks above the new one (the document itself is still saved)."""

@@ -22,6 +22,7 @@ from prompts.consolidation import apply_consolidations
 from prompts.scrub import scrub_document
 from prompts.staleness import select_stale_removals
 from storage.base import Change, ChangeAction
+from storage.cap import evict_over_cap  # re-exported: the cap moved down into storage
 from storage.document import (
     HISTORY_SECTIONS,
     USER_SECTIONS,
@@ -176,23 +177,6 @@ def _add_facts(
             )
         )
     return changes, added
-
-
-def evict_over_cap(facts: list[Fact], max_facts: int) -> tuple[list[Fact], list[Fact]]:
-    """(kept in their order, evicted). Lowest confidence goes first, the newest on ties, and a
-    correction only once no other category is left to evict."""
-    if len(facts) <= max_facts:
-        return facts, []
-    ranked = sorted(
-        range(len(facts)),
-        key=lambda i: (facts[i].category == CORRECTION, facts[i].confidence, -i),
-        reverse=True,
-    )
-    keep = set(ranked[:max_facts])
-    return (
-        [f for i, f in enumerate(facts) if i in keep],
-        [f for i, f in enumerate(facts) if i not in keep],
-    )
 
 
 def _consolidate(

@@ -3,23 +3,37 @@
 memq writes snake_case (``created_at``, ``source_thread_id``, …) and reads DeerFlow's camelCase
 files as they are: every field accepts its DeerFlow spelling, DeerFlow's ``source`` (a thread id,
 ``manual``, ``consolidation`` or ``unknown``) is split into ``source`` + ``source_thread_id``, and
-sloppy values (``null`` confidence or category, id-less facts, blank contents) are repaired or
-dropped instead of failing the whole file.
+sloppy values (``null`` confidence or category, ``null`` or non-object sections and groups, id-less
+or over-long ids, blank contents) are repaired or dropped instead of failing the whole file: one bad
+value must never turn a user's whole memory into a "corrupt" file.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "memq/1"
 DEFAULT_CATEGORY = "context"
 CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", "correction")
 FactSource = Literal["conversation", "manual", "consolidation", "import"]
+FACT_SOURCES = ("conversation", "manual", "consolidation", "import")
+MAX_FACT_ID_LENGTH = 128
 
 USER_SECTIONS = ("work_context", "personal_context", "top_of_mind")
 HISTORY_SECTIONS = ("recent_months", "earlier_context", "long_term_background")
@@ -65,6 +79,11 @@ def _alias(snake: str, camel: str) -> Any:
     return Field(validation_alias=AliasChoices(snake, camel))
 
 
+def _object_or_empty(data: Any) -> Any:
+    """A group or section that is ``null`` or not an object reads as an empty one."""
+    return data if isinstance(data, dict | BaseModel) else {}
+
+
 class Section(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
 
@@ -72,6 +91,13 @@ class Section(BaseModel):
     updated_at: datetime | None = Field(
         default=None, validation_alias=AliasChoices("updated_at", "updatedAt")
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sloppy(cls, data: Any) -> Any:
+        if isinstance(data, str):  # a bare summary where an object was expected
+            return {"summary": data}
+        return _object_or_empty(data)
 
     @field_validator("summary", mode="before")
     @classmethod
@@ -87,6 +113,11 @@ class Section(BaseModel):
 class UserContext(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _sloppy(cls, data: Any) -> Any:
+        return _object_or_empty(data)
+
     work_context: Section = Field(
         default_factory=Section, validation_alias=AliasChoices("work_context", "workContext")
     )
@@ -101,6 +132,11 @@ class UserContext(BaseModel):
 
 class HistoryContext(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sloppy(cls, data: Any) -> Any:
+        return _object_or_empty(data)
 
     recent_months: Section = Field(
         default_factory=Section, validation_alias=AliasChoices("recent_months", "recentMonths")
@@ -118,7 +154,7 @@ class HistoryContext(BaseModel):
 class Fact(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
 
-    id: str = Field(default_factory=new_fact_id, min_length=1, max_length=128)
+    id: str = Field(default_factory=new_fact_id, min_length=1, max_length=MAX_FACT_ID_LENGTH)
     content: str = Field(min_length=1)
     category: str = DEFAULT_CATEGORY
     confidence: float = Field(default=0.5, ge=0.0, le=1.0)
@@ -143,7 +179,7 @@ class Fact(BaseModel):
         if not isinstance(data, dict) or "source_thread_id" in data:
             return data
         source = data.get("source")
-        if source is None or source in ("conversation", "manual", "consolidation", "import"):
+        if source is None or source in FACT_SOURCES:
             return data
         data = dict(data)
         data["source"] = "conversation"
@@ -153,7 +189,12 @@ class Fact(BaseModel):
     @field_validator("id", mode="before")
     @classmethod
     def _id(cls, value: Any) -> str:
-        return value.strip() if isinstance(value, str) and value.strip() else new_fact_id()
+        """Blank, non-text or over-long ids get a fresh id (truncating could collide)."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)
+        if isinstance(value, str) and 0 < len(value.strip()) <= MAX_FACT_ID_LENGTH:
+            return value.strip()
+        return new_fact_id()
 
     @field_validator("content", mode="before")
     @classmethod
@@ -176,6 +217,18 @@ class Fact(BaseModel):
     @classmethod
     def _timestamps(cls, value: Any) -> datetime | None:
         return parse_timestamp(value)
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _source(cls, value: Any) -> str:
+        return value if value in FACT_SOURCES else "conversation"
+
+    @field_validator("source_thread_id", mode="before")
+    @classmethod
+    def _source_thread_id(cls, value: Any) -> str | None:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            value = str(value)
+        return value.strip() if isinstance(value, str) and value.strip() else None
 
     @field_validator("source_error", mode="before")
     @classmethod
@@ -217,19 +270,24 @@ class MemoryDocument(BaseModel):
     @field_validator("facts", mode="before")
     @classmethod
     def _drop_unusable_facts(cls, value: Any) -> list[Any]:
-        """A fact without usable content is dropped, never the whole document."""
+        """A fact without usable content — or one that still fails after every repair — is
+        dropped, never the whole document."""
         if not isinstance(value, list):
             return []
-        return [
-            item
-            for item in value
-            if isinstance(item, Fact)
-            or (
+        facts: list[Any] = []
+        for item in value:
+            if isinstance(item, Fact):
+                facts.append(item)
+            elif (
                 isinstance(item, dict)
                 and isinstance(item.get("content"), str)
                 and item["content"].strip()
-            )
-        ]
+            ):
+                try:
+                    facts.append(Fact.model_validate(item))
+                except ValidationError as exc:
+                    log.warning("dropping an unreadable memory fact %.80r: %s", item, exc)
+        return facts
 
     def is_empty(self) -> bool:
         sections = [getattr(self.user, n) for n in USER_SECTIONS] + [

@@ -16,11 +16,9 @@ empty and then overwritten.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +28,7 @@ from core.identity import validate_agent_name, validate_user_id
 from core.settings import MemqSettings
 from storage.base import Change, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document, utc_now
+from storage.filelock import acquire_flock
 from storage.history import (
     DocumentDecodeError,
     decode_changes,
@@ -196,7 +195,8 @@ class FileMemoryStorage:
                     existed = True
             self._forget_cached(directory / DOCUMENT_NAME)
             # Unlinked while held: a waiter that opened the old lock file notices the inode change
-            # in `_locked` and retries on a fresh one, so mutual exclusion holds across a delete.
+            # in `acquire_flock` and retries on a fresh one, so mutual exclusion holds across a
+            # delete.
             (directory / LOCK_NAME).unlink(missing_ok=True)
         folders = [directory]
         if validate_agent_name(agent_name) is not None:
@@ -209,49 +209,11 @@ class FileMemoryStorage:
     # --- internals
     @contextlib.contextmanager
     def _locked(self, directory: Path) -> Iterator[None]:
-        lock_path = directory / LOCK_NAME
-        deadline = time.monotonic() + self.lock_timeout_seconds
-        delay = 0.001
-        while True:
-            fd = self._try_lock(lock_path)
-            if fd is not None:
-                break
-            if time.monotonic() >= deadline:
-                raise LockTimeout(
-                    f"could not lock {lock_path} within {self.lock_timeout_seconds:g} s"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.02)
+        fd = acquire_flock(directory / LOCK_NAME, self.lock_timeout_seconds)
         try:
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the flock
-
-    @staticmethod
-    def _try_lock(lock_path: Path) -> int | None:
-        try:
-            lock_path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except FileNotFoundError:
-            return None  # a concurrent delete pruned the folder between mkdir and open
-        except OSError as exc:
-            raise StorageError(f"cannot open the lock file {lock_path}: {exc}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except OSError as exc:
-            os.close(fd)
-            raise StorageError(f"cannot lock {lock_path}: {exc}") from exc
-        try:
-            same = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if not same:  # deleted (and maybe re-created) while we waited: lock the current file
-            os.close(fd)
-            return None
-        return fd
 
     def _read(self, path: Path, *, locked: bool) -> MemoryDocument | None:
         """Read, parse and cache the file; None when it does not exist."""

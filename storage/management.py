@@ -2,22 +2,28 @@
 
 Every write goes through the storage's atomic ``update`` and records its change in the history in
 the same critical section, so a hand edit never races an extraction (DeerFlow's REST edits could be
-overwritten by a running update, §10.3) and every edit can be traced afterwards.
+overwritten by a running update, §10.3) and every edit can be traced afterwards. Import and clear
+replace the whole document, so they fall back to an unconditional ``save`` when the stored one is
+corrupt: an operator can always repair a document with them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
-from core.errors import FactNotFound, InvalidMemoryData
+from core.errors import CorruptMemoryFile, FactEvicted, FactNotFound, InvalidMemoryData
 from core.identity import validate_agent_name, validate_user_id
-from storage.base import Change, MemoryStorage, UpdateResult
+from storage.base import Change, MemoryStorage, UpdateFn, UpdateResult
+from storage.cap import evict_over_cap
 from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, empty_document, new_fact_id
+
+log = logging.getLogger(__name__)
 
 MANUAL_REASON = "edited by hand"
 
@@ -85,11 +91,15 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> MemoryDocument:
 class MemoryManager:
     """Fact CRUD, search, export/import, clear and forget over a :class:`MemoryStorage`.
 
-    ``agent_name=None`` is the user-global memory throughout.
+    ``agent_name=None`` is the user-global memory throughout. ``max_facts`` is the fact cap
+    ``add_fact`` applies (pass ``settings.max_facts``); None leaves documents uncapped.
     """
 
-    def __init__(self, storage: MemoryStorage) -> None:
+    def __init__(self, storage: MemoryStorage, *, max_facts: int | None = None) -> None:
+        if max_facts is not None and max_facts < 1:
+            raise InvalidMemoryData(f"max_facts must be at least 1, got {max_facts}")
         self.storage = storage
+        self.max_facts = max_facts
 
     # --- reading
     def document(self, user_id: str, *, agent_name: str | None = None) -> MemoryDocument:
@@ -142,6 +152,12 @@ class MemoryManager:
         confidence: float = 0.5,
         source_error: str | None = None,
     ) -> Fact:
+        """Append a fact, then apply the fact cap as an extraction would.
+
+        Raises :class:`FactEvicted` when the cap evicted the new fact itself (every stored fact
+        ranks above it); other facts the cap evicted are recorded in the history as ``evict``.
+        """
+        max_facts = self.max_facts
         fact = Fact(
             content=valid_content(content),
             category=valid_category(category),
@@ -150,14 +166,41 @@ class MemoryManager:
             source_error=source_error,
         )
 
+        kept: list[bool] = [True]
+
         def add(document: MemoryDocument) -> UpdateResult:
             document.facts.append(fact)
-            change = Change(
-                action="add", fact_id=fact.id, content=fact.content, reason="added by hand"
+            evicted: list[Fact] = []
+            if max_facts is not None:
+                document.facts, evicted = evict_over_cap(document.facts, max_facts)
+            kept[0] = all(f is not fact for f in evicted)
+            changes = (
+                [
+                    Change(
+                        action="add", fact_id=fact.id, content=fact.content, reason="added by hand"
+                    )
+                ]
+                if kept[0]
+                else []
             )
-            return UpdateResult(document, [change])
+            changes += [
+                Change(
+                    action="evict",
+                    fact_id=f.id,
+                    content=f.content,
+                    reason=f"over max_facts={max_facts}, lowest confidence ({f.confidence:.2f})",
+                )
+                for f in evicted
+                if f is not fact
+            ]
+            return UpdateResult(document, changes)
 
         self.storage.update(user_id, agent_name, add)
+        if not kept[0]:
+            raise FactEvicted(
+                f"fact not kept: the memory is at its cap of {max_facts} facts and every stored "
+                f"fact has a higher confidence than {fact.confidence:g} (or is a correction)"
+            )
         return fact
 
     def edit_fact(
@@ -224,8 +267,8 @@ class MemoryManager:
         """Replace the document with an imported DeerFlow or memq memory.json."""
         imported = parse_import(data)
         change = Change(action="import", reason=f"imported {len(imported.facts)} facts")
-        return self.storage.update(
-            user_id, agent_name, lambda _current: UpdateResult(imported, [change])
+        return self._replace(
+            user_id, agent_name, lambda _current: UpdateResult(imported, [change]), imported, change
         )
 
     def clear(self, user_id: str, *, agent_name: str | None = None) -> int:
@@ -237,7 +280,8 @@ class MemoryManager:
             change = Change(action="clear", reason=f"cleared {count[0]} facts")
             return UpdateResult(empty_document(), [change])
 
-        self.storage.update(user_id, agent_name, clear)
+        fallback = Change(action="clear", reason="cleared a corrupt document")
+        self._replace(user_id, agent_name, clear, empty_document(), fallback)
         return count[0]
 
     def forget(self, user_id: str) -> int:
@@ -246,6 +290,24 @@ class MemoryManager:
         user = validate_user_id(user_id)
         targets = {validate_agent_name(a) for a in self.storage.list_agents(user)} | {None}
         return sum(self.storage.delete(user, agent) for agent in targets)
+
+    def _replace(
+        self,
+        user_id: str,
+        agent_name: str | None,
+        fn: UpdateFn,
+        document: MemoryDocument,
+        change: Change,
+    ) -> MemoryDocument:
+        """Replace the whole document: atomically through ``update`` (so the file backend moves a
+        corrupt file aside, keeping it for forensics), or — when the stored document is corrupt —
+        with an unconditional ``save`` that records ``change`` in the same critical section."""
+        try:
+            return self.storage.update(user_id, agent_name, fn)
+        except CorruptMemoryFile as exc:
+            log.warning("replacing a corrupt memory document (%s): %s", change.action, exc)
+            self.storage.save(user_id, agent_name, document, changes=[change])
+            return self.storage.load(user_id, agent_name)
 
     @staticmethod
     def _find(document: MemoryDocument, fact_id: str) -> Fact:

@@ -7,9 +7,13 @@ from typing import Any
 
 import pytest
 
-from core.errors import FactNotFound, InvalidMemoryData
+from core.errors import FactEvicted, FactNotFound, InvalidMemoryData
+from core.settings import MemqSettings
+from memq.cli import main
 from storage import get_storage
+from storage.files import FileMemoryStorage
 from storage.management import MemoryManager
+from storage.redis_store import RedisMemoryStorage
 from tests.test_storage_file import DEERFLOW_MEMORY_JSON
 
 
@@ -144,3 +148,90 @@ def test_forget_removes_every_agent_and_history_of_that_user_only(
         assert manager.history("alice", agent_name=agent) == []
     assert [f.content for f in manager.list_facts("bob", agent_name="coder")] == ["bob fact"]
     assert manager.forget("alice") == 0
+
+
+def corrupt(manager: MemoryManager, user: str) -> None:
+    """What a crash, a full disk or a bad hand edit leaves behind."""
+    storage = manager.storage
+    if isinstance(storage, FileMemoryStorage):
+        storage.path(user).write_text('{"facts": [{"content": "trunc', encoding="utf-8")
+    else:
+        assert isinstance(storage, RedisMemoryStorage)
+        storage.redis.hset(storage.keys.memory_document(user, None), "doc", '{"facts": [')
+
+
+def test_import_replaces_a_corrupt_document_at_the_first_try(manager: MemoryManager) -> None:
+    manager.add_fact("alice", "Likes tea")
+    corrupt(manager, "alice")
+
+    document = manager.import_document("alice", {"facts": [{"content": "Uses uv"}]})
+
+    assert [f.content for f in document.facts] == ["Uses uv"]
+    assert [f.content for f in manager.list_facts("alice")] == ["Uses uv"]
+    assert [c.action for c in manager.history("alice")] == ["import", "add"]  # history kept
+
+
+def test_clear_replaces_a_corrupt_document(manager: MemoryManager) -> None:
+    manager.add_fact("alice", "Likes tea")
+    corrupt(manager, "alice")
+
+    assert manager.clear("alice") == 0  # nothing readable was there to count
+
+    assert manager.document("alice").is_empty()
+    assert [c.action for c in manager.history("alice")] == ["clear", "add"]
+
+
+def test_import_over_a_corrupt_file_keeps_the_corrupt_copy(make_settings: Any) -> None:
+    storage = FileMemoryStorage(make_settings())
+    manager = MemoryManager(storage)
+    manager.add_fact("alice", "Likes tea")
+    corrupt(manager, "alice")
+
+    manager.import_document("alice", {"facts": [{"content": "Uses uv"}]})
+
+    (aside,) = storage.path("alice").parent.glob("memory.json.corrupt-*")
+    assert "trunc" in aside.read_text("utf-8")
+
+
+def test_add_fact_applies_the_fact_cap(manager: MemoryManager) -> None:
+    capped = MemoryManager(manager.storage, max_facts=3)
+    for content, confidence in (("a", 0.9), ("b", 0.6), ("c", 0.8)):
+        capped.add_fact("alice", content, confidence=confidence)
+
+    capped.add_fact("alice", "d", confidence=0.7)  # evicts b, the lowest
+
+    assert sorted(f.content for f in capped.list_facts("alice")) == ["a", "c", "d"]
+    evict, add = capped.history("alice", limit=2)
+    assert (evict.action, evict.content) == ("evict", "b")
+    assert "max_facts=3" in evict.reason and (add.action, add.content) == ("add", "d")
+
+
+def test_a_fact_the_cap_evicts_at_once_is_reported(manager: MemoryManager) -> None:
+    capped = MemoryManager(manager.storage, max_facts=2)
+    capped.add_fact("alice", "a", confidence=0.9)
+    capped.add_fact("alice", "b", category="correction", confidence=0.3)
+
+    with pytest.raises(FactEvicted, match="cap of 2"):
+        capped.add_fact("alice", "c", confidence=0.5)
+
+    assert sorted(f.content for f in capped.list_facts("alice")) == ["a", "b"]
+    assert [c.content for c in capped.history("alice")] == ["b", "a"]  # no trace of c
+
+
+def test_cli_facts_add_says_when_the_cap_evicted_the_fact(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    monkeypatch.setenv("MEMQ_STORAGE", "file")
+    monkeypatch.setenv("MEMQ_STORAGE_DIR", str(tmp_path / "memory"))
+    monkeypatch.setenv("MEMQ_MAX_FACTS", "10")
+    for i in range(10):
+        assert main(["facts", "add", "alice", f"fact {i}", "--confidence", "0.9"]) == 0
+    capsys.readouterr()
+
+    code = main(["facts", "add", "alice", "a weak guess", "--confidence", "0.2"])
+
+    _, err = capsys.readouterr()
+    assert code == 1
+    assert "not added" in err and "cap of 10" in err
+    facts = FileMemoryStorage(MemqSettings(storage_dir=tmp_path / "memory")).load("alice").facts
+    assert len(facts) == 10 and "a weak guess" not in [f.content for f in facts]

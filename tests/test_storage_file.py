@@ -5,7 +5,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -202,6 +206,81 @@ def test_reads_a_deerflow_memory_json(store: FileMemoryStorage) -> None:
     assert "user" in saved and "work_context" in saved["user"]
 
 
+def _set(path: tuple[str | int, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    def patch(data: dict[str, Any]) -> None:
+        target: Any = data
+        for step in path[:-1]:
+            target = target[step]
+        target[path[-1]] = value
+
+    return patch
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        _set(("user", "topOfMind"), None),
+        _set(("user", "personalContext"), ["not", "an", "object"]),
+        _set(("history",), None),
+        _set(("history", "recentMonths"), 42),
+        _set(("facts", 2, "id"), "f" * 200),
+        _set(("facts", 2, "id"), ""),
+        _set(("facts", 2, "source_thread_id"), 7),
+    ],
+    ids=[
+        "null-section",
+        "list-section",
+        "null-group",
+        "number-section",
+        "long-id",
+        "blank-id",
+        "numeric-thread",
+    ],
+)
+def test_one_sloppy_value_is_repaired_and_the_memory_kept(
+    store: FileMemoryStorage, patch: Callable[[dict[str, Any]], None]
+) -> None:
+    data = json.loads(DEERFLOW_MEMORY_JSON)
+    patch(data)
+    path = store.path("alice")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(data), encoding="utf-8")
+
+    document = store.load("alice")
+    assert document.user.work_context.summary.startswith("Backend engineer at Acme")
+    assert contents(document)[:2] == [
+        "Uses uv instead of pip for Python projects",
+        "Run the app with make dev",
+    ]
+    assert len(document.facts) == 3 and len({f.id for f in document.facts}) == 3
+    assert all(0 < len(f.id) <= 128 for f in document.facts)
+    # The next extraction builds on the whole memory; nothing was moved aside.
+    store.update(
+        "alice", None, lambda d: d.model_copy(update={"facts": [*d.facts, Fact(content="new")]})
+    )
+    assert len(store.load("alice").facts) == 4
+    assert not list(path.parent.glob("memory.json.corrupt-*"))
+
+
+def test_null_user_and_non_list_facts_read_as_empty_parts(store: FileMemoryStorage) -> None:
+    path = store.path("alice")
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        json.dumps(
+            {
+                "user": None,
+                "history": {"earlierContext": {"summary": "Lived in Oslo"}},
+                "facts": {"oops": 1},
+            }
+        ),
+        encoding="utf-8",
+    )
+    document = store.load("alice")
+    assert document.history.earlier_context.summary == "Lived in Oslo"
+    assert document.facts == [] and document.user.work_context.summary == ""
+    assert not list(path.parent.glob("memory.json.corrupt-*"))
+
+
 def test_update_records_history_newest_first_and_bounded(tmp_path: Path) -> None:
     store = FileMemoryStorage(MemqSettings(storage_dir=tmp_path, history_max_entries=3))
     for i in range(5):
@@ -233,6 +312,40 @@ def test_update_times_out_while_another_process_holds_the_lock(
     assert contents(store.load("alice")) == ["x"]
     store.update("alice", None, lambda d: doc_with("y"))  # released: works again
     assert contents(store.load("alice")) == ["y"]
+
+
+def test_a_waiter_gets_the_lock_from_a_holder_that_relocks_at_once(tmp_path: Path) -> None:
+    """A holder that takes the lock again right after releasing it must not starve a waiter
+    (a poller that sleeps between tries almost never lands in the gap)."""
+    settings = MemqSettings(storage_dir=tmp_path / "memory", storage_lock_timeout_seconds=5)
+    holder, waiter = FileMemoryStorage(settings), FileMemoryStorage(settings)
+    stop = threading.Event()
+
+    def hold(document: MemoryDocument) -> MemoryDocument:
+        stop.wait(0.02)  # a slow update, with the lock held
+        return document  # unchanged: nothing written
+
+    def hold_again_and_again() -> None:
+        while not stop.is_set():
+            holder.update("alice", None, hold)
+
+    thread = threading.Thread(target=hold_again_and_again)
+    thread.start()
+    waits: list[float] = []
+    try:
+        for i in range(5):
+
+            def add(document: MemoryDocument, i: int = i) -> MemoryDocument:
+                return MemoryDocument(facts=[*document.facts, Fact(content=f"f{i}")])
+
+            started = time.monotonic()
+            waiter.update("alice", None, add)
+            waits.append(time.monotonic() - started)
+    finally:
+        stop.set()
+        thread.join(10)
+    assert contents(waiter.load("alice")) == [f"f{i}" for i in range(5)]
+    assert max(waits) < 1.0, waits  # a few hold periods at most, not the 5 s timeout
 
 
 def test_delete_removes_everything_of_that_agent(store: FileMemoryStorage) -> None:

@@ -173,13 +173,24 @@ def run_inject(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_facts_add(args: argparse.Namespace, context: CommandContext) -> int:
-    fact = _manager(context).add_fact(
-        args.user,
-        args.content,
-        agent_name=args.agent,
-        category=args.category,
-        confidence=args.confidence,
-    )
+    from core.errors import FactEvicted
+    from storage.management import MemoryManager
+
+    # Held to the same fact cap as an extraction: the new fact may be the one evicted.
+    manager = MemoryManager(context.storage, max_facts=context.settings.max_facts)
+    try:
+        fact = manager.add_fact(
+            args.user,
+            args.content,
+            agent_name=args.agent,
+            category=args.category,
+            confidence=args.confidence,
+        )
+    except FactEvicted as exc:
+        raise CommandError(
+            f"not added to user {args.user}, agent "
+            f"{agent_label(validate_agent_name(args.agent))}: {exc}"
+        ) from exc
     print(
         f"added {fact.id} to user {args.user}, agent {agent_label(validate_agent_name(args.agent))}"
     )

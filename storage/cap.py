@@ -1,0 +1,28 @@
+"""The fact cap of a memory document: which facts go when there are more than ``max_facts``.
+
+A pure function of the fact list, shared by the extraction's apply step and by hand edits, so a fact
+added by hand is held to the same cap (and the same eviction order) as one an extraction learned.
+"""
+
+from __future__ import annotations
+
+from storage.document import Fact
+
+CORRECTION = "correction"
+
+
+def evict_over_cap(facts: list[Fact], max_facts: int) -> tuple[list[Fact], list[Fact]]:
+    """(kept in their order, evicted). Lowest confidence goes first, the newest on ties, and a
+    correction only once no other category is left to evict."""
+    if len(facts) <= max_facts:
+        return facts, []
+    ranked = sorted(
+        range(len(facts)),
+        key=lambda i: (facts[i].category == CORRECTION, facts[i].confidence, -i),
+        reverse=True,
+    )
+    keep = set(ranked[:max_facts])
+    return (
+        [f for i, f in enumerate(facts) if i in keep],
+        [f for i, f in enumerate(facts) if i not in keep],
+    )
