@@ -69,7 +69,7 @@ class MemqSettings(BaseSettings):
     tick_seconds: float = Field(default=1.0, gt=0.0, le=60.0)
     lease_seconds: float = Field(default=180.0, gt=0.0)
     max_attempts: int = Field(default=5, ge=1, le=100)
-    claim_batch: int = Field(default=100, ge=1, le=10000)
+    claim_batch: int = Field(default=100, ge=1, le=1000)
     max_inflight: int = Field(default=2000, ge=1)
     max_inflight_per_user: int = Field(default=16, ge=1)
     retry_backoff_seconds: float = Field(default=5.0, ge=0.0)

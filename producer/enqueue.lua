@@ -9,14 +9,19 @@
 -- ARGV[2]  debounce_ms     quiet period after the latest enqueue, milliseconds
 -- ARGV[3]  max_delay_ms    cap counted from pending_since_ms, milliseconds
 -- ARGV[4]  flush           "1": due now (zero delay); "0": debounced
--- ARGV[5]  messages_json   JSON list of filtered messages; replaces the stored list
+-- ARGV[5]  messages_json   JSON list of filtered messages; replaces the stored list unless the
+--                          stored one was captured later (see ARGV[13])
 -- ARGV[6]  correction      "0"/"1", OR-merged into the stored flag
 -- ARGV[7]  reinforcement   "0"/"1", OR-merged into the stored flag
 -- ARGV[8]  thread_id
 -- ARGV[9]  user_id
 -- ARGV[10] agent_name      "" for the user-global memory
--- ARGV[11] trace_id        "" when none
+-- ARGV[11] trace_id        "" when none; replaced together with the messages
 -- ARGV[12] context_id      the member name in due / inflight / dead
+-- ARGV[13] captured_ms     when the agent handed these messages over, epoch milliseconds
+--                          (absent or "": now_ms). A spool replay or another replica can deliver
+--                          an older capture after a newer one: then the stored messages, trace id
+--                          and captured_ms stay, while flags, version and deadline still apply.
 --
 -- Returns {version, deadline_ms, code}
 --   code 1  scheduled: due holds the context at deadline_ms
@@ -29,10 +34,20 @@ local id = ARGV[12]
 
 -- One read and one write of the hash: this runs on every agent turn.
 local stored = redis.call('HMGET', ctx, 'pending_since_ms', 'deadline_ms', 'first_enqueued_ms',
-  'flush', 'correction', 'reinforcement')
+  'flush', 'correction', 'reinforcement', 'captured_ms')
 local fields = {'thread_id', ARGV[8], 'user_id', ARGV[9], 'agent_name', ARGV[10],
-  'trace_id', ARGV[11], 'messages', ARGV[5], 'last_enqueued_ms', ARGV[1]}
+  'last_enqueued_ms', ARGV[1]}
 local n = #fields
+
+-- Never replace newer messages with older ones (a version would be lost); a tie is a re-send.
+local captured = tonumber(ARGV[13]) or now
+local stored_captured = tonumber(stored[7])
+if not stored_captured or captured >= stored_captured then
+  fields[n + 1], fields[n + 2] = 'messages', ARGV[5]
+  fields[n + 3], fields[n + 4] = 'trace_id', ARGV[11]
+  fields[n + 5], fields[n + 6] = 'captured_ms', string.format('%d', captured)
+  n = n + 6
+end
 
 local pending_since = tonumber(stored[1])
 if not pending_since then

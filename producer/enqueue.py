@@ -1,8 +1,13 @@
 """The enqueue operation: what one producer call sends, the deadline maths, and the Lua call.
 
-One enqueue is one EVALSHA of ``enqueue.lua`` (one round trip). :func:`compute_deadline` mirrors
-the script's scheduling rule in Python so it can be unit-tested and documented in one place; the
-script stays the authority.
+One enqueue is one EVALSHA of ``enqueue.lua`` (one round trip). :func:`compute_deadline` and
+:func:`replaces_messages` mirror the script's scheduling and replacement rules in Python so they can
+be unit-tested and documented in one place; the script stays the authority.
+
+Every request carries its capture time (when the agent handed the messages over). A request can
+reach Redis after a newer one of the same context — a spool replay racing the agent's next turn, or
+a replica replaying what it spooled during an outage only it saw — and must then not replace the
+newer messages; it still merges its flags and bumps the version.
 """
 
 from __future__ import annotations
@@ -33,7 +38,10 @@ class EnqueueCode(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class EnqueueRequest:
-    """Everything one enqueue sends, already filtered and encoded (also what the spool keeps)."""
+    """Everything one enqueue sends, already filtered and encoded (also what the spool keeps).
+
+    ``captured_ms`` is when the agent handed the messages over (epoch ms); ``None`` means "now"
+    at send time, which is only right for a request sent at once, never for one spooled."""
 
     key: ContextKey
     messages_json: str
@@ -41,20 +49,29 @@ class EnqueueRequest:
     reinforcement: bool = False
     flush: bool = False
     trace_id: str | None = None
+    captured_ms: int | None = None
 
     @property
     def context_id(self) -> str:
         return self.key.id
 
     def merged_under(self, newer: EnqueueRequest) -> EnqueueRequest:
-        """``newer`` with this older request's flags OR-ed in, as the script merges them."""
+        """``newer`` with this request's flags OR-ed in, as the script merges them; the messages
+        (and trace id) of whichever was captured later, ``newer``'s on a tie."""
+        latest = newer
+        if self.captured_ms is not None and not replaces_messages(
+            newer.captured_ms if newer.captured_ms is not None else self.captured_ms,
+            self.captured_ms,
+        ):
+            latest = self
         return EnqueueRequest(
             key=newer.key,
-            messages_json=newer.messages_json,
+            messages_json=latest.messages_json,
             correction=self.correction or newer.correction,
             reinforcement=self.reinforcement or newer.reinforcement,
             flush=self.flush or newer.flush,
-            trace_id=newer.trace_id,
+            trace_id=latest.trace_id,
+            captured_ms=latest.captured_ms,
         )
 
 
@@ -73,6 +90,7 @@ def build_request(
     flush: bool = False,
     trace_id: str | None = None,
     max_chars: int = 200_000,
+    captured_ms: int | None = None,
 ) -> EnqueueRequest | None:
     """Filter, check the minimum dialogue, detect signals and encode; ``None`` when nothing is
     worth sending. Raises :class:`InvalidMessages` on shapes it does not understand."""
@@ -91,7 +109,14 @@ def build_request(
         reinforcement=reinforcement,
         flush=flush,
         trace_id=trace_id,
+        captured_ms=captured_ms,
     )
+
+
+def replaces_messages(captured_ms: int, stored_captured_ms: int | None) -> bool:
+    """Whether an enqueue captured at ``captured_ms`` replaces the stored messages (and trace id):
+    only when they were not captured later; a tie is a re-send of the same turn."""
+    return stored_captured_ms is None or captured_ms >= stored_captured_ms
 
 
 def compute_deadline(
@@ -146,6 +171,7 @@ class Enqueuer:
                     key.agent_name or "",
                     request.trace_id or "",
                     context_id,
+                    now_ms if request.captured_ms is None else request.captured_ms,
                 ),
             )
         except redis.RedisError as exc:

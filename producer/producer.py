@@ -136,7 +136,7 @@ class MemoryProducer:
             result = self._enqueue(
                 request if older is None else older.merged_under(request), self._clock_ms()
             )
-        except RedisUnavailable:
+        except Exception:
             if older is not None:
                 self._spool.put_back(older)
             raise
@@ -162,6 +162,10 @@ class MemoryProducer:
                 replayed += self._replay_batch()
             except RedisUnavailable as exc:
                 self._record_failure(exc)
+                break
+            except Exception:  # what failed is back in the spool; close() must not raise
+                log.exception("memq: unexpected error replaying the spool")
+                self._record_failure(RuntimeError("replay failed"))
                 break
         return replayed
 
@@ -210,6 +214,8 @@ class MemoryProducer:
             flush=flush,
             trace_id=trace_id,
             max_chars=self._settings.producer_max_chars,
+            # Stamped now, not when sent: a spooled request must never pass for a newer turn.
+            captured_ms=self._clock_ms(),
         )
 
     def _submit(
@@ -246,8 +252,11 @@ class MemoryProducer:
             self._keep_for_later(request)
             return False
         except Exception:
+            # Not the agent's problem, and not a reason to lose this turn (nor what it took from
+            # the spool): keep it for the replay, which backs off if this keeps failing.
             self._count("errors")
-            log.exception("memq: unexpected error enqueueing %s", request.key.describe())
+            log.exception("memq: unexpected error enqueueing %s; spooled", request.key.describe())
+            self._keep_for_later(request)
             return False
         self._count("enqueued")
         if self._outage:
@@ -300,10 +309,17 @@ class MemoryProducer:
         for index, request in enumerate(batch):
             try:
                 self._enqueue(request, self._clock_ms())
-            except RedisUnavailable:
-                # Back in oldest-first order, behind any newer copy spooled meanwhile.
-                for rest in reversed(batch[index:]):
+            except Exception as exc:
+                # Back in oldest-first order, merged with any copy spooled meanwhile (the one
+                # captured later keeps its messages).
+                unexpected = not isinstance(exc, RedisUnavailable)
+                for rest in reversed(batch[index + int(unexpected) :]):
                     if self._spool.put_back(rest):
+                        self._count("dropped")
+                if unexpected:
+                    # At the back, so a request that keeps failing cannot hold up the others.
+                    self._count("errors")
+                    if self._spool.put(request):
                         self._count("dropped")
                 raise
             self._count("replayed")

@@ -16,7 +16,13 @@ from core.keys import KeySchema, QueueKeys
 from core.models import ConversationContext, messages_to_json
 from core.models import Message as M
 from core.settings import MemqSettings
-from producer.enqueue import EnqueueCode, Enqueuer, EnqueueRequest, compute_deadline
+from producer.enqueue import (
+    EnqueueCode,
+    Enqueuer,
+    EnqueueRequest,
+    compute_deadline,
+    replaces_messages,
+)
 from producer.producer import MemoryProducer
 
 T0 = 1_700_000_000_000
@@ -81,6 +87,37 @@ def test_merge_replaces_messages_ors_flags_and_counts_versions(
     assert ctx.trace_id is None  # replaced by the latest call, like the messages
     assert (ctx.first_enqueued_ms, ctx.last_enqueued_ms) == (T0, T0 + 1_000)
     assert (ctx.thread_id, ctx.user_id, ctx.agent_name) == ("thread-1", "alice", None)
+
+
+@pytest.mark.integration
+def test_an_older_capture_never_replaces_newer_messages(
+    enqueue: Enqueuer, redis_client: redis.Redis, q: QueueKeys
+) -> None:
+    # A spool replay (or another replica's) delivers turn 1 after turn 1+2 was stored.
+    enqueue(request("turn 1 and 2", trace_id="new", captured_ms=T0 + 500), T0 + 1_000)
+    late = enqueue(
+        request("turn 1", trace_id="old", correction=True, flush=True, captured_ms=T0), T0 + 2_000
+    )
+    stored: dict[str, str] = redis_client.hgetall(q.context(KEY.id))  # type: ignore[assignment]
+    ctx = ConversationContext.from_hash(stored)
+    assert [m.content for m in ctx.messages] == ["turn 1 and 2", "ok"]  # no version lost
+    assert (ctx.trace_id, stored["captured_ms"]) == ("new", str(T0 + 500))
+    # Everything else still applies: flags merge, the version moves, a flush is due now.
+    assert (ctx.correction, ctx.flush, late.version) == (True, True, 2)
+    assert late.deadline_ms == T0 + 2_000 == redis_client.zscore(q.due, KEY.id)
+    # A later capture (or a re-send of the same one) replaces as before.
+    enqueue(request("turn 3", captured_ms=T0 + 500), T0 + 3_000)
+    assert "turn 3" in (redis_client.hget(q.context(KEY.id), "messages") or "")
+
+
+def test_replaces_messages_and_the_spool_merge_keep_the_later_capture() -> None:
+    assert replaces_messages(T0, None) and replaces_messages(T0, T0)
+    assert not replaces_messages(T0 - 1, T0)
+    older = request("older", correction=True, captured_ms=T0)
+    newer = request("newer", flush=True, captured_ms=T0 + 1)
+    for merged in (older.merged_under(newer), newer.merged_under(older)):
+        assert (merged.messages_json, merged.captured_ms) == (newer.messages_json, T0 + 1)
+        assert (merged.correction, merged.flush) == (True, True)
 
 
 @pytest.mark.integration

@@ -163,6 +163,24 @@ def test_the_lease_is_renewed_when_the_run_starts(h: Harness) -> None:
     assert h.run(claim, T0 + 30_000)["queue"] == "done"
 
 
+def test_only_a_run_that_started_counts_an_attempt_when_its_lease_expires(h: Harness) -> None:
+    cid = h.enqueue(T0)
+    h.claim(T0)  # its task waits in a broker backlog past `expires`; Celery drops it
+    assert h.queue.reap(T0 + 60_001) == ReapResult(requeued=1, dead=0)
+    assert h.queue.load(cid).get("attempts", "0") == "0"
+
+    claim = h.claim(T0 + 60_001)
+
+    def worker_dies(ctx: ConversationContext) -> Report:  # the lease runs out inside the run
+        h.queue.reap(T0 + 60_001 + 60_001)
+        return Report()
+
+    h.pipeline.action = worker_dies
+    assert h.run(claim, T0 + 60_001)["queue"] == "stale"
+    stored = h.queue.load(cid)
+    assert (stored["attempts"], stored["last_error"]) == ("1", "lease expired")
+
+
 def test_transient_errors_retry_with_backoff_honouring_retry_after(h: Harness) -> None:
     cid = h.enqueue(T0)
 

@@ -131,8 +131,9 @@ def test_a_hung_redis_costs_one_timeout_then_nothing(
         assert 0.1 < first < 1.5  # bounded by producer_timeout_seconds
         assert rest < 0.2  # inside the back-off: straight to the spool, no timeout each
         assert producer.stats.spooled == 21
-        wait_for(lambda: producer.spool_size == 0, timeout=15, what="spool replay")
-        assert producer.stats.replayed == 21
+        # The spool empties when the replay pops its batch, before each send is counted.
+        wait_for(lambda: producer.stats.replayed == 21, timeout=15, what="spool replay")
+        assert producer.spool_size == 0
 
 
 @pytest.mark.integration
@@ -161,3 +162,80 @@ def test_full_spool_drops_the_oldest_and_drain_spool_replays(
     finally:
         producer.close()
     assert sorted(ContextKey.from_id(str(i)).thread_id for i in due) == ["b", "c"]
+
+
+def turns(*texts: str) -> list[dict[str, str]]:
+    return [m for text in texts for m in dialogue(text)]
+
+
+@pytest.mark.integration
+def test_a_late_replay_never_overwrites_a_newer_turn(
+    own_redis: RedisServer, make_settings: Any, key_prefix: str
+) -> None:
+    """Replica A spools turn 1 during a blip only it saw; replica B sends turns 1+2; A's replay
+    must not write turn 1 back over them."""
+    settings: MemqSettings = make_settings(redis_url=own_redis.url, producer_timeout_seconds=0.5)
+    client = redis.Redis.from_url(own_redis.url, decode_responses=True)
+    try:
+        with MemoryProducer(settings) as a, MemoryProducer(settings) as b:
+            client.config_set("maxmemory", "1")  # Redis refuses writes (OOM) for A's call only
+            try:
+                assert a.after_agent("t", "u", None, turns("that's wrong: Lyon")) is False
+            finally:
+                client.config_set("maxmemory", "0")
+            assert b.after_agent("t", "u", None, turns("that's wrong: Lyon", "Paris")) is True
+            a.drain_spool()
+            wait_for(lambda: a.stats.replayed == 1, timeout=10, what="A's replay")
+        stored = client.hgetall(KeySchema(key_prefix).shard(0).context("t:u:"))
+    finally:
+        client.close()
+    assert [m["content"] for m in json.loads(stored["messages"])] == [
+        "that's wrong: Lyon",
+        "ok",
+        "Paris",
+        "ok",
+    ]
+    assert (stored["version"], stored["correction"]) == ("2", "1")
+
+
+# Half an emoji (a lone surrogate, as a truncating agent can produce) passes the producer's
+# filters but cannot be encoded by the Redis client: an unexpected, non-Redis error on the send.
+BROKEN = "I love \ud83d tea"
+
+
+@pytest.mark.integration
+def test_an_unexpected_send_error_keeps_the_turn(settings: MemqSettings) -> None:
+    with MemoryProducer(settings) as producer:
+        assert producer.after_agent("t", "u", None, dialogue(BROKEN)) is False
+        assert producer.stats.errors >= 1
+        wait_for(lambda: producer.spool_size == 1, timeout=5, what="the turn spooled")
+
+
+@pytest.mark.integration
+def test_an_unexpected_replay_error_keeps_the_rest_of_the_batch(
+    make_settings: Any, tmp_path: Path, key_prefix: str
+) -> None:
+    port = free_port()  # nothing listens yet: every call is spooled
+    settings: MemqSettings = make_settings(redis_url=f"redis://127.0.0.1:{port}/0")
+    producer = MemoryProducer(settings)
+    try:
+        for thread, text in (("a", "tea"), ("b", BROKEN), ("c", "coffee")):
+            assert producer.after_agent(thread, "u", None, dialogue(text)) is False
+        with RedisServer(tmp_path / "late", port=port, appendonly=False) as server:
+            producer.drain_spool()
+            reader = redis.Redis.from_url(server.url, decode_responses=True)
+            due = KeySchema(key_prefix).shard(0).due
+            try:
+                wait_for(lambda: reader.zcard(due) == 2, timeout=15, what="a and c replayed")
+                ids = sorted(
+                    ContextKey.from_id(str(i)).thread_id for i in reader.zrange(due, 0, -1)
+                )
+            finally:
+                reader.close()
+            assert ids == ["a", "c"]
+            # "b" is kept for later, not lost (the replay keeps trying it, with a back-off)
+            wait_for(lambda: producer.spool_size == 1, timeout=5, what="b kept")
+            assert producer.stats.errors >= 1
+            producer.close()
+    finally:
+        producer.close()

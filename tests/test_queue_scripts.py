@@ -19,7 +19,7 @@ from core.identity import ContextKey
 from core.keys import KeySchema
 from core.settings import MemqSettings
 from prompts.answer import parse_update_response
-from worker.queue import Claim, CompleteResult, FailResult, QueueClient
+from worker.queue import Claim, CompleteResult, FailResult, QueueClient, ReapResult
 from worker.tasks import WorkerRuntime, extract
 from worker.tick import run_tick
 
@@ -39,12 +39,20 @@ class Enqueuer:
         self.script = client.register_script(source)
 
     def __call__(
-        self, thread: str, now: int, *, flush: bool = False, text: str = "hi", user: str = "alice"
+        self,
+        thread: str,
+        now: int,
+        *,
+        flush: bool = False,
+        text: str = "hi",
+        user: str = "alice",
+        pipe: redis.client.Pipeline | None = None,
     ) -> str:
         key = ContextKey.create(thread, user, None)
         q = self.keys.for_context(key.id)
         messages = json.dumps([{"role": "user", "content": text}])
         self.script(
+            client=pipe,
             keys=[q.context(key.id), q.due, q.inflight, q.dead],
             args=[
                 now,
@@ -177,12 +185,14 @@ def test_expired_leases_count_attempts_and_end_in_dead(
     q = queue.keys.for_context(cid)
     now = T0
     for attempt in (1, 2):
-        assert len(queue.claim(now).claims) == 1
+        (claim,) = queue.claim(now).claims
+        assert queue.renew(cid, claim.token, now)  # the run started (its first renew)
         now += 60_001
         assert queue.reap(now).requeued == 1
         assert queue.load(cid)["attempts"] == str(attempt)
         assert members(redis_client, q.due) == {cid: now}  # due again at once
-    queue.claim(now)
+    (claim,) = queue.claim(now).claims
+    queue.renew(cid, claim.token, now)
     now += 60_001
     assert queue.reap(now).dead == 1  # max_attempts = 3
 
@@ -190,6 +200,96 @@ def test_expired_leases_count_attempts_and_end_in_dead(
     assert members(redis_client, q.due) == {} and members(redis_client, q.inflight) == {}
     [entry] = queue.dead_list()
     assert (entry.context_id, entry.attempts, entry.last_error) == (cid, 3, "lease expired")
+
+
+def test_a_claim_whose_task_never_started_is_requeued_without_an_attempt(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    # Celery drops a task that waited in a broker backlog past its `expires` (= the lease): the
+    # run never begins, so its expired lease must not count — else the context dies untried.
+    cid = enqueue("t1", T0, flush=True)
+    q = queue.keys.for_context(cid)
+    now = T0
+    for _ in range(5):  # max_attempts = 3
+        assert len(queue.claim(now).claims) == 1
+        now += 60_001
+        assert queue.reap(now) == ReapResult(requeued=1, dead=0)
+        assert members(redis_client, q.due) == {cid: now}
+    stored = queue.load(cid)
+    assert stored.get("attempts", "0") == "0" and "last_error" not in stored
+    assert queue.dead_list() == []
+    (claim,) = queue.claim(now).claims
+    assert queue.complete(cid, claim.token, now + 1) is CompleteResult.DONE  # and it still runs
+
+
+def test_a_failure_never_dead_letters_messages_that_arrived_during_the_run(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    cid = enqueue("t1", T0, flush=True, text="v1")
+    q = queue.keys.for_context(cid)
+    claim = queue.claim(T0).claims[0]
+    enqueue("t1", T0 + 100, text="v2")  # debounced: due at T0 + 1_100
+    # A permanent error on v1's prompt: v2 never had its try, so it is due at its own deadline.
+    assert queue.fail(cid, claim.token, "PermanentLLMError: 400", None, T0 + 200) is (
+        FailResult.RETRY
+    )
+    assert members(redis_client, q.due) == {cid: T0 + 1_100} and members(redis_client, q.dead) == {}
+    assert queue.load(cid)["attempts"] == "0"
+
+    # At max_attempts - 1 (a transient error twice), v3 arrives during the third run.
+    for now in (T0 + 1_100, T0 + 2_000):
+        claim = queue.claim(now).claims[0]
+        assert queue.fail(cid, claim.token, "timeout", now + 900, now) is FailResult.RETRY
+    claim = queue.claim(T0 + 3_000).claims[0]
+    enqueue("t1", T0 + 3_100, text="v3")
+    assert queue.fail(cid, claim.token, "timeout", T0 + 4_000, T0 + 3_200) is FailResult.RETRY
+    assert members(redis_client, q.due) == {cid: T0 + 4_000}
+    stored = queue.load(cid)
+    assert (stored["attempts"], stored["deadline_ms"]) == ("0", str(T0 + 4_000))
+    assert queue.claim(T0 + 4_000).claims[0].version == 3
+
+
+def test_a_reaped_run_never_dead_letters_messages_that_arrived_during_it(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    cid = enqueue("t1", T0, flush=True)
+    q = queue.keys.for_context(cid)
+    now = T0
+    for _ in range(2):  # two runs that started and died: attempts = max_attempts - 1
+        claim = queue.claim(now).claims[0]
+        queue.renew(cid, claim.token, now)
+        now += 60_001
+        queue.reap(now)
+    claim = queue.claim(now).claims[0]
+    queue.renew(cid, claim.token, now)
+    enqueue("t1", now + 100, text="new facts")  # arrives, then the worker dies too
+    now += 60_001
+    assert queue.reap(now) == ReapResult(requeued=1, dead=0)
+    assert members(redis_client, q.due) == {cid: now} and members(redis_client, q.dead) == {}
+    stored = queue.load(cid)
+    assert (stored["attempts"], stored["deadline_ms"]) == ("0", str(now))
+    assert queue.claim(now).claims[0].version == 2
+
+
+def test_a_batch_beyond_luas_unpack_limit_is_claimed_whole(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    # 4200 claims are 8400 values in one ZADD: past Lua 5.1's unpack limit (~8000), which used to
+    # fail the script after it had already removed the ids from `due`.
+    settings = make_settings(max_inflight=10_000, max_inflight_per_user=10_000)
+    queue, enqueue = QueueClient(settings, redis_client), Enqueuer(settings, redis_client)
+    pipe = redis_client.pipeline(transaction=False)
+    for i in range(4_200):
+        enqueue(f"t{i}", T0, flush=True, pipe=pipe)
+    pipe.execute()
+
+    batch = queue.claim(T0, limit=4_200)
+
+    assert len(batch.claims) == 4_200
+    stats = queue.stats(T0)
+    assert (stats["due"], stats["inflight"]) == (0, 4_200)
+    with pytest.raises(ValueError, match="claim_batch"):
+        make_settings(claim_batch=1_001)  # a tick's batch stays far below that
 
 
 def test_fail_retries_at_the_given_time_then_dead_letters(

@@ -27,6 +27,10 @@
 -- deadline (an enqueue must not push an already-due key back), the zset score is just its turn.
 -- The per-user zset holds lease expiries, not a counter: a member whose lease passed is dropped
 -- here, so a lost complete can never starve a user for longer than one lease.
+--
+-- Bulk calls go in chunks of at most CHUNK elements: Lua 5.1's unpack stops near 8000 values, and
+-- Redis does not roll back what a failing script already wrote. Writes are ordered so that a
+-- claimed id is in `inflight` before it leaves `due`: a failure can never leave it in no set.
 
 local due, inflight = KEYS[1], KEYS[2]
 local now = tonumber(ARGV[1])
@@ -38,11 +42,30 @@ local out = {1, 0}
 local n = (#KEYS - 2) / 2
 if n == 0 then return out end
 
--- Two batched reads instead of two reads per candidate (ZMSCORE needs Redis 6.2, our floor).
+local CHUNK = 500
+
+-- redis.call(cmd, key, <list>) in chunks of at most CHUNK values, `step` values per element so a
+-- score is never split from its member.
+local function bulk(cmd, key, list, step)
+  local size = CHUNK - CHUNK % step
+  for from = 1, #list, size do
+    redis.call(cmd, key, unpack(list, from, math.min(from + size - 1, #list)))
+  end
+end
+
+-- Batched reads instead of two reads per candidate (ZMSCORE needs Redis 6.2, our floor).
 local ids = {}
 for i = 1, n do ids[i] = ARGV[5 + i] end
-local deadlines = redis.call('ZMSCORE', due, unpack(ids))
-local leases = redis.call('ZMSCORE', inflight, unpack(ids))
+local function scores(key)
+  local result = {}
+  for from = 1, n, CHUNK do
+    local reply = redis.call('ZMSCORE', key, unpack(ids, from, math.min(from + CHUNK - 1, n)))
+    for j = 1, #reply do result[from + j - 1] = reply[j] end
+  end
+  return result
+end
+local deadlines = scores(due)
+local leases = scores(inflight)
 local count = redis.call('ZCARD', inflight)
 local held = {}  -- per-user key -> live leases, counted once per user per call
 local drop, lease_args, defer_args = {}, {}, {}
@@ -95,8 +118,8 @@ for i = 1, n do
     end
   end
 end
-if #drop > 0 then redis.call('ZREM', due, unpack(drop)) end
-if #lease_args > 0 then redis.call('ZADD', inflight, unpack(lease_args)) end
-if #defer_args > 0 then redis.call('ZADD', due, unpack(defer_args)) end
+bulk('ZADD', inflight, lease_args, 2)
+bulk('ZREM', due, drop, 1)
+bulk('ZADD', due, defer_args, 2)
 out[2] = #defer_args / 2
 return out

@@ -17,23 +17,42 @@
 --   0  stale: the token does not match; nothing done
 --   1  retry: back in `due` at retry_at_ms
 --   2  dead: moved to `dead` with dead_at_ms and last_error
+--
+-- When the version moved during the run (an enqueue arrived), what failed was the claimed version;
+-- the new messages never had their own try. So the context is not dead-lettered: its attempts
+-- restart at 0 (as complete.lua does when it reschedules) and it is due again at retry_at_ms, or,
+-- after a permanent error, at the deadline that enqueue stored (now when there is none) — code 1.
+-- The id is put in `due` or `dead` before it leaves `inflight`, so it is never in no set.
 
 local ctx, inflight, due, dead, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
 
-if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
+local f = redis.call('HMGET', ctx, 'claim_token', 'version', 'claimed_version', 'attempts',
+  'deadline_ms')
+if f[1] ~= ARGV[2] then
   return 0
 end
+local code = 1
+local retry_at = ARGV[5]
+if f[2] ~= f[3] then
+  if retry_at == '-1' then
+    retry_at = string.format('%d', math.max(tonumber(f[5]) or 0, tonumber(ARGV[3])))
+  end
+  redis.call('HSET', ctx, 'attempts', '0', 'last_error', ARGV[4], 'deadline_ms', retry_at)
+  redis.call('ZADD', due, retry_at, id)
+else
+  local attempts = (tonumber(f[4]) or 0) + 1
+  redis.call('HSET', ctx, 'attempts', attempts, 'last_error', ARGV[4])
+  if retry_at == '-1' or attempts >= tonumber(ARGV[6]) then
+    redis.call('HSET', ctx, 'dead_at_ms', ARGV[3])
+    redis.call('ZADD', dead, ARGV[3], id)
+    code = 2
+  else
+    redis.call('HSET', ctx, 'deadline_ms', retry_at)
+    redis.call('ZADD', due, retry_at, id)
+  end
+end
+redis.call('HDEL', ctx, 'claim_token', 'started_token')
 redis.call('ZREM', inflight, id)
 redis.call('ZREM', users, id)
-redis.call('HDEL', ctx, 'claim_token')
-local attempts = redis.call('HINCRBY', ctx, 'attempts', 1)
-redis.call('HSET', ctx, 'last_error', ARGV[4])
-if ARGV[5] == '-1' or attempts >= tonumber(ARGV[6]) then
-  redis.call('HSET', ctx, 'dead_at_ms', ARGV[3])
-  redis.call('ZADD', dead, ARGV[3], id)
-  return 2
-end
-redis.call('HSET', ctx, 'deadline_ms', ARGV[5])
-redis.call('ZADD', due, ARGV[5], id)
-return 1
+return code

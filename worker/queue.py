@@ -34,6 +34,7 @@ _SCRIPTS = (
 )
 _PERMANENT = "-1"  # fail.lua's retry_at_ms meaning "dead at once"
 _DEAD_BATCH = 500  # ids per dead_retry/dead_purge script call
+_SCRIPT_BATCH = 500  # ids per reap_expired script call
 
 
 def now_ms() -> int:
@@ -138,21 +139,22 @@ class QueueClient:
         return ClaimBatch(claims=claims, examined=examined, full=full, deferred=deferred)
 
     def reap(self, now: int | None = None, limit: int = 1000) -> ReapResult:
-        """Put contexts whose lease expired back in ``due`` (or ``dead`` past max_attempts)."""
+        """Put contexts whose lease expired back in ``due`` (or ``dead`` past max_attempts, counting
+        only runs that had started and whose version did not move)."""
         now = now_ms() if now is None else now
         requeued = dead = 0
         for shard in self.keys.all_shards():
             ids = self._range(shard.inflight, now, limit)
-            if not ids:
-                continue
-            keys = [shard.inflight, shard.due, shard.dead]
-            for context_id in ids:
-                keys += (shard.context(context_id), self._user_inflight(shard, context_id))
-            raw = self._scripts["reap_expired"](
-                keys=keys, args=[now, self.settings.max_attempts, *ids]
-            )
-            requeued += int(raw[0])
-            dead += int(raw[1])
+            for start in range(0, len(ids), _SCRIPT_BATCH):  # bounded script size and run time
+                batch = ids[start : start + _SCRIPT_BATCH]
+                keys = [shard.inflight, shard.due, shard.dead]
+                for context_id in batch:
+                    keys += (shard.context(context_id), self._user_inflight(shard, context_id))
+                raw = self._scripts["reap_expired"](
+                    keys=keys, args=[now, self.settings.max_attempts, *batch]
+                )
+                requeued += int(raw[0])
+                dead += int(raw[1])
         return ReapResult(requeued=requeued, dead=dead)
 
     def release(self, context_id: str, token: str, now: int | None = None) -> bool:
@@ -172,7 +174,8 @@ class QueueClient:
         return {_text(k): _text(v) for k, v in raw.items()}
 
     def renew(self, context_id: str, token: str, now: int | None = None) -> bool:
-        """Extend the lease by ``lease_ms`` from now; False when the claim is no longer ours."""
+        """Extend the lease by ``lease_ms`` from now and mark the run as started (an expired lease
+        then counts as an attempt); False when the claim is no longer ours."""
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["renew"](

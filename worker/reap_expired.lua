@@ -14,6 +14,14 @@
 --
 -- Returns {requeued, dead}: how many went back to `due` (at now) and how many to `dead`.
 -- The claim token is removed, so the lost worker's complete/fail become stale no-ops.
+--
+-- An expired lease counts as an attempt only when the run had started (its task's first renew set
+-- started_token to the claim token) and the version did not move during it:
+--   * never started (the task waited in a broker backlog past its expiry and Celery dropped it):
+--     requeued, attempts unchanged — work that never ran is no attempt;
+--   * the version moved: the new messages never had their own try, so attempts restart at 0, as
+--     complete.lua does when it reschedules.
+-- The id is put in `due` or `dead` before it leaves `inflight`, so it is never in no set.
 
 local inflight, due, dead = KEYS[1], KEYS[2], KEYS[3]
 local now = tonumber(ARGV[1])
@@ -24,13 +32,23 @@ for i = 1, (#KEYS - 3) / 2 do
   local ctx, users, id = KEYS[2 + 2 * i], KEYS[3 + 2 * i], ARGV[2 + i]
   local expiry = tonumber(redis.call('ZSCORE', inflight, id))
   if expiry and expiry <= now then
-    redis.call('ZREM', inflight, id)
-    redis.call('ZREM', users, id)
-    if redis.call('EXISTS', ctx) == 1 then
-      local attempts = redis.call('HINCRBY', ctx, 'attempts', 1)
-      redis.call('HSET', ctx, 'last_error', 'lease expired')
-      redis.call('HDEL', ctx, 'claim_token')
-      if attempts >= max_attempts then
+    local f = redis.call('HMGET', ctx, 'version', 'claimed_version', 'claim_token',
+      'started_token', 'attempts')
+    if f[1] then
+      local attempts = tonumber(f[5]) or 0
+      local started = f[3] ~= false and f[3] == f[4]
+      local counted = started and f[1] == f[2]
+      if counted then
+        attempts = attempts + 1
+      elseif f[1] ~= f[2] then
+        attempts = 0
+      end
+      if started then
+        redis.call('HSET', ctx, 'last_error', 'lease expired')
+      end
+      redis.call('HSET', ctx, 'attempts', attempts)
+      redis.call('HDEL', ctx, 'claim_token', 'started_token')
+      if counted and attempts >= max_attempts then
         redis.call('HSET', ctx, 'dead_at_ms', ARGV[1])
         redis.call('ZADD', dead, ARGV[1], id)
         died = died + 1
@@ -40,6 +58,8 @@ for i = 1, (#KEYS - 3) / 2 do
         requeued = requeued + 1
       end
     end
+    redis.call('ZREM', inflight, id)
+    redis.call('ZREM', users, id)
   end
 end
 return {requeued, died}

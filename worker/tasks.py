@@ -128,6 +128,9 @@ def extract(
     queue = runtime.queue
     started = clock()
     data, watermark = queue.load_run(context_id)
+    # This first renew also marks the claim as started: from here on, a lease that expires counts
+    # as an attempt (a task that never got this far, e.g. dropped by Celery past its `expires`,
+    # is requeued by the reaper without one).
     if data.get("claim_token") != token or not queue.renew(context_id, token, started):
         log.info("extraction key=%s version=%d outcome=stale", context_id, version)
         return {"outcome": "stale"}
