@@ -42,7 +42,16 @@ class Message:
 
 
 def messages_to_json(messages: tuple[Message, ...] | list[Message]) -> str:
-    return json.dumps([m.to_json() for m in messages], ensure_ascii=False, separators=(",", ":"))
+    payload = json.dumps([m.to_json() for m in messages], ensure_ascii=False, separators=(",", ":"))
+    if payload.isascii():
+        return payload
+    try:
+        payload.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate (half an emoji cut by a truncating agent) cannot be sent as UTF-8:
+        # replace it rather than fail the whole turn.
+        payload = payload.encode("utf-8", "replace").decode("utf-8")
+    return payload
 
 
 def messages_from_json(raw: str) -> tuple[Message, ...]:

@@ -198,14 +198,38 @@ def test_a_late_replay_never_overwrites_a_newer_turn(
     assert (stored["version"], stored["correction"]) == ("2", "1")
 
 
-# Half an emoji (a lone surrogate, as a truncating agent can produce) passes the producer's
-# filters but cannot be encoded by the Redis client: an unexpected, non-Redis error on the send.
-BROKEN = "I love \ud83d tea"
+# A real client that fails in a way memq does not expect (not a Redis error) for one turn only:
+# the fault is injected at the boundary, everything else talks to the real redis-server.
+BROKEN = "I love tea, unexpectedly"
+
+
+class UnexpectedlyFailingRedis(redis.Redis):
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        if any(isinstance(arg, str) and BROKEN in arg for arg in keys_and_args):
+            raise RuntimeError("an unexpected client error")
+        return super().evalsha(sha, numkeys, *keys_and_args)
+
+
+def failing_client(url: str) -> redis.Redis:
+    return UnexpectedlyFailingRedis.from_url(url, decode_responses=True, socket_timeout=1)
+
+
+@pytest.mark.integration
+def test_a_lone_surrogate_is_replaced_not_a_lost_turn(
+    settings: MemqSettings, redis_client: redis.Redis
+) -> None:
+    with MemoryProducer(settings) as producer:
+        assert producer.after_agent("t", "u", None, dialogue("I love \ud83d tea")) is True
+    key = ContextKey.create("t", "u", None).id
+    stored = redis_client.hget(
+        KeySchema(settings.key_prefix).for_context(key).context(key), "messages"
+    )
+    assert stored is not None and "I love ? tea" in stored
 
 
 @pytest.mark.integration
 def test_an_unexpected_send_error_keeps_the_turn(settings: MemqSettings) -> None:
-    with MemoryProducer(settings) as producer:
+    with MemoryProducer(settings, redis=failing_client(settings.redis_url)) as producer:
         assert producer.after_agent("t", "u", None, dialogue(BROKEN)) is False
         assert producer.stats.errors >= 1
         wait_for(lambda: producer.spool_size == 1, timeout=5, what="the turn spooled")
@@ -217,7 +241,7 @@ def test_an_unexpected_replay_error_keeps_the_rest_of_the_batch(
 ) -> None:
     port = free_port()  # nothing listens yet: every call is spooled
     settings: MemqSettings = make_settings(redis_url=f"redis://127.0.0.1:{port}/0")
-    producer = MemoryProducer(settings)
+    producer = MemoryProducer(settings, redis=failing_client(settings.redis_url))
     try:
         for thread, text in (("a", "tea"), ("b", BROKEN), ("c", "coffee")):
             assert producer.after_agent(thread, "u", None, dialogue(text)) is False
