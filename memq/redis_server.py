@@ -36,6 +36,16 @@ def find_redis_server() -> str:
     return str(REDIS_SERVER_PATH)
 
 
+def port_if_free(port: int) -> int | None:
+    """``port`` when nothing listens on it on 127.0.0.1, else None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return None
+    return port
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
 from core.errors import MemqError
 from core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.redis_server import RedisServer, port_if_free
 
 log = logging.getLogger("memq.stack")
 
@@ -106,7 +107,12 @@ class Stack:
         try:
             private = self.options.private_redis
             if private or (private is None and uses_private_redis(self.settings)):
-                self.redis_server = RedisServer(Path(self.settings.data_dir) / "redis").start()
+                # On the default URL's port when it is free, so agents started with the same
+                # (default) settings find this Redis without being told; else any free port.
+                preferred = port_if_free(urlsplit(self.settings.redis_url).port or 6379)
+                self.redis_server = RedisServer(
+                    Path(self.settings.data_dir) / "redis", port=preferred
+                ).start()
                 self.settings = self.settings.model_copy(
                     update={"redis_url": self.redis_server.url, "broker_url": None}
                 )

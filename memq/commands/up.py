@@ -44,6 +44,9 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         if settings.flower_password is None:
             # Generated for this run only and shown once; set MEMQ_FLOWER_PASSWORD to fix it.
             lines.append(f"  Flower password (generated, shown once): {stack.flower_password}")
+    if uses_private_redis(settings) and stack.redis_url != settings.redis_url:
+        # The default port was taken: agents must be told where this Redis is.
+        lines.append(f"  agents: export MEMQ_REDIS_URL={stack.redis_url}")
     lines.append("  Ctrl-C stops everything.")
     print("\n".join(lines), flush=True)
     return stack.supervise()
