@@ -16,6 +16,7 @@ from producer import MemoryProducer
 from storage import get_storage
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
+from tests.support.scenarios import stack_settings as scenario_settings
 from tests.support.waiting import wait_for
 from worker.queue import QueueClient
 
@@ -43,19 +44,8 @@ def turn(number: int) -> list[dict[str, str]]:
 
 
 def stack_settings(make_settings: Any, server: ScriptedOpenAI, **overrides: Any) -> MemqSettings:
-    values: dict[str, Any] = {
-        "llm_provider": "openai",
-        "llm_base_url": server.base_url,
-        "llm_api_key": "sk-scripted",
-        "llm_max_retries": 0,
-        "llm_timeout_seconds": 10.0,
-        "tick_seconds": 0.2,
-        "lease_seconds": 30.0,
-        "debounce_seconds": 1.0,
-        "max_delay_seconds": 10.0,
-    }
-    values.update(overrides)
-    return make_settings(**values)  # type: ignore[no-any-return]
+    """The shared stack settings, with a debounce window for the turns to land in."""
+    return scenario_settings(make_settings, server, **{"debounce_seconds": 1.0, **overrides})
 
 
 @pytest.fixture
