@@ -86,13 +86,7 @@ def _remove_contradicted(
             log.debug("removal of %s skipped: not in the latest document", fact_id)
         elif fact.category != CORRECTION:
             doomed.add(fact_id)
-    changes = [
-        _fact_change("remove", f, "contradicted by the conversation", now, thread_id)
-        for f in doc.facts
-        if f.id in doomed
-    ]
-    doc.facts = [f for f in doc.facts if f.id not in doomed]
-    return changes
+    return _drop(doc, dict.fromkeys(doomed, "contradicted by the conversation"), now, thread_id)
 
 
 def _remove_replaced_corrections(
@@ -115,18 +109,23 @@ def _remove_replaced_corrections(
             log.info("removal of correction fact %s refused: no replacement correction", fact_id)
             continue
         doomed[fact_id] = available.pop(0)
+    reasons = {
+        fact_id: f"contradicted by the conversation, replaced by {replacement.id}"
+        for fact_id, replacement in doomed.items()
+    }
+    return _drop(doc, reasons, now, thread_id)
+
+
+def _drop(
+    doc: MemoryDocument, reasons: dict[str, str], now: datetime, thread_id: str | None
+) -> list[Change]:
+    """Remove the facts named in ``reasons`` (fact id → why) and record each removal."""
     changes = [
-        _fact_change(
-            "remove",
-            f,
-            f"contradicted by the conversation, replaced by {doomed[f.id].id}",
-            now,
-            thread_id,
-        )
+        _fact_change("remove", f, reasons[f.id], now, thread_id)
         for f in doc.facts
-        if f.id in doomed
+        if f.id in reasons
     ]
-    doc.facts = [f for f in doc.facts if f.id not in doomed]
+    doc.facts = [f for f in doc.facts if f.id not in reasons]
     return changes
 
 
