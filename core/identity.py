@@ -8,7 +8,7 @@ and may hold anything printable; they are percent-encoded inside the context id.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
 from core.errors import InvalidIdentifier
@@ -70,6 +70,14 @@ class ContextKey:
     thread_id: str
     user_id: str
     agent_name: str | None
+    # ``<thread>:<user>:<agent>``, each part percent-encoded so ``:`` and braces never appear
+    # inside a part; an empty agent part is the user-global memory. Computed once: the producer
+    # needs it several times per call.
+    id: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        encoded = ":".join((quote(self.thread_id, safe=""), self.user_id, self.agent_name or ""))
+        object.__setattr__(self, "id", encoded)
 
     @classmethod
     def create(cls, thread_id: object, user_id: object, agent_name: object) -> ContextKey:
@@ -78,12 +86,6 @@ class ContextKey:
             validate_user_id(user_id),
             validate_agent_name(agent_name),
         )
-
-    @property
-    def id(self) -> str:
-        """``<thread>:<user>:<agent>``, each part percent-encoded so ``:`` and braces never
-        appear inside a part; an empty agent part is the user-global memory."""
-        return ":".join((quote(self.thread_id, safe=""), self.user_id, self.agent_name or ""))
 
     @classmethod
     def from_id(cls, context_id: str) -> ContextKey:
