@@ -13,7 +13,7 @@
 --
 -- Returns {pending, in_flight, dead, contexts, watermarks, user_sets}: how many ids left `due`,
 -- `inflight` and `dead`, how many hashes and watermarks were deleted, and how many of the two
--- per-user keys were.
+-- per-user keys existed before (ARGV[1] = "1" only).
 --
 -- Deleting the hash of a context in flight fences its run: the run's claim token is gone, so its
 -- save, renew and complete are refused and the memory is never re-created by it.
@@ -21,6 +21,9 @@
 local due, inflight, dead, users_inflight, users_contexts = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5]
 local out = {0, 0, 0, 0, 0, 0}
+if ARGV[1] == '1' then
+  out[6] = redis.call('EXISTS', users_inflight, users_contexts)
+end
 for i = 1, #ARGV - 1 do
   local id, ctx, wm = ARGV[1 + i], KEYS[4 + 2 * i], KEYS[5 + 2 * i]
   out[1] = out[1] + redis.call('ZREM', due, id)
@@ -32,6 +35,6 @@ for i = 1, #ARGV - 1 do
   out[5] = out[5] + redis.call('DEL', wm)
 end
 if ARGV[1] == '1' then
-  out[6] = redis.call('DEL', users_inflight, users_contexts)
+  redis.call('DEL', users_inflight, users_contexts)
 end
 return out
