@@ -57,9 +57,24 @@ class ErasureReport:
         return sum(self.as_dict().values())
 
     def describe(self) -> str:
-        return ", ".join(
-            f"{value} {name.replace('_', ' ')}" for name, value in self.as_dict().items()
-        )
+        """``"1 memory document, 2 pending contexts, …"``: the kinds that were found."""
+        parts = []
+        for name, value in self.as_dict().items():
+            if value:
+                singular, plural = _NOUNS[name]
+                parts.append(f"{value} {singular if value == 1 else plural}")
+        return ", ".join(parts) or "nothing"
+
+
+_NOUNS = {
+    "documents": ("memory document (with its history)", "memory documents (with their history)"),
+    "pending": ("pending context", "pending contexts"),
+    "in_flight": ("context in flight", "contexts in flight"),
+    "dead": ("dead letter", "dead letters"),
+    "contexts": ("conversation deleted", "conversations deleted"),
+    "watermarks": ("watermark", "watermarks"),
+    "user_sets": ("per-user set", "per-user sets"),
+}
 
 
 def _agent_of(context_id: str) -> str | None:

@@ -308,7 +308,7 @@ def test_memory_round_trip(run: Run, cli_env: MemqSettings, tmp_path: Path) -> N
     assert contents == {"Prefers bullet lists", "Lives in Lisbon"}
 
     code, out, _ = run("forget", "carol")
-    assert code == 0 and "1 memory document(s) deleted" in out
+    assert code == 0 and "forgot user carol: 1 memory document (with its history)" in out
     code, _, err = run("show", "carol")
     assert_one_line_error(code, err, "unknown user 'carol'")
 
@@ -319,7 +319,6 @@ def test_memory_round_trip(run: Run, cli_env: MemqSettings, tmp_path: Path) -> N
         ("show", "nobody"),
         ("inject", "nobody"),
         ("export", "nobody"),
-        ("forget", "nobody"),
         ("facts", "search", "nobody", "x"),
         ("facts", "delete", "nobody", "fact_1"),
     ],
@@ -330,6 +329,11 @@ def test_unknown_user_is_a_clear_error(
     code, out, err = run(*argv)
     assert_one_line_error(code, err, "unknown user 'nobody'")
     assert out == ""
+
+
+def test_forget_of_an_unknown_user_says_nothing_was_held(run: Run, cli_env: MemqSettings) -> None:
+    code, out, _ = run("forget", "nobody")  # idempotent: a repeated forget is not an error
+    assert code == 0 and "nothing held about user nobody" in out
 
 
 def test_memory_command_errors(run: Run, cli_env: MemqSettings, tmp_path: Path) -> None:

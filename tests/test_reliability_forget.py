@@ -41,21 +41,21 @@ def test_forget_with_work_in_flight_is_not_undone_by_the_queue(
 
     # A memory, then a dead letter (the model refuses the request for good).
     openai_server.responder = learn_items
-    assert producer.flush("t-0", "fay", None, turn("item-0"))
-    wait_for(lambda: facts_of(settings, "fay"), timeout=20, what="fay's first memory")
+    assert producer.flush("t-0", "fey", None, turn("item-5551000"))
+    wait_for(lambda: facts_of(settings, "fey"), timeout=20, what="fey's first memory")
     openai_server.script(Reply(status=400))
-    assert producer.flush("t-dead", "fay", None, turn("item-1"))
+    assert producer.flush("t-dead", "fey", None, turn("item-5551001"))
     wait_for(lambda: queue.stats()["dead"] == 1, timeout=20, what="the dead letter")
     # An extraction in flight (its model call answers in 3 s), and a turn still debouncing.
-    openai_server.script(Reply(content=json.dumps(_answer("item-2")), delay_seconds=3.0))
+    openai_server.script(Reply(content=json.dumps(_answer("item-5551002")), delay_seconds=3.0))
     calls = openai_server.call_count
-    assert producer.flush("t-run", "fay", None, turn("item-2"))
+    assert producer.flush("t-run", "fey", None, turn("item-5551002"))
     wait_for(lambda: openai_server.call_count == calls + 1, timeout=20, what="the call in flight")
-    assert producer.after_agent("t-wait", "fay", None, turn("item-3"))
+    assert producer.after_agent("t-wait", "fey", None, turn("item-5551003"))
     assert producer.after_agent("t-gus", "gus", None, turn("item-9"))
 
     done = subprocess.run(
-        [sys.executable, "-m", "memq.cli", "forget", "fay", "--json"],
+        [sys.executable, "-m", "memq.cli", "forget", "fey", "--json"],
         cwd=REPO_ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -78,18 +78,19 @@ def test_forget_with_work_in_flight_is_not_undone_by_the_queue(
         timeout=20,
         what="the in-flight run discarded",
     )
-    assert facts_of(settings, "fay") == []
-    assert get_storage(settings).list_agents("fay") == []
+    assert facts_of(settings, "fey") == []
+    assert get_storage(settings).list_agents("fey") == []
+    # Markers no other test uses: the redis-server is shared by the whole suite.
     leftovers = {
         key: value
         for key, value in dump_keyspace(redis_client).items()
-        if any(f"item-{n}" in value for n in range(4)) or ":fay:" in key or "{fay" in key
+        if any(f"item-{5551000 + n}" in value for n in range(4)) or ":fey:" in key
     }
     assert leftovers == {}
     # The other user's pending turn is still there, and a second forget finds nothing.
     assert queue.stats()["due"] == 1
     again = subprocess.run(
-        [sys.executable, "-m", "memq.cli", "forget", "fay"],
+        [sys.executable, "-m", "memq.cli", "forget", "fey"],
         cwd=REPO_ROOT,
         env={**os.environ, **env},
         capture_output=True,
@@ -97,7 +98,7 @@ def test_forget_with_work_in_flight_is_not_undone_by_the_queue(
         timeout=60,
         check=False,
     )
-    assert again.returncode == 0 and "nothing held about user fay" in again.stdout
+    assert again.returncode == 0 and "nothing held about user fey" in again.stdout
     assert not queue_idle(queue)  # gus's turn waits for its debounce
 
 
