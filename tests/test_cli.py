@@ -89,7 +89,7 @@ def test_unreachable_redis_in_a_real_process_has_no_traceback(tmp_path: Path) ->
 def test_invalid_setting_is_one_line(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMQ_DEBOUNCE_SECONDS", "soon")
     code, _, err = run("stats")
-    assert_one_line_error(code, err, "debounce_seconds")
+    assert_one_line_error(code, err, "MEMQ_DEBOUNCE_SECONDS: not a number: 'soon'")
 
 
 # --- enqueue, stats, dead
@@ -215,6 +215,24 @@ def test_doctor_reports_offline_extractor(run: Run, cli_env: MemqSettings) -> No
     checks = {c["name"]: c for c in json.loads(out)}
     assert "offline rules extractor is in use" in checks["llm"]["detail"]
     assert checks["redis"]["status"] == "ok"
+
+
+def test_doctor_and_config_show_file_storage_absolute_and_warn_it_is_not_shared(
+    run: Run, cli_env: MemqSettings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MEMQ_STORAGE", "file")
+    monkeypatch.setenv("MEMQ_STORAGE_DIR", "relative/memory")
+    _, out, _ = run("doctor", "--json")
+    storage = {c["name"]: c for c in json.loads(out)}["storage"]
+    assert storage["status"] == "warn"
+    assert str(tmp_path / "relative" / "memory") in storage["detail"]
+    assert "other hosts" in storage["detail"]
+    code, out, _ = run("config")
+    assert code == 0 and (tmp_path / "relative" / "memory").as_posix() in out
+    monkeypatch.delenv("MEMQ_STORAGE")
+    _, out, _ = run("doctor", "--json")
+    assert {c["name"]: c for c in json.loads(out)}["storage"]["status"] == "ok"
 
 
 def test_config_masks_secrets(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,7 +20,7 @@ DESCRIPTIONS: dict[str, str] = {
     "enabled": "master switch: producers enqueue nothing when off",
     "injection_enabled": "MemoryInjector returns an empty block when off",
     "redis_url": (
-        "Redis holding the queue (and the memory with `storage=redis`); "
+        "Redis holding the queue and (with the default `storage=redis`) the memory; "
         "unset → `memq up`/`demo` start a private one"
     ),
     "broker_url": "Celery broker; defaults to `redis_url`",
@@ -67,15 +67,21 @@ DESCRIPTIONS: dict[str, str] = {
     "consolidation_min_facts": "facts of one category needed before consolidation",
     "consolidation_max_groups_per_cycle": "merges per extraction",
     "consolidation_max_sources": "facts merged into one at most",
-    "storage": "`file` (one JSON file per user and agent) or `redis` (shared by every host)",
-    "storage_dir": "folder of the file storage",
+    "storage": (
+        "`redis` (shared by every process and host using this Redis) or `file` (one JSON file "
+        "per user and agent, on this host only)"
+    ),
+    "storage_dir": "folder of the file storage; a relative path is made absolute at load",
     "storage_lock_timeout_seconds": "wait for the per-(user, agent) lock before giving up",
     "history_max_entries": "change-history entries kept per document",
     "injected_memory_max_tokens": "token budget of the injected `<user_memory>` block",
     "token_counting": "count tokens with tiktoken (`true`) or a character estimate (`false`)",
     "guaranteed_categories": "categories injected first from their own budget (comma-separated)",
     "guaranteed_token_budget": "that budget, in tokens",
-    "data_dir": "data folder of `memq up` (the private Redis and its AOF)",
+    "data_dir": (
+        "data folder of `memq up` (the private Redis and its AOF); a relative path is made "
+        "absolute at load"
+    ),
     "flower_address": "address Flower binds to in `memq up`",
     "flower_port": "port of Flower in `memq up`",
     "flower_user": "Flower basic-auth user",

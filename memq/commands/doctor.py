@@ -49,6 +49,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     checks += _guard("broker", lambda: check_broker(settings, redis_ok=redis_ok))
     checks += _guard("llm", lambda: check_llm(settings))
     checks += _guard("tiktoken", check_tiktoken)
+    checks += _guard("storage", lambda: check_storage(settings))
     if args.json:
         print(json.dumps([c.__dict__ for c in checks], indent=2))
     else:
@@ -189,6 +190,28 @@ def check_llm(settings: MemqSettings, timeout_seconds: float = 3.0) -> list[Chec
             )
         ]
     return [Check("ok", "llm", f"{base} answered HTTP {status}; model {settings.llm_model}")]
+
+
+def check_storage(settings: MemqSettings) -> list[Check]:
+    """Where memory documents live, and whether every process of a deployment sees them."""
+    if settings.storage == "redis":
+        return [
+            Check(
+                "ok",
+                "storage",
+                f"memory documents in Redis at {mask_url(settings.redis_url)}: shared by every "
+                "worker and agent that uses this Redis",
+            )
+        ]
+    return [
+        Check(
+            "warn",
+            "storage",
+            f"file storage in {settings.storage_dir}: only processes on this host that use this "
+            "folder see the memory; workers on other hosts write documents agents here never read",
+            "unset MEMQ_STORAGE (Redis storage, the default) unless every worker runs on this host",
+        )
+    ]
 
 
 def check_tiktoken() -> list[Check]:
