@@ -27,6 +27,8 @@ def test_the_app_has_both_tasks_and_the_reliability_options(make_settings: Any) 
     assert entry["options"]["expires"] > 0  # ticks never pile up behind a busy worker
     extract = app.tasks[EXTRACT_TASK]
     assert extract.soft_time_limit < extract.time_limit < settings.lease_seconds
+    # Flower: extractions send events, the ticker does not (it would flood the task list).
+    assert extract.send_events and not app.tasks[TICK_TASK].send_events
 
 
 def test_each_app_keeps_its_own_tasks(make_settings: Any) -> None:
