@@ -150,6 +150,8 @@ class MemqSettings(BaseSettings):
     flower_user: str = "memq"
     flower_password: SecretStr | None = None
     worker_concurrency: int = Field(default=4, ge=1)
+    exporter_address: str = "127.0.0.1"
+    exporter_port: int = Field(default=9808, ge=0, le=65535)
 
     @field_validator("redis_url")
     @classmethod
