@@ -86,7 +86,7 @@ class MemqCollector(Collector):
     def _counters(snapshot: MetricsSnapshot) -> Iterator[Metric]:
         extractions = CounterMetricFamily(
             "memq_extractions",
-            "Extraction runs by outcome: updated, unchanged (saved), retry, dead (failed)",
+            "Extraction runs by outcome: updated, unchanged, skipped (done), retry, dead (failed)",
             labels=["outcome"],
         )
         for outcome in sorted(set(EXTRACTION_OUTCOMES) | set(snapshot.extractions)):

@@ -113,6 +113,42 @@ def test_enqueue_a_json_file(
     assert code == 0 and "due" in out and "oldest deadline lag" in out
 
 
+def test_stats_names_depths_and_totals_apart(
+    run: Run, cli_env: MemqSettings, redis_client: redis.Redis
+) -> None:
+    from worker.metrics import STALE_RUNS, MetricsRecorder
+    from worker.tick import TickReport
+
+    recorder = MetricsRecorder.for_settings(cli_env, redis_client)
+    for outcome in ("updated", "updated", "retry", "dead"):
+        recorder.extraction(outcome)
+    recorder.tick(TickReport(claimed=4, requeued=1, dead=1), 1_000)
+    redis_client.hincrby(KeySchema(cli_env.key_prefix).metrics(), STALE_RUNS, 3)
+
+    code, out, _ = run("stats")
+    assert code == 0
+    rows = {
+        line[: line.rindex("  ")].strip(): line.split()[-1]
+        for line in out.splitlines()[2:]
+        if "  " in line.strip()
+    }
+    assert rows["dead letters now"] == "0"
+    assert "dead" not in rows  # one meaning per row: depth now vs. total ever
+    assert rows["extractions: updated"] == "2"
+    assert rows["extractions: retry scheduled"] == "1"
+    assert rows["extractions: dead-lettered"] == "1"
+    assert rows["dead-lettered in total (failed runs + expired leases)"] == "2"
+    assert rows["stale runs discarded (lost their claim)"] == "3"  # not an extraction
+    assert rows["queue: claimed and dispatched"] == "4"
+    assert rows["queue: leases expired, back to due"] == "1"
+    code, out, _ = run("stats", "--json")
+    stats = json.loads(out)
+    assert stats["extractions"] == {"dead": 1, "retry": 1, "updated": 2}
+    assert stats["shards"] == [
+        {"shard": 0, "due": 0, "inflight": 0, "dead": 0, "oldest_due_lag_ms": 0}
+    ]
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [

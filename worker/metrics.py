@@ -25,7 +25,7 @@ from core.settings import MemqSettings
 log = logging.getLogger(__name__)
 
 # --- field names of the metrics hash (other modules write some of them; readers use these)
-EXTRACTIONS = "extractions:"  # + outcome: updated, unchanged, retry, dead
+EXTRACTIONS = "extractions:"  # + outcome: updated, unchanged, skipped, retry, dead
 LLM_REQUESTS = "llm_requests:"  # + result: ok, timeout, unreachable, rate_limited, ...
 LLM_LATENCY_BUCKET = "llm_latency_le:"  # + upper bound in seconds, or +Inf
 LLM_LATENCY_COUNT = "llm_latency_count"
@@ -41,7 +41,8 @@ TICK_DEFERRED = "tick_deferred"  # due contexts moved on because their user was 
 LEASES_EXPIRED = "leases_expired"  # put back in `due` by the reaper
 LEASES_DEAD = "leases_dead"  # expired past max_attempts: dead-lettered by the reaper
 
-EXTRACTION_OUTCOMES = ("updated", "unchanged", "retry", "dead")
+# updated/unchanged: saved; skipped: nothing new since the last run; retry/dead: failed.
+EXTRACTION_OUTCOMES = ("updated", "unchanged", "skipped", "retry", "dead")
 LATENCY_BUCKETS_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
