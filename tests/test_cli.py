@@ -154,7 +154,11 @@ def test_stats_names_depths_and_totals_apart(
     [
         ("{not json", "is not valid JSON (line 1"),
         ('{"messages": 3}', "expected a JSON list of messages"),
-        ('[{"role": "tool", "content": "x"}]', "nothing to remember"),
+        (
+            '[{"role": "tool", "content": "x"}, {"role": "user", "content": "hi"}]',
+            "nothing to remember: it needs at least one user message and one assistant answer; "
+            "missing: an assistant answer (2 message(s) given; tool results",
+        ),
     ],
 )
 def test_enqueue_bad_file(
@@ -281,6 +285,35 @@ def test_config_masks_secrets(run: Run, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 # --- memory: show, inject, facts, export/import, forget
+def test_facts_add_rejects_an_unknown_category_listing_the_known_ones(
+    run: Run, cli_env: MemqSettings
+) -> None:
+    code, _, err = run("facts", "add", "dora", "Is vegan", "--category", "corection")
+    assert_one_line_error(
+        code,
+        err,
+        "unknown category 'corection' (known: preference, knowledge, context, behavior, goal, "
+        "correction); did you mean 'correction'?",
+    )
+    code, _, err = run("show", "dora")
+    assert_one_line_error(code, err, "unknown user 'dora'")  # nothing was written
+
+
+def test_one_fact_is_singular_and_show_help_says_what_show_does(
+    run: Run, cli_env: MemqSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("facts", "add", "dora", "Is vegan", "--category", "correction")[0] == 0
+    assert run("facts", "add", "dora", "Flies gliders", "--agent", "Pilot")[0] == 0
+    code, out, _ = run("show", "dora")
+    assert code == 0
+    assert "agent (global) · 1 fact ·" in out and "agent pilot · 1 fact ·" in out
+    with pytest.raises(SystemExit):
+        main(["show", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "every agent the user has a memory for" in help_text
+    assert "only this agent's memory (default: every agent of the user)" in help_text
+
+
 DEERFLOW_MEMORY = {
     "version": "1.0",
     "lastUpdated": "2026-01-05T10:00:00Z",
@@ -362,7 +395,7 @@ def test_memory_round_trip(run: Run, cli_env: MemqSettings, tmp_path: Path) -> N
     assert contents == {"Prefers bullet lists", "Lives in Lisbon"}
 
     code, out, _ = run("forget", "carol")
-    assert code == 0 and "1 memory document(s) deleted" in out
+    assert code == 0 and "1 memory document deleted" in out
     code, _, err = run("show", "carol")
     assert_one_line_error(code, err, "unknown user 'carol'")
 

@@ -66,15 +66,32 @@ def run_enqueue(args: argparse.Namespace, context: CommandContext) -> int:
     finally:
         producer.close()
     if result is None:
-        raise CommandError(
-            f"{args.file}: nothing to remember (no user or assistant text after filtering)"
-        )
+        raise CommandError(f"{args.file}: nothing to remember: {_why_nothing(messages, context)}")
     due = "now" if args.flush else _when(result.deadline_ms)
     print(
         f"enqueued {result.context_id} version {result.version} "
         f"({result.code.name.lower().replace('_', ' ')}), due {due}"
     )
     return 0
+
+
+def _why_nothing(messages: list[Any], context: CommandContext) -> str:
+    """What the producer needed and did not find (it only answers "nothing to send")."""
+    from producer.messages import filter_messages_for_memory
+
+    if not context.settings.enabled:
+        return "MEMQ_ENABLED is false, so producers enqueue nothing"
+    kept = filter_messages_for_memory(messages)
+    users = sum(1 for m in kept if m.role == "user")
+    answers = len(kept) - users
+    missing = " and ".join(
+        what for what, n in (("a user message", users), ("an assistant answer", answers)) if not n
+    )
+    return (
+        f"it needs at least one user message and one assistant answer; missing: {missing} "
+        f"({len(messages)} message(s) given; tool results, system prompts, tool-calling steps "
+        "and upload-only turns are not remembered)"
+    )
 
 
 def _queue(context: CommandContext) -> Any:
