@@ -85,5 +85,5 @@ def test_an_agent_in_another_directory_reads_what_the_worker_wrote(
     wait_for(extracted, timeout=30, interval=0.1, what="the worker extracted the thread")
 
     block = run_agent("read", agent_dir, agent_env)
-    assert "User prefers short answers" in block, block
+    assert "User prefers short answers" in block and "User's name is Dora" in block, block
     assert not (agent_dir / ".memq").exists()
