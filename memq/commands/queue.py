@@ -124,7 +124,10 @@ def stats_summary(shards: list[ShardGauges], snapshot: MetricsSnapshot, now: int
         "oldest_due_lag_ms": max((s.oldest_due_lag_ms for s in shards), default=0),
         "last_tick_age_ms": None if snapshot.last_tick_ms is None else now - snapshot.last_tick_ms,
         "shards": [asdict(s) for s in shards],
-        "extractions": dict(sorted(snapshot.extractions.items())),
+        "extractions": {
+            outcome: snapshot.extractions[outcome]
+            for outcome in sorted(snapshot.extractions, key=_outcome_order)
+        },
         "dead_lettered_total": snapshot.dead_lettered,
         "stale_runs": snapshot.stale_runs,
         "queue": {
@@ -144,6 +147,13 @@ def stats_summary(shards: list[ShardGauges], snapshot: MetricsSnapshot, now: int
         "completion_tokens": snapshot.completion_tokens,
         "forgets": snapshot.forgets,
     }
+
+
+def _outcome_order(outcome: str) -> tuple[int, str]:
+    from worker.metrics import EXTRACTION_OUTCOMES
+
+    known = EXTRACTION_OUTCOMES.index(outcome) if outcome in EXTRACTION_OUTCOMES else 99
+    return known, outcome
 
 
 def stats_rows(stats: dict[str, Any]) -> list[tuple[str, object]]:
