@@ -132,8 +132,19 @@ def test_metrics_match_a_known_workload(
         what="every context extracted or dead",
     )
 
-    text = wait_for(lambda: scrape(url), timeout=20, interval=0.1, what="the exporter listening")
-    samples = parse(text)
+    def counted() -> Samples | None:
+        # A task counts its outcome just after it settles the queue: wait for the counts, then
+        # check every figure on that one scrape.
+        text = scrape(url)
+        samples = parse(text) if text else {}
+        done = samples and (
+            value(samples, "memq_extractions_total", outcome="updated"),
+            value(samples, "memq_extractions_total", outcome="dead"),
+            value(samples, "memq_tick_claimed_total"),
+        ) == (GOOD, DOOMED, GOOD + DOOMED)
+        return samples if done else None
+
+    samples = wait_for(counted, timeout=20, interval=0.1, what="the workload counted in /metrics")
     assert value(samples, "memq_up") == 1
     assert value(samples, "memq_extractions_total", outcome="updated") == GOOD
     assert value(samples, "memq_extractions_total", outcome="dead") == DOOMED
