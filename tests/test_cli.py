@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,12 @@ def test_stats_names_depths_and_totals_apart(
         recorder.extraction(outcome)
     recorder.tick(TickReport(claimed=4, requeued=1, dead=1), 1_000)
     redis_client.hincrby(KeySchema(cli_env.key_prefix).metrics(), STALE_RUNS, 3)
+
+    code, out, _ = run("doctor", "--json")
+    assert {c["name"]: c for c in json.loads(out)}["ticker"]["status"] == "warn"  # long ago
+    recorder.tick(TickReport(), int(time.time() * 1000))
+    code, out, _ = run("doctor", "--json")
+    assert {c["name"]: c for c in json.loads(out)}["ticker"]["status"] == "ok"
 
     code, out, _ = run("stats")
     assert code == 0
@@ -253,6 +260,8 @@ def test_doctor_says_what_to_fix(
 def test_doctor_reports_offline_extractor(run: Run, cli_env: MemqSettings) -> None:
     _, out, _ = run("doctor", "--json")
     checks = {c["name"]: c for c in json.loads(out)}
+    assert checks["ticker"]["status"] == "warn"  # no beat has ticked on this prefix
+    assert "no tick recorded yet" in checks["ticker"]["detail"]
     assert "offline rules extractor is in use" in checks["llm"]["detail"]
     assert checks["redis"]["status"] == "ok"
 
