@@ -82,6 +82,10 @@ INTRODUCTIONS = [
     ),
     ("My name is Ana Lopez, a pilot", ["User's name is Ana Lopez", "User is a pilot"]),
     ("I'm Bob from Lyon", ["User's name is Bob", "User is from Lyon"]),
+    (
+        "I'm Eve, a chef in Rome, and I prefer tea",
+        ["User's name is Eve", "User is a chef in Rome"],
+    ),
     ("我是王伟，一名后端工程师", ["用户叫王伟", "用户是后端工程师"]),
     ("我是王伟，住在上海。", ["用户叫王伟", "用户住在上海"]),
     ("我叫陈静，一位设计师", ["用户叫陈静", "用户是设计师"]),

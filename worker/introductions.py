@@ -22,6 +22,8 @@ _EN_NAMED = re.compile(
 )
 _EN_ROLE = re.compile(r"^(?:and )?(?:i['’]m |i am )?(?P<role>(?:a|an) [a-z][\w ,-]{2,80})$", re.I)
 _EN_FROM = re.compile(r"^(?:and )?(?:i['’]m |i am )?from (?P<place>[A-Z][\w ,'’-]{1,60})$")
+# "…, a nurse in Toronto, and I prefer tea": the description ends where the next clause starts.
+_EN_NEXT_CLAUSE = re.compile(r",?\s+(?:and|but)\s+(?:i|i['’]m|my)\b", re.I)
 # Capitalised words that follow "I'm" without being names.
 _NOT_NAMES = frozenset(
     {
@@ -115,7 +117,8 @@ def _english(sentence: str) -> list[dict[str, Any]]:
     if name.split()[0] in _NOT_NAMES:
         return []
     facts = [_fact(f"User's name is {name}", 0.95)]
-    rest = _TRAILING.sub("", (found.group("rest") or "").strip().lstrip(",").strip())
+    rest = (found.group("rest") or "").strip().lstrip(",").strip()
+    rest = _TRAILING.sub("", _EN_NEXT_CLAUSE.split(rest, maxsplit=1)[0])
     role, place = _EN_ROLE.match(rest), _EN_FROM.match(rest)
     if role is not None:
         facts.append(_fact(f"User is {role.group('role')}"))
