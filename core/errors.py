@@ -81,3 +81,13 @@ class InvalidMemoryData(MemqError, ValueError):
 class FactEvicted(MemqError):
     """A fact added by hand was not kept: the document is at its ``max_facts`` cap and every stored
     fact ranks above the new one (the document itself is still saved)."""
+
+
+class ExtractionDeadLettered(MemqError):
+    """An extraction ended with its context in the dead letters. Raised by the Celery task after
+    the queue is settled, so Celery, Flower and the result show FAILURE with the reason."""
+
+
+class ExtractionRetryScheduled(MemqError):
+    """An extraction failed and the queue holds its context for a later try (what Flower shows as
+    the reason of a RETRY; the retry itself is the ticker's, never Celery's)."""

@@ -47,6 +47,23 @@ RUN_SLACK_SECONDS = 15.0
 # Between the soft time limit (an exception the run settles as a failure) and the hard one.
 HARD_LIMIT_GRACE_SECONDS = 5.0
 
+# Cluster and Sentinel schemes are accepted now so configurations written for them stay valid.
+REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "unix")
+
+# Settings whose values may be secrets: an error about them never repeats the value.
+_SECRET_FIELDS = frozenset({"redis_url", "broker_url", "llm_api_key", "flower_password"})
+
+# Pydantic's wording of the common type errors, said the short way.
+_SHORT_MESSAGES = {
+    "float_parsing": "not a number",
+    "float_type": "not a number",
+    "int_parsing": "not a whole number",
+    "int_from_float": "not a whole number",
+    "int_type": "not a whole number",
+    "bool_parsing": "not true or false",
+    "bool_type": "not true or false",
+}
+
 
 def _split_csv(value: Any) -> Any:
     if isinstance(value, str):
@@ -125,7 +142,9 @@ class MemqSettings(BaseSettings):
     consolidation_max_sources: int = Field(default=8, ge=2, le=20)
 
     # --- storage
-    storage: Literal["file", "redis"] = "file"
+    # Redis by default: every agent process and worker of a deployment, on any host and in any
+    # working directory, then reads the same memory. File storage is for one host only.
+    storage: Literal["file", "redis"] = "redis"
     storage_dir: Path = Path(".memq/memory")
     storage_lock_timeout_seconds: float = Field(default=10.0, gt=0.0)
     history_max_entries: int = Field(default=500, ge=0)
@@ -143,6 +162,27 @@ class MemqSettings(BaseSettings):
     flower_user: str = "memq"
     flower_password: SecretStr | None = None
     worker_concurrency: int = Field(default=4, ge=1)
+    exporter_address: str = "127.0.0.1"
+    exporter_port: int = Field(default=9808, ge=0, le=65535)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str) -> str:
+        scheme, sep, _ = value.partition("://")
+        if not sep or scheme.lower() not in REDIS_SCHEMES:
+            # The value itself is not echoed: a URL may carry a password.
+            raise ValueError(
+                "needs redis:// or rediss:// (for example redis://localhost:6379/0); "
+                f"also accepted: {', '.join(s + '://' for s in REDIS_SCHEMES[2:])}"
+            )
+        return value
+
+    @field_validator("storage_dir", "data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        # Resolved once, here: a process that later changes directory, or one started elsewhere
+        # and handed these settings, still means the same folder.
+        return Path(os.path.abspath(value.expanduser()))
 
     @field_validator("guaranteed_categories", "staleness_protected_categories", mode="before")
     @classmethod
@@ -279,9 +319,25 @@ def load_settings(**overrides: Any) -> MemqSettings:
     try:
         return MemqSettings(**overrides)
     except ValidationError as exc:
-        # Never the input values: they hold API keys and Redis passwords.
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc']) or 'settings'}: {error['msg']}"
-            for error in exc.errors(include_input=False, include_url=False)
-        )
+        problems = "; ".join(describe_error(error) for error in exc.errors(include_url=False))
         raise ConfigError(f"invalid memq settings: {problems}") from None
+
+
+def describe_error(error: Mapping[str, Any]) -> str:
+    """One problem, named by its environment variable: ``MEMQ_DEBOUNCE_SECONDS: not a number:
+    'abc'``. The value is repeated only for settings that can never hold a secret."""
+    loc = [str(part) for part in error.get("loc", ())]
+    field = loc[0] if loc else ""
+    if field in MemqSettings.model_fields:
+        name = f"MEMQ_{field.upper()}"
+    else:
+        name = ".".join(loc) or "settings"
+    message = str(error.get("msg", "invalid"))
+    message = message.removeprefix("Value error, ")
+    short = _SHORT_MESSAGES.get(str(error.get("type", "")))
+    if short is not None:
+        message = short
+        value = error.get("input")
+        if field not in _SECRET_FIELDS and isinstance(value, str | int | float | bool):
+            message = f"{message}: {str(value)[:80]!r}"
+    return f"{name}: {message}"

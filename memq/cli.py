@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import redis
 
 from core.errors import ConfigError, MemqError
-from memq.commands import config, doctor, memory, queue, up
+from memq.commands import config, doctor, exporter, memory, queue, up
 from memq.commands import demo as demo_command
 from memq.commands.common import CommandContext, mask_url
 
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (up, demo_command, queue, memory, doctor, config):
+    for module in (up, demo_command, queue, memory, doctor, config, exporter):
         module.register(sub)
     return parser
 

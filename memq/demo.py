@@ -52,8 +52,6 @@ def demo_settings(data_dir: Path) -> MemqSettings:
     """Short debounce and tick so the demo finishes quickly; the LLM settings stay as configured."""
     return load_settings(
         data_dir=data_dir,
-        storage="file",
-        storage_dir=data_dir / "memory",
         key_prefix="demo",
         debounce_seconds=0.5,
         max_delay_seconds=5.0,

@@ -25,7 +25,7 @@ __all__ = [
 def get_storage(
     settings: MemqSettings | None = None, *, redis: redis.Redis | None = None
 ) -> MemoryStorage:
-    """The backend ``settings.storage`` names (``file``, the default, or ``redis``).
+    """The backend ``settings.storage`` names (``redis``, the default, or ``file``).
 
     ``redis`` is an existing client to share (Redis backend only); without it one is built from the
     settings. Settings come from the environment when omitted.

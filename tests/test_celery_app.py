@@ -31,6 +31,8 @@ def test_the_app_has_both_tasks_and_the_reliability_options(make_settings: Any) 
     assert extract.soft_time_limit == settings.run_budget_seconds
     assert extract.soft_time_limit >= settings.llm_timeout_seconds * (settings.llm_max_retries + 1)
     assert extract.soft_time_limit < extract.time_limit == settings.run_hard_limit_seconds
+    # Flower: extractions send events, the ticker does not (it would flood the task list).
+    assert extract.send_events and not app.tasks[TICK_TASK].send_events
 
 
 def test_each_app_keeps_its_own_tasks(make_settings: Any) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def test_unreachable_redis_in_a_real_process_has_no_traceback(tmp_path: Path) ->
 def test_invalid_setting_is_one_line(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMQ_DEBOUNCE_SECONDS", "soon")
     code, _, err = run("stats")
-    assert_one_line_error(code, err, "debounce_seconds")
+    assert_one_line_error(code, err, "MEMQ_DEBOUNCE_SECONDS: not a number: 'soon'")
 
 
 # --- enqueue, stats, dead
@@ -113,12 +114,58 @@ def test_enqueue_a_json_file(
     assert code == 0 and "due" in out and "oldest deadline lag" in out
 
 
+def test_stats_names_depths_and_totals_apart(
+    run: Run, cli_env: MemqSettings, redis_client: redis.Redis
+) -> None:
+    from worker.metrics import STALE_RUNS, MetricsRecorder
+    from worker.tick import TickReport
+
+    recorder = MetricsRecorder.for_settings(cli_env, redis_client)
+    for outcome in ("updated", "updated", "retry", "dead"):
+        recorder.extraction(outcome)
+    recorder.tick(TickReport(claimed=4, requeued=1, dead=1), 1_000)
+    redis_client.hincrby(KeySchema(cli_env.key_prefix).metrics(), STALE_RUNS, 3)
+
+    code, out, _ = run("doctor", "--json")
+    assert {c["name"]: c for c in json.loads(out)}["ticker"]["status"] == "warn"  # long ago
+    recorder.tick(TickReport(), int(time.time() * 1000))
+    code, out, _ = run("doctor", "--json")
+    assert {c["name"]: c for c in json.loads(out)}["ticker"]["status"] == "ok"
+
+    code, out, _ = run("stats")
+    assert code == 0
+    rows = {
+        line[: line.rindex("  ")].strip(): line.split()[-1]
+        for line in out.splitlines()[2:]
+        if "  " in line.strip()
+    }
+    assert rows["dead letters now"] == "0"
+    assert "dead" not in rows  # one meaning per row: depth now vs. total ever
+    assert rows["extractions: updated"] == "2"
+    assert rows["extractions: retry scheduled"] == "1"
+    assert rows["extractions: dead-lettered"] == "1"
+    assert rows["dead-lettered in total (failed runs + expired leases)"] == "2"
+    assert rows["stale runs discarded (lost their claim)"] == "3"  # not an extraction
+    assert rows["queue: claimed and dispatched"] == "4"
+    assert rows["queue: leases expired, back to due"] == "1"
+    code, out, _ = run("stats", "--json")
+    stats = json.loads(out)
+    assert stats["extractions"] == {"dead": 1, "retry": 1, "updated": 2}
+    assert stats["shards"] == [
+        {"shard": 0, "due": 0, "inflight": 0, "dead": 0, "oldest_due_lag_ms": 0}
+    ]
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
         ("{not json", "is not valid JSON (line 1"),
         ('{"messages": 3}', "expected a JSON list of messages"),
-        ('[{"role": "tool", "content": "x"}]', "nothing to remember"),
+        (
+            '[{"role": "tool", "content": "x"}, {"role": "user", "content": "hi"}]',
+            "nothing to remember: it needs at least one user message and one assistant answer; "
+            "missing: an assistant answer (2 message(s) given; tool results",
+        ),
     ],
 )
 def test_enqueue_bad_file(
@@ -213,8 +260,28 @@ def test_doctor_says_what_to_fix(
 def test_doctor_reports_offline_extractor(run: Run, cli_env: MemqSettings) -> None:
     _, out, _ = run("doctor", "--json")
     checks = {c["name"]: c for c in json.loads(out)}
+    assert checks["ticker"]["status"] == "warn"  # no beat has ticked on this prefix
+    assert "no tick recorded yet" in checks["ticker"]["detail"]
     assert "offline rules extractor is in use" in checks["llm"]["detail"]
     assert checks["redis"]["status"] == "ok"
+
+
+def test_doctor_and_config_show_file_storage_absolute_and_warn_it_is_not_shared(
+    run: Run, cli_env: MemqSettings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MEMQ_STORAGE", "file")
+    monkeypatch.setenv("MEMQ_STORAGE_DIR", "relative/memory")
+    _, out, _ = run("doctor", "--json")
+    storage = {c["name"]: c for c in json.loads(out)}["storage"]
+    assert storage["status"] == "warn"
+    assert str(tmp_path / "relative" / "memory") in storage["detail"]
+    assert "other hosts" in storage["detail"]
+    code, out, _ = run("config")
+    assert code == 0 and (tmp_path / "relative" / "memory").as_posix() in out
+    monkeypatch.delenv("MEMQ_STORAGE")
+    _, out, _ = run("doctor", "--json")
+    assert {c["name"]: c for c in json.loads(out)}["storage"]["status"] == "ok"
 
 
 def test_config_masks_secrets(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,6 +294,35 @@ def test_config_masks_secrets(run: Run, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 # --- memory: show, inject, facts, export/import, forget
+def test_facts_add_rejects_an_unknown_category_listing_the_known_ones(
+    run: Run, cli_env: MemqSettings
+) -> None:
+    code, _, err = run("facts", "add", "dora", "Is vegan", "--category", "corection")
+    assert_one_line_error(
+        code,
+        err,
+        "unknown category 'corection' (known: preference, knowledge, context, behavior, goal, "
+        "correction); did you mean 'correction'?",
+    )
+    code, _, err = run("show", "dora")
+    assert_one_line_error(code, err, "unknown user 'dora'")  # nothing was written
+
+
+def test_one_fact_is_singular_and_show_help_says_what_show_does(
+    run: Run, cli_env: MemqSettings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run("facts", "add", "dora", "Is vegan", "--category", "correction")[0] == 0
+    assert run("facts", "add", "dora", "Flies gliders", "--agent", "Pilot")[0] == 0
+    code, out, _ = run("show", "dora")
+    assert code == 0
+    assert "agent (global) · 1 fact ·" in out and "agent pilot · 1 fact ·" in out
+    with pytest.raises(SystemExit):
+        main(["show", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "every agent the user has a memory for" in help_text
+    assert "only this agent's memory (default: every agent of the user)" in help_text
+
+
 DEERFLOW_MEMORY = {
     "version": "1.0",
     "lastUpdated": "2026-01-05T10:00:00Z",

@@ -49,7 +49,8 @@ def test_demo_prints_what_it_learned(tmp_path: Path) -> None:
     assert out.count("<user_memory>") == 3 and out.count("</user_memory>") == 3
     assert "- [correction | 0.95] Use Python instead of MATLAB" in out
     assert out.rstrip().endswith("`memq --help` for the rest.")
-    # Everything lived in the demo folder, the private Redis kept its AOF there.
-    assert (data_dir / "memory" / "users" / "alice").is_dir()
+    # Everything lived in the demo folder: the memory in the private Redis (the default
+    # storage), which kept its AOF there.
     assert any((data_dir / "redis").glob("appendonly*"))
+    assert not (data_dir / "memory").exists()
     assert not (tmp_path / ".memq").exists()

@@ -16,7 +16,8 @@ from celery import Celery
 from celery.bin.celery import celery as celery_cli
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICES = {"redis", "worker", "beat", "flower"}
+SERVICES = {"redis", "worker", "beat", "flower", "exporter", "prometheus", "grafana"}
+MONITORING = {"prometheus", "grafana"}  # the `monitoring` profile
 
 
 def compose() -> dict[str, Any]:
@@ -74,25 +75,49 @@ def test_compose_worker_scales_and_flower_is_protected() -> None:
     flower = services["flower"]
     assert flower["ports"] == ["127.0.0.1:5555:5555"]
     assert "FLOWER_BASIC_AUTH" in flower["environment"]
-    for name in ("worker", "beat", "flower"):
+    for name in ("worker", "beat", "flower", "exporter"):
         env = services[name]["environment"]
         assert env["MEMQ_REDIS_URL"] == "redis://redis:6379/0"
         assert env["MEMQ_STORAGE"] == "redis"  # one memory for every worker container
 
 
-@pytest.mark.parametrize("service", ["worker", "beat", "flower"])
+@pytest.mark.parametrize("service", ["worker", "beat", "flower", "exporter"])
 def test_compose_commands_resolve(service: str) -> None:
     assert_entry_point_resolves(compose()["services"][service]["command"])
 
 
-def test_procfile_has_worker_beat_flower() -> None:
+def test_compose_monitoring_profile_loads_the_shipped_files() -> None:
+    services = compose()["services"]
+    assert {n for n, s in services.items() if "monitoring" in s.get("profiles", [])} == MONITORING
+    for name in SERVICES - MONITORING:
+        assert "profiles" not in services[name]  # a plain `up` starts the memq stack alone
+    for name in MONITORING | {"exporter"}:
+        for port in services[name]["ports"]:
+            assert port.startswith("127.0.0.1:")
+        for volume in services[name].get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts missing {source}"
+    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    targets = [
+        t
+        for job in prometheus["scrape_configs"]
+        for c in job["static_configs"]
+        for t in c["targets"]
+    ]
+    assert "exporter:9808" in targets
+    assert prometheus["rule_files"] == ["/etc/prometheus/alerts.yml"]
+
+
+def test_procfile_has_worker_beat_flower_exporter() -> None:
     entries = procfile()
-    assert set(entries) == {"worker", "beat", "flower"}
+    assert set(entries) == {"worker", "beat", "flower", "exporter"}
+    assert "--max-tasks=" in entries["flower"]
     assert "--basic-auth=" in entries["flower"]
     assert "--address=127.0.0.1" in entries["flower"]
 
 
-@pytest.mark.parametrize("name", ["worker", "beat", "flower"])
+@pytest.mark.parametrize("name", ["worker", "beat", "flower", "exporter"])
 def test_procfile_commands_resolve(name: str) -> None:
     assert_entry_point_resolves(shlex.split(procfile()[name]))
 

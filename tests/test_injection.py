@@ -195,7 +195,7 @@ def test_a_deerflow_mapping_is_accepted() -> None:
 
 @pytest.fixture
 def file_settings(tmp_path: Path) -> MemqSettings:
-    return MemqSettings(storage_dir=tmp_path / "memory", token_counting=False)
+    return MemqSettings(storage="file", storage_dir=tmp_path / "memory", token_counting=False)
 
 
 def test_injector_wraps_the_latest_memory_every_call(file_settings: MemqSettings) -> None:

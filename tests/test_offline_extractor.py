@@ -49,6 +49,46 @@ EXTRACTED = [
     ("我的目标是三个月内学会Rust", "goal", "用户的目标：三个月内学会Rust", None),
     ("就用 uv 吧", "context", "决定使用uv", None),
     ("不要用pip，改用uv", "correction", "使用uv，不要用pip", "用了pip"),
+    # "not X, Y" corrections of who the user is, and of what was said
+    (
+        "I'm not vegetarian, I'm vegan.",
+        "correction",
+        "User is vegan, not vegetarian",
+        "Took the user for vegetarian",
+    ),
+    (
+        "I am not a student but a teacher",
+        "correction",
+        "User is a teacher, not a student",
+        "Took the user for a student",
+    ),
+    (
+        "我不是素食者，我是纯素食者",
+        "correction",
+        "用户是纯素食者，不是素食者",
+        "误以为用户是素食者",
+    ),
+    ("我不是学生而是老师。", "correction", "用户是老师，不是学生", "误以为用户是学生"),
+    ("不是周二，是周三", "correction", "应该是周三，不是周二", "以为是周二"),
+    # a bare name
+    ("Hi, I'm Carol.", "context", "User's name is Carol", None),
+    ("我叫李娜", "context", "用户叫李娜", None),
+]
+
+INTRODUCTIONS = [
+    (
+        "I'm Carol, a nurse living in Toronto.",
+        ["User's name is Carol", "User is a nurse living in Toronto"],
+    ),
+    ("My name is Ana Lopez, a pilot", ["User's name is Ana Lopez", "User is a pilot"]),
+    ("I'm Bob from Lyon", ["User's name is Bob", "User is from Lyon"]),
+    (
+        "I'm Eve, a chef in Rome, and I prefer tea",
+        ["User's name is Eve", "User is a chef in Rome"],
+    ),
+    ("我是王伟，一名后端工程师", ["用户叫王伟", "用户是后端工程师"]),
+    ("我是王伟，住在上海。", ["用户叫王伟", "用户住在上海"]),
+    ("我叫陈静，一位设计师", ["用户叫陈静", "用户是设计师"]),
 ]
 
 NOTHING = [
@@ -84,6 +124,13 @@ NOTHING = [
     "我是说这个不行",
     "不对称的设计很好看",
     "如果我喜欢Java会怎样",
+    # not names, not corrections
+    "I'm French.",
+    "I'm Sorry, I forgot",
+    "I'm not sure, maybe later",
+    "I'm not sure but I think so",
+    "I'm not a fan, but I use it",
+    "我是学生，在北京读书",
 ]
 
 
@@ -95,6 +142,14 @@ def test_explicit_statements_are_extracted(
     assert (fact["category"], fact["content"]) == (category, content)
     assert fact.get("sourceError") == source_error
     assert fact["confidence"] >= 0.7  # passes the default threshold
+
+
+@pytest.mark.parametrize(("text", "contents"), INTRODUCTIONS)
+def test_self_introductions_give_the_name_and_the_rest(text: str, contents: list[str]) -> None:
+    facts = extract_facts(text)
+    assert [f["content"] for f in facts] == contents
+    assert {f["category"] for f in facts} == {"context"}
+    assert all(f["confidence"] >= 0.9 for f in facts)
 
 
 @pytest.mark.parametrize("text", NOTHING)

@@ -89,7 +89,12 @@ def test_llm_faults_end_extracted_or_dead_with_a_reason_and_dead_ones_retry(
     model = FaultyModel()
     openai_server.responder = model
     settings: MemqSettings = stack_settings(
-        make_settings, openai_server, llm_timeout_seconds=1.0, max_attempts=3, lease_seconds=10.0
+        make_settings,
+        openai_server,
+        llm_timeout_seconds=1.0,
+        max_attempts=3,
+        lease_seconds=10.0,
+        storage="file",  # the check below reads the documents on disk
     )
     env = memq_env(settings)
     celery_procs.start_worker(env, concurrency=4)

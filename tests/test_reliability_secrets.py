@@ -24,6 +24,7 @@ from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, facts_of, learn_items, stack_settings, turn
 from tests.support.waiting import wait_for
 from worker.celery_app import TICK_TASK, create_app
+from worker.metrics import read_metrics
 
 pytestmark = pytest.mark.reliability
 
@@ -77,12 +78,14 @@ def test_api_key_and_redis_password_never_appear_in_messages_logs_or_cli(
         assert openai_server.auth_headers[-1] == f"Bearer {API_KEY}"  # the key was really used
         assert_no_secret("the worker log", worker.log_text())
 
+        # The task counts its outcome just after the save the facts showed.
+        wait_for(lambda: read_metrics(client, settings).extractions == {"updated": 1}, timeout=20)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         capsys.readouterr()
         assert main(["stats", "--json"]) == 0
         stats_out = capsys.readouterr()
-        assert json.loads(stats_out.out)["metrics"]["extractions"] == 1
+        assert json.loads(stats_out.out)["extractions"] == {"updated": 1}
         assert_no_secret("memq stats --json", stats_out.out + stats_out.err)
         assert main(["config"]) == 0
         config_out = capsys.readouterr()

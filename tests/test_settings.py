@@ -76,3 +76,46 @@ def test_doctor_warns_on_a_budget_shorter_than_a_run_that_uses_every_retry() -> 
     [check] = check_timing(load_settings(run_time_limit_seconds=40, llm_timeout_seconds=30))
     assert check.status == "warn" and "MEMQ_RUN_TIME_LIMIT_SECONDS=40" in check.detail
     assert check_timing(load_settings())[0].status == "ok"
+
+
+def test_errors_name_the_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMQ_DEBOUNCE_SECONDS", "abc")
+    with pytest.raises(ConfigError, match=r"MEMQ_DEBOUNCE_SECONDS: not a number: 'abc'"):
+        load_settings()
+    monkeypatch.delenv("MEMQ_DEBOUNCE_SECONDS")
+    monkeypatch.setenv("MEMQ_SHARDS", "many")
+    with pytest.raises(ConfigError, match=r"MEMQ_SHARDS: not a whole number: 'many'"):
+        load_settings()
+
+
+@pytest.mark.parametrize("url", ["localhost:6379", "http://localhost:6379", "user:pw@host:6379"])
+def test_a_redis_url_without_a_redis_scheme_says_what_it_needs(url: str) -> None:
+    with pytest.raises(ConfigError, match="MEMQ_REDIS_URL: needs redis:// or rediss://") as info:
+        load_settings(redis_url=url)
+    assert "pw" not in str(info.value)  # the value may hold a password: never repeated
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://localhost:6379/0",
+        "rediss://h:6380",
+        "redis+cluster://h:7000",
+        "rediss+cluster://h:7000",
+        "redis+sentinel://h:26379/mymaster",
+        "unix:///run/redis.sock",
+    ],
+)
+def test_redis_schemes_accepted(url: str) -> None:
+    assert load_settings(redis_url=url).redis_url == url
+
+
+def test_storage_defaults_to_redis_and_folders_are_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MEMQ_STORAGE_DIR", "mem")
+    s = load_settings()
+    assert s.storage == "redis"
+    assert s.storage_dir == tmp_path / "mem" and s.storage_dir.is_absolute()
+    assert s.data_dir == tmp_path / ".memq"

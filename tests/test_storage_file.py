@@ -58,7 +58,9 @@ def contents(document: MemoryDocument) -> list[str]:
 
 @pytest.fixture
 def file_settings(tmp_path: Path) -> MemqSettings:
-    return MemqSettings(storage_dir=tmp_path / "memory", storage_lock_timeout_seconds=0.3)
+    return MemqSettings(
+        storage="file", storage_dir=tmp_path / "memory", storage_lock_timeout_seconds=0.3
+    )
 
 
 @pytest.fixture
@@ -66,8 +68,20 @@ def store(file_settings: MemqSettings) -> FileMemoryStorage:
     return FileMemoryStorage(file_settings)
 
 
-def test_get_storage_defaults_to_files(file_settings: MemqSettings) -> None:
+def test_get_storage_builds_file_storage_when_asked(file_settings: MemqSettings) -> None:
     assert isinstance(get_storage(file_settings), FileMemoryStorage)
+
+
+def test_storage_defaults_to_redis_and_file_paths_resolve_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = MemqSettings(storage="file", storage_dir=Path("rel/memory"))
+    assert MemqSettings().storage == "redis"
+    assert settings.storage_dir == tmp_path / "rel" / "memory"
+    assert settings.data_dir == tmp_path / ".memq"
+    monkeypatch.chdir("/")  # a later change of directory no longer moves the folder
+    assert FileMemoryStorage(settings).root == tmp_path / "rel" / "memory"
 
 
 def test_round_trip_writes_memq_json_at_the_documented_paths(store: FileMemoryStorage) -> None:

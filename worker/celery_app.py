@@ -9,15 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
+from celery.exceptions import Retry
 
+from core.errors import ExtractionDeadLettered, ExtractionRetryScheduled
 from core.settings import MemqSettings
+from worker.metrics import MetricsRecorder
 from worker.queue import Claim
 from worker.tasks import WorkerRuntime, describe_args, extract
 from worker.tick import run_tick
 
 EXTRACT_TASK = "memq.extract"
 TICK_TASK = "memq.tick"
+# Flower's task cap for launchers to pass (`--max-tasks` or FLOWER_MAX_TASKS): ticks send no
+# events, so this is a day of extractions at about two per second.
+FLOWER_MAX_TASKS = 200_000
 
 # A send that fails is released and retried by the next tick; don't block a tick on it.
 _SEND_RETRY_POLICY = {
@@ -88,7 +94,8 @@ def create_app(settings: MemqSettings) -> Celery:
         )
 
     def extract_task(context_id: str, token: str, version: int) -> dict[str, Any]:
-        return extract(runtime, context_id, token, version)
+        result = extract(runtime, context_id, token, version)
+        return settle_task(runtime, context_id, result)
 
     def tick_task() -> dict[str, Any]:
         report = run_tick(runtime.queue, send_extract)
@@ -100,6 +107,64 @@ def create_app(settings: MemqSettings) -> Celery:
     app.task(name=EXTRACT_TASK, shared=False, soft_time_limit=soft_limit, time_limit=hard_limit)(
         extract_task
     )
-    app.task(name=TICK_TASK, shared=False, acks_late=False)(tick_task)
+    # A tick a second would bury the extractions in Flower: the ticker sends no task events
+    # (the heartbeat in the metrics hash tells whether it runs).
+    app.task(name=TICK_TASK, shared=False, acks_late=False, send_events=False)(tick_task)
+    # A dead letter is an expected FAILURE: shown with its reason, no error traceback logged.
+    app.tasks[EXTRACT_TASK].throws = (ExtractionDeadLettered,)
+    _quiet_beat(app)
     app.memq_runtime = runtime  # for tests and `memq doctor`; tasks never look it up
     return app
+
+
+def settle_task(runtime: WorkerRuntime, context_id: str, result: dict[str, Any]) -> dict[str, Any]:
+    """Count the run's outcome, then tell Celery the truth about it.
+
+    The queue is already settled when this runs: a dead-lettered context raises
+    :class:`ExtractionDeadLettered` (Celery and Flower show FAILURE and the reason), a retry the
+    queue scheduled raises Celery's ``Retry`` itself — which marks the task RETRY and emits
+    task-retried without Celery sending anything again (the ticker re-dispatches at the deadline
+    in Redis). A run that had lost its claim is not an extraction and is not counted here.
+    """
+    queue_state = str(result.get("queue", ""))
+    if result.get("outcome") == "stale" or queue_state == "stale":
+        return result
+    recorder = MetricsRecorder.for_settings(runtime.settings, runtime.client)
+    if result.get("outcome") != "failed":
+        recorder.extraction(str(result.get("outcome", "updated")))
+        return result
+    outcome = "dead" if queue_state == "dead" else "retry"
+    recorder.extraction(outcome)
+    reason = _last_error(runtime, context_id) or str(result.get("error", "unknown error"))
+    described = f"{describe_context(context_id)}: {reason}"
+    if outcome == "dead":
+        raise ExtractionDeadLettered(f"dead-lettered {described}")
+    raise Retry(f"retry scheduled by the queue: {described}", ExtractionRetryScheduled(described))
+
+
+def describe_context(context_id: str) -> str:
+    return describe_args(context_id, 0).removesuffix(" version=0")
+
+
+def _last_error(runtime: WorkerRuntime, context_id: str) -> str:
+    """The reason the queue recorded (content-free by construction); "" when unreadable."""
+    try:
+        return str(runtime.queue.load(context_id).get("last_error", ""))[:500]
+    except Exception:  # the task's truth must not depend on one more Redis read
+        return ""
+
+
+def _quiet_beat(app: Celery) -> None:
+    """No task-sent events from beat: its only sends are ticks. (The worker's own sends, the
+    extractions, keep theirs.)"""
+
+    conf = app.conf
+
+    def on_beat_init(sender: Any, **_: Any) -> None:
+        if getattr(sender, "app", None) is app:
+            conf.task_send_sent_event = False
+
+    # Weakly connected and kept alive by the app itself: an app dropped (tests build many) takes
+    # its receiver with it.
+    app.memq_on_beat_init = on_beat_init
+    signals.beat_init.connect(on_beat_init)

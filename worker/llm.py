@@ -46,6 +46,29 @@ class ModelAnswer:
     attempts: int = 1
 
 
+# Called once per HTTP request to the model: its result label and how long it took, in seconds.
+RequestObserver = Callable[[str, float], None]
+
+
+def request_result(exc: openai.OpenAIError | None) -> str:
+    """A small, fixed set of labels for what one request to the model came to."""
+    if exc is None:
+        return "ok"
+    if isinstance(exc, openai.APITimeoutError):
+        return "timeout"
+    if isinstance(exc, openai.APIConnectionError):
+        return "unreachable"
+    if isinstance(exc, openai.APIStatusError):
+        if exc.status_code == 429:
+            return "rate_limited"
+        return "server_error" if exc.status_code >= 500 else "client_error"
+    return "invalid_response"
+
+
+def _no_observer(result: str, seconds: float) -> None:
+    return None
+
+
 class UpdateModel(Protocol):
     def propose(self, prompt: UpdatePrompt) -> ModelAnswer: ...
 
@@ -111,6 +134,7 @@ class OpenAIUpdateModel:
         sleep: Callable[[float], None] = time.sleep,
         backoff_base_seconds: float = 0.5,
         max_inline_wait_seconds: float = INLINE_RETRY_WAIT_SECONDS,
+        observe: RequestObserver | None = None,
     ) -> None:
         key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
         self._client = client or openai.OpenAI(
@@ -127,6 +151,7 @@ class OpenAIUpdateModel:
         self._sleep = sleep
         self._backoff_base = backoff_base_seconds
         self._max_inline_wait = max_inline_wait_seconds
+        self._observe = observe or _no_observer
 
     def _call(self, prompt: UpdatePrompt) -> Any:
         extra: dict[str, Any] = {}
@@ -148,10 +173,13 @@ class OpenAIUpdateModel:
         attempt = 0
         while True:
             attempt += 1
+            started = time.monotonic()
             try:
                 response = self._call(prompt)
+                self._observe("ok", time.monotonic() - started)
                 break
             except openai.OpenAIError as exc:
+                self._observe(request_result(exc), time.monotonic() - started)
                 if self._json_mode and _rejects_json_mode(exc):
                     log.warning("LLM endpoint rejects JSON mode; continuing without it")
                     self._json_mode = False
@@ -192,9 +220,13 @@ class OpenAIUpdateModel:
 
 
 def build_update_model(
-    settings: MemqSettings, *, count_tokens: TokenCounter | None = None
+    settings: MemqSettings,
+    *,
+    count_tokens: TokenCounter | None = None,
+    observe: RequestObserver | None = None,
 ) -> UpdateModel:
-    """The model the settings ask for: a real endpoint, or the offline rules when none is set."""
+    """The model the settings ask for: a real endpoint, or the offline rules when none is set.
+    ``observe`` is told the result and duration of every request to a real endpoint."""
     if settings.resolved_llm_provider == "rules":
         from worker.offline import RulesUpdateModel
 
@@ -202,4 +234,4 @@ def build_update_model(
     log.info(
         "update model: %s at %s", settings.llm_model, settings.llm_base_url or "api.openai.com"
     )
-    return OpenAIUpdateModel(settings)
+    return OpenAIUpdateModel(settings, observe=observe)

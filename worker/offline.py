@@ -1,10 +1,11 @@
 """The offline extractor: deterministic rules instead of an LLM, so memq runs with no model at all.
 
-It reads only what the user said (English and Chinese): preferences and dislikes, identity and role,
-goals, decisions, and corrections with what to avoid. It answers in the same JSON schema as a model,
-so everything after it — parsing, apply, storage — is exercised unchanged. It never writes summaries
-and never removes facts: rules cannot tell a contradiction from a nuance. Questions and
-hypotheticals are skipped, since "do you like Rust?" says nothing about the user.
+It reads only what the user said (English and Chinese): preferences and dislikes,
+self-introductions, identity and role, goals, decisions, and corrections ("use X instead of Y",
+"I'm not X, I'm Y"). It answers in the same JSON schema as a model, so everything after it —
+parsing, apply, storage — is exercised unchanged. It never writes summaries and never removes
+facts: rules cannot tell a contradiction from a nuance. Questions and hypotheticals are skipped,
+since "do you like Rust?" says nothing about the user.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from prompts.conversation import TokenCounter
 from prompts.update_prompt import UpdatePrompt
+from worker.introductions import introduction_facts
 from worker.llm import ModelAnswer
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,13 @@ _DEICTIC = re.compile(
     r"whom|them|him|her|us|he|she|they|me|there|here)\b",
     _I,
 )
+# "I'm not sure, but …": doubt, not a correction; "…, but I think so": no new identity.
+_UNSURE = re.compile(
+    r"^(?:so |that |too |really |quite |entirely )?(?:sure|certain|convinced|"
+    r"positive|kidding|joking|saying|asking)\b",
+    _I,
+)
+_I_CLAUSE = re.compile(r"^(?:i|we|you|it|that|this)\b", _I)
 _JOKING = re.compile(r"\b(?:lol|lmao|rofl|haha\w*|jk|brb)\b", _I)
 _NOT_AN_EMPLOYER = re.compile(
     r"^(?:food|free|fun|money|nothing|peanuts|myself|tips|a living)\b", _I
@@ -118,6 +127,34 @@ def _is_instruction(text: str, start: int) -> bool:
 
 RULES: tuple[Rule, ...] = (
     # corrections (checked first: "no, use X instead of Y" is not a preference)
+    # "I'm not vegetarian, I'm vegan", "I am not a student but a teacher"
+    Rule(
+        _en(
+            r"\bi(?:'m| am) not (?P<bad>[^,;]+?)"
+            r"(?:,\s*(?:but\s+)?i(?:'m| am)\s+|\s+but\s+(?:i(?:'m| am)\s+)?)(?P<good>.+)"
+        ),
+        "User is {good}, not {bad}",
+        "correction",
+        0.95,
+        "Took the user for {bad}",
+        check=lambda g: _UNSURE.match(g["bad"]) is None and _I_CLAUSE.match(g["good"]) is None,
+    ),
+    # "我不是素食者，我是纯素食者"
+    Rule(
+        re.compile(r"我不是(?P<bad>[^，,。]+?)[，,]?\s*(?:而|我|而我)?是(?P<good>.+)"),
+        "用户是{good}，不是{bad}",
+        "correction",
+        0.95,
+        "误以为用户是{bad}",
+    ),
+    # "不是周二，是周三": a correction of what was said, not of the user
+    Rule(
+        re.compile(r"(?:^|[，,。\s])不是(?P<bad>[^，,。]+?)[，,]\s*(?:而)?是(?P<good>.+)"),
+        "应该是{good}，不是{bad}",
+        "correction",
+        0.95,
+        "以为是{bad}",
+    ),
     Rule(
         _en(r"\buse (?P<good>.+?) instead of (?P<bad>.+)"),
         "Use {good} instead of {bad}",
@@ -299,6 +336,10 @@ def extract_facts(text: str) -> list[dict[str, Any]]:
     """Facts in the answer schema for one user message; at most one rule per sentence."""
     facts: list[dict[str, Any]] = []
     for sentence in sentences(text):
+        introduced = introduction_facts(sentence)
+        if introduced:
+            facts.extend(introduced)
+            continue
         for rule in RULES:
             match = rule.pattern.search(sentence)
             if match is None:

@@ -336,26 +336,21 @@ class QueueClient:
             pipe.zcard(shard.inflight)
             pipe.zcard(shard.dead)
             pipe.zrange(shard.due, 0, 0, withscores=True)
-            pipe.hgetall(shard.stats)
         pipe.hgetall(self.keys.metrics())
         replies = pipe.execute()
         due = inflight = dead = 0
         oldest: float | None = None
-        counters: dict[str, int] = {}
         for index in range(len(shards)):
-            n_due, n_inflight, n_dead, first, shard_stats = replies[index * 5 : index * 5 + 5]
+            n_due, n_inflight, n_dead, first = replies[index * 4 : index * 4 + 4]
             due, inflight, dead = due + n_due, inflight + n_inflight, dead + n_dead
             if first:
                 oldest = first[0][1] if oldest is None else min(oldest, first[0][1])
-            for name, value in shard_stats.items():
-                counters[_text(name)] = counters.get(_text(name), 0) + int(value)
         metrics = {_text(k): int(v) for k, v in replies[-1].items()}
         return {
             "due": due,
             "inflight": inflight,
             "dead": dead,
             "oldest_due_lag_ms": max(0, now - int(oldest)) if oldest is not None else 0,
-            "queue": counters,
             "metrics": metrics,
         }
 

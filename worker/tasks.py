@@ -89,10 +89,15 @@ def build_pipeline(settings: MemqSettings, client: redis.Redis) -> ExtractionPip
     so the ticker and the app factory never load the LLM client)."""
     from storage import get_storage
     from worker.llm import build_update_model
+    from worker.metrics import MetricsRecorder
     from worker.pipeline import ExtractionPipeline
 
     return ExtractionPipeline(
-        settings, get_storage(settings, redis=client), build_update_model(settings)
+        settings,
+        get_storage(settings, redis=client),
+        build_update_model(
+            settings, observe=MetricsRecorder.for_settings(settings, client).llm_request
+        ),
     )
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from worker.metrics import MetricsRecorder
 from worker.queue import Claim, QueueClient, now_ms
 
 log = logging.getLogger("memq.tick")
@@ -79,7 +80,7 @@ def run_tick(
             break
         if (time.monotonic() - started) * 1000 >= budget:
             break
-    return TickReport(
+    report = TickReport(
         claimed=claimed,
         dispatched=dispatched,
         released=released,
@@ -89,6 +90,9 @@ def run_tick(
         rounds=rounds,
         deferred=deferred,
     )
+    # The heartbeat: "time of the last tick" is what tells an operator beat is alive.
+    MetricsRecorder(queue.redis, queue.keys.metrics()).tick(report, clock())
+    return report
 
 
 def _dispatch_all(

@@ -50,6 +50,9 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     checks += _guard("llm", lambda: check_llm(settings))
     checks += _guard("tiktoken", check_tiktoken)
     checks += _guard("timing", lambda: check_timing(settings))
+    checks += _guard("storage", lambda: check_storage(settings))
+    if redis_ok:
+        checks += _guard("ticker", lambda: check_ticker(context.redis, settings))
     if args.json:
         print(json.dumps([c.__dict__ for c in checks], indent=2))
     else:
@@ -228,6 +231,45 @@ def check_timing(settings: MemqSettings) -> list[Check]:
             )
         )
     return checks
+
+
+def check_storage(settings: MemqSettings) -> list[Check]:
+    """Where memory documents live, and whether every process of a deployment sees them."""
+    if settings.storage == "redis":
+        return [
+            Check(
+                "ok",
+                "storage",
+                f"memory documents in Redis at {mask_url(settings.redis_url)}: shared by every "
+                "worker and agent that uses this Redis",
+            )
+        ]
+    return [
+        Check(
+            "warn",
+            "storage",
+            f"file storage in {settings.storage_dir}: only processes on this host that use this "
+            "folder see the memory; workers on other hosts write documents agents here never read",
+            "unset MEMQ_STORAGE (Redis storage, the default) unless every worker runs on this host",
+        )
+    ]
+
+
+def check_ticker(
+    client: redis.Redis, settings: MemqSettings, now_ms: int | None = None
+) -> list[Check]:
+    """Whether beat ticks: its heartbeat is the time of the last tick, kept in Redis."""
+    from worker.metrics import read_metrics
+    from worker.queue import now_ms as clock
+
+    last = read_metrics(client, settings).last_tick_ms
+    fix = "start `celery -A worker.app beat` (or `memq up`); due contexts wait until it ticks"
+    if last is None:
+        return [Check("warn", "ticker", "no tick recorded yet for this key prefix", fix)]
+    age = ((clock() if now_ms is None else now_ms) - last) / 1000
+    if age > max(10 * settings.tick_seconds, 30.0):
+        return [Check("warn", "ticker", f"last tick {age:.0f} s ago: beat looks down", fix)]
+    return [Check("ok", "ticker", f"last tick {max(age, 0.0):.1f} s ago")]
 
 
 def check_tiktoken() -> list[Check]:

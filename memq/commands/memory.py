@@ -7,6 +7,7 @@ with running extractions and recorded in the document's history.
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,7 @@ from memq.commands.common import (
     print_json,
     read_json_file,
 )
+from storage.document import CATEGORIES
 
 if TYPE_CHECKING:
     from storage.document import Fact, MemoryDocument
@@ -32,8 +34,21 @@ SECTIONS = (
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    show = sub.add_parser("show", help="what memq knows about a user, as a table")
-    _user_agent(show)
+    show = sub.add_parser(
+        "show",
+        help="what memq knows about a user: every agent's memory, or one with --agent",
+        description=(
+            "Print a user's memory documents: the summaries and a table of facts (id, category, "
+            "confidence, fact, source), most confident first. Without --agent, every agent the "
+            "user has a memory for, user-global memory included."
+        ),
+    )
+    show.add_argument("user", help="user id")
+    show.add_argument(
+        "--agent",
+        default=None,
+        help="only this agent's memory (default: every agent of the user)",
+    )
     show.add_argument("--json", action="store_true", help="print the memory documents as JSON")
     show.set_defaults(run=run_show)
 
@@ -46,14 +61,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add = verbs.add_parser("add", help="add a fact")
     _user_agent(add)
     add.add_argument("content")
-    add.add_argument("--category", default="context")
+    add.add_argument("--category", default="context", help=f"one of: {', '.join(CATEGORIES)}")
     add.add_argument("--confidence", type=float, default=0.9)
     add.set_defaults(run=run_facts_add)
     edit = verbs.add_parser("edit", help="change a fact's content, category or confidence")
     _user_agent(edit)
     edit.add_argument("fact_id")
     edit.add_argument("--content")
-    edit.add_argument("--category")
+    edit.add_argument("--category", help=f"one of: {', '.join(CATEGORIES)}")
     edit.add_argument("--confidence", type=float)
     edit.set_defaults(run=run_facts_edit)
     delete = verbs.add_parser("delete", help="delete a fact")
@@ -141,7 +156,7 @@ def run_show(args: argparse.Namespace, context: CommandContext) -> int:
 def _render(user: str, agent: str | None, document: MemoryDocument) -> str:
     updated = document.last_updated.isoformat(timespec="seconds") if document.last_updated else "-"
     lines = [
-        f"user {user} · agent {agent_label(agent)} · {len(document.facts)} facts"
+        f"user {user} · agent {agent_label(agent)} · {count(len(document.facts), 'fact')}"
         f" · updated {updated}"
     ]
     for group, names in SECTIONS:
@@ -160,6 +175,21 @@ def _facts_table(facts: list[Fact]) -> str:
         for f in facts
     ]
     return format_table(("id", "category", "confidence", "fact", "source"), rows)
+
+
+def check_category(category: str) -> None:
+    """Hand-written facts use the categories extraction uses: a typo would make a category no
+    prompt, guaranteed budget or protection rule knows."""
+    if category in CATEGORIES:
+        return
+    close = difflib.get_close_matches(category, CATEGORIES, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise CommandError(f"unknown category {category!r} (known: {', '.join(CATEGORIES)}){hint}")
+
+
+def count(n: int, noun: str) -> str:
+    """``1 fact``, ``2 facts``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def run_inject(args: argparse.Namespace, context: CommandContext) -> int:
@@ -181,6 +211,7 @@ def run_facts_add(args: argparse.Namespace, context: CommandContext) -> int:
     from core.errors import FactEvicted
     from storage.management import MemoryManager
 
+    check_category(args.category)
     # Held to the same fact cap as an extraction: the new fact may be the one evicted.
     manager = MemoryManager(context.storage, max_facts=context.settings.max_facts)
     try:
@@ -205,6 +236,8 @@ def run_facts_add(args: argparse.Namespace, context: CommandContext) -> int:
 def run_facts_edit(args: argparse.Namespace, context: CommandContext) -> int:
     if args.content is None and args.category is None and args.confidence is None:
         raise CommandError("facts edit: give --content, --category and/or --confidence")
+    if args.category is not None:
+        check_category(args.category)
     manager = _manager(context)
     (agent,) = _require(manager, args.user, args.agent)
     fact = manager.edit_fact(
@@ -248,7 +281,7 @@ def run_export(args: argparse.Namespace, context: CommandContext) -> int:
         print_json(data)
         return 0
     args.output.write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    print(f"exported {len(data.get('facts', []))} facts to {args.output}")
+    print(f"exported {count(len(data.get('facts', [])), 'fact')} to {args.output}")
     return 0
 
 
@@ -258,7 +291,7 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
         raise CommandError(f"{args.file}: a memory document must be a JSON object")
     document = _manager(context).import_document(args.user, data, agent_name=args.agent)
     agent = agent_label(validate_agent_name(args.agent))
-    print(f"imported {len(document.facts)} facts into user {args.user}, agent {agent}")
+    print(f"imported {count(len(document.facts), 'fact')} into user {args.user}, agent {agent}")
     return 0
 
 

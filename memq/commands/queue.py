@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memq.commands.common import (
     CommandContext,
@@ -13,6 +14,9 @@ from memq.commands.common import (
     print_json,
     read_json_file,
 )
+
+if TYPE_CHECKING:
+    from worker.metrics import MetricsSnapshot, ShardGauges
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,15 +66,32 @@ def run_enqueue(args: argparse.Namespace, context: CommandContext) -> int:
     finally:
         producer.close()
     if result is None:
-        raise CommandError(
-            f"{args.file}: nothing to remember (no user or assistant text after filtering)"
-        )
+        raise CommandError(f"{args.file}: nothing to remember: {_why_nothing(messages, context)}")
     due = "now" if args.flush else _when(result.deadline_ms)
     print(
         f"enqueued {result.context_id} version {result.version} "
         f"({result.code.name.lower().replace('_', ' ')}), due {due}"
     )
     return 0
+
+
+def _why_nothing(messages: list[Any], context: CommandContext) -> str:
+    """What the producer needed and did not find (it only answers "nothing to send")."""
+    from producer.messages import filter_messages_for_memory
+
+    if not context.settings.enabled:
+        return "MEMQ_ENABLED is false, so producers enqueue nothing"
+    kept = filter_messages_for_memory(messages)
+    users = sum(1 for m in kept if m.role == "user")
+    answers = len(kept) - users
+    missing = " and ".join(
+        what for what, n in (("a user message", users), ("an assistant answer", answers)) if not n
+    )
+    return (
+        f"it needs at least one user message and one assistant answer; missing: {missing} "
+        f"({len(messages)} message(s) given; tool results, system prompts, tool-calling steps "
+        "and upload-only turns are not remembered)"
+    )
 
 
 def _queue(context: CommandContext) -> Any:
@@ -80,24 +101,105 @@ def _queue(context: CommandContext) -> Any:
 
 
 def run_stats(args: argparse.Namespace, context: CommandContext) -> int:
-    stats: dict[str, Any] = _queue(context).stats()
+    from worker.metrics import read_metrics, read_shards
+    from worker.queue import now_ms
+
+    now = now_ms()
+    shards = read_shards(context.redis, context.settings, now)
+    snapshot = read_metrics(context.redis, context.settings)
+    stats = stats_summary(shards, snapshot, now)
     if args.json:
         print_json(stats)
         return 0
-    metrics: dict[str, int] = stats.get("metrics", {})
+    print(format_table(("figure", "value"), stats_rows(stats)))
+    return 0
+
+
+def stats_summary(shards: list[ShardGauges], snapshot: MetricsSnapshot, now: int) -> dict[str, Any]:
+    """Everything `memq stats` knows, as plain data (what `--json` prints)."""
+    return {
+        "due": sum(s.due for s in shards),
+        "inflight": sum(s.inflight for s in shards),
+        "dead": sum(s.dead for s in shards),
+        "oldest_due_lag_ms": max((s.oldest_due_lag_ms for s in shards), default=0),
+        "last_tick_age_ms": None if snapshot.last_tick_ms is None else now - snapshot.last_tick_ms,
+        "shards": [asdict(s) for s in shards],
+        "extractions": {
+            outcome: snapshot.extractions[outcome]
+            for outcome in sorted(snapshot.extractions, key=_outcome_order)
+        },
+        "dead_lettered_total": snapshot.dead_lettered,
+        "stale_runs": snapshot.stale_runs,
+        "queue": {
+            "claimed": snapshot.tick_claimed,
+            "leases_expired": snapshot.leases_expired,
+            "leases_expired_dead": snapshot.leases_dead,
+            "released": snapshot.tick_released,
+            "deferred": snapshot.tick_deferred,
+        },
+        "llm_requests": dict(sorted(snapshot.llm_requests.items())),
+        "llm_latency_mean_seconds": (
+            snapshot.llm_latency_sum_seconds / snapshot.llm_latency_count
+            if snapshot.llm_latency_count
+            else None
+        ),
+        "prompt_tokens": snapshot.prompt_tokens,
+        "completion_tokens": snapshot.completion_tokens,
+        "forgets": snapshot.forgets,
+    }
+
+
+def _outcome_order(outcome: str) -> tuple[int, str]:
+    from worker.metrics import EXTRACTION_OUTCOMES
+
+    known = EXTRACTION_OUTCOMES.index(outcome) if outcome in EXTRACTION_OUTCOMES else 99
+    return known, outcome
+
+
+def stats_rows(stats: dict[str, Any]) -> list[tuple[str, object]]:
+    """The table: current depths first, then totals since the counters began."""
+    tick_age = stats["last_tick_age_ms"]
     rows: list[tuple[str, object]] = [
         ("due", stats["due"]),
         ("in flight", stats["inflight"]),
-        ("dead", stats["dead"]),
+        ("dead letters now", stats["dead"]),
         ("oldest deadline lag", f"{stats['oldest_due_lag_ms'] / 1000:.1f} s"),
+        ("last tick", "never" if tick_age is None else f"{max(tick_age, 0) / 1000:.1f} s ago"),
     ]
-    rows += [(name.replace("_", " "), value) for name, value in sorted(metrics.items())]
+    if len(stats["shards"]) > 1:
+        rows += [
+            (
+                f"shard {s['shard']}",
+                f"due {s['due']}, in flight {s['inflight']}, dead {s['dead']}, "
+                f"lag {s['oldest_due_lag_ms'] / 1000:.1f} s",
+            )
+            for s in stats["shards"]
+        ]
+    names = {"retry": "retry scheduled", "dead": "dead-lettered"}
     rows += [
-        (f"queue {name.replace('_', ' ')}", value)
-        for name, value in sorted(stats.get("queue", {}).items())
+        (f"extractions: {names.get(outcome, outcome)}", count)
+        for outcome, count in stats["extractions"].items()
     ]
-    print(format_table(("figure", "value"), rows))
-    return 0
+    rows += [
+        ("dead-lettered in total (failed runs + expired leases)", stats["dead_lettered_total"]),
+        ("stale runs discarded (lost their claim)", stats["stale_runs"]),
+    ]
+    queue = stats["queue"]
+    rows += [
+        ("queue: claimed and dispatched", queue["claimed"]),
+        ("queue: leases expired, back to due", queue["leases_expired"]),
+        ("queue: released (broker refused the send)", queue["released"]),
+        ("queue: deferred (user at in-flight cap)", queue["deferred"]),
+    ]
+    rows += [(f"LLM requests: {result}", n) for result, n in stats["llm_requests"].items()]
+    if stats["llm_latency_mean_seconds"] is not None:
+        rows.append(("LLM latency, mean", f"{stats['llm_latency_mean_seconds']:.2f} s"))
+    rows += [
+        ("prompt tokens", stats["prompt_tokens"]),
+        ("completion tokens", stats["completion_tokens"]),
+        ("users forgotten", stats["forgets"]),
+    ]
+    return rows
 
 
 def run_dead_list(args: argparse.Namespace, context: CommandContext) -> int:

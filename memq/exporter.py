@@ -1,0 +1,168 @@
+"""The Prometheus exporter: every scrape reads the queue and the workers' counters from Redis.
+
+A custom collector rather than metric objects updated in this process: the figures belong to
+Redis (the queue's sorted sets, the metrics hash every worker adds to), so any number of exporters
+report the same numbers and a restarted exporter loses nothing. Labels are the shard, the
+extraction outcome and the LLM request result — never a user or thread id.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from core.settings import MemqSettings
+from worker.metrics import EXTRACTION_OUTCOMES, MetricsSnapshot, read_metrics, read_shards
+from worker.queue import now_ms
+
+if TYPE_CHECKING:
+    import redis
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PORT = 9808
+
+
+class MemqCollector(Collector):
+    """Collects memq's figures from Redis on each scrape; ``memq_up`` 0 when Redis is out."""
+
+    def __init__(
+        self, settings: MemqSettings, client: redis.Redis, clock: Callable[[], int] = now_ms
+    ) -> None:
+        self._settings = settings
+        self._client = client
+        self._clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("memq_up", "1 when the exporter could read memq's Redis")
+        try:
+            now = self._clock()
+            shards = read_shards(self._client, self._settings, now)
+            snapshot = read_metrics(self._client, self._settings)
+        except Exception as exc:  # a scrape reports the outage, it does not fail
+            log.warning("scrape: cannot read Redis: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        gauges = {
+            "memq_due": ("Contexts waiting in `due` (debouncing or ready)", "due"),
+            "memq_inflight": ("Contexts claimed and being extracted", "inflight"),
+            "memq_dead": ("Contexts in the dead letters now", "dead"),
+        }
+        for name, (text, attribute) in gauges.items():
+            family = GaugeMetricFamily(name, text, labels=["shard"])
+            for shard in shards:
+                family.add_metric([str(shard.shard)], getattr(shard, attribute))
+            yield family
+        lag = GaugeMetricFamily(
+            "memq_oldest_due_lag_seconds",
+            "How far the oldest due context is past its deadline (0 when none is due)",
+            labels=["shard"],
+        )
+        for shard in shards:
+            lag.add_metric([str(shard.shard)], shard.oldest_due_lag_ms / 1000)
+        yield lag
+        yield from self._counters(snapshot)
+        heartbeat = GaugeMetricFamily(
+            "memq_last_tick_timestamp_seconds",
+            "Unix time of the ticker's last tick (0: never); beat is down when this stops moving",
+        )
+        heartbeat.add_metric([], (snapshot.last_tick_ms or 0) / 1000)
+        yield heartbeat
+
+    @staticmethod
+    def _counters(snapshot: MetricsSnapshot) -> Iterator[Metric]:
+        extractions = CounterMetricFamily(
+            "memq_extractions",
+            "Extraction runs by outcome: updated, unchanged, skipped (done), retry, dead (failed)",
+            labels=["outcome"],
+        )
+        for outcome in sorted(set(EXTRACTION_OUTCOMES) | set(snapshot.extractions)):
+            extractions.add_metric([outcome], snapshot.extractions.get(outcome, 0))
+        yield extractions
+        requests = CounterMetricFamily(
+            "memq_llm_requests", "HTTP requests to the model by result", labels=["result"]
+        )
+        for result in sorted({"ok", *snapshot.llm_requests}):
+            requests.add_metric([result], snapshot.llm_requests.get(result, 0))
+        yield requests
+        latency = HistogramMetricFamily(
+            "memq_llm_latency_seconds", "Duration of one request to the model"
+        )
+        latency.add_metric(
+            [],
+            buckets=[
+                ("+Inf" if bound == float("inf") else f"{bound:g}", count)
+                for bound, count in snapshot.llm_latency_buckets
+            ],
+            sum_value=snapshot.llm_latency_sum_seconds,
+        )
+        yield latency
+        simple = (
+            ("memq_prompt_tokens", "Prompt tokens of successful extractions", "prompt_tokens"),
+            (
+                "memq_completion_tokens",
+                "Completion tokens of successful extractions",
+                "completion_tokens",
+            ),
+            (
+                "memq_stale_runs",
+                "Runs whose answer was discarded: they lost their claim",
+                "stale_runs",
+            ),
+            ("memq_forgets", "Users erased with `memq forget`", "forgets"),
+            (
+                "memq_dead_lettered",
+                "Contexts moved to the dead letters (by a failed run or the lease reaper)",
+                "dead_lettered",
+            ),
+            (
+                "memq_leases_expired",
+                "Claims whose lease expired and were put back in `due`",
+                "leases_expired",
+            ),
+            ("memq_tick_claimed", "Contexts the ticker claimed and dispatched", "tick_claimed"),
+        )
+        for name, text, attribute in simple:
+            counter = CounterMetricFamily(name, text)
+            counter.add_metric([], getattr(snapshot, attribute))
+            yield counter
+
+
+def build_registry(settings: MemqSettings, client: redis.Redis) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MemqCollector(settings, client))
+    return registry
+
+
+def serve(
+    settings: MemqSettings,
+    client: redis.Redis,
+    address: str,
+    port: int,
+    stop: threading.Event,
+) -> None:
+    """Serve ``/metrics`` on ``address:port`` until ``stop`` is set."""
+    from prometheus_client import start_http_server
+
+    server, thread = start_http_server(
+        port, addr=address, registry=build_registry(settings, client)
+    )
+    try:
+        stop.wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

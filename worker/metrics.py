@@ -1,0 +1,222 @@
+"""What the workers count, kept in one Redis hash so that every worker process on every host adds to
+the same figures; `memq stats` and the Prometheus exporter read them back.
+
+Counters are HINCRBY on fields of the metrics hash (``<prefix>:metrics``). The LLM latency
+histogram is one field per bucket (each holds the count of that bucket alone; readers accumulate)
+plus a count and a sum in milliseconds. The ticker's heartbeat is the time of its last tick.
+Field names carry no user or thread ids, so the hash stays small whatever the traffic.
+
+Recording never raises into a task: a figure lost to a Redis hiccup is better than an extraction
+that fails because of its bookkeeping.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import redis
+
+from core.keys import KeySchema
+from core.settings import MemqSettings
+
+log = logging.getLogger(__name__)
+
+# --- field names of the metrics hash (other modules write some of them; readers use these)
+EXTRACTIONS = "extractions:"  # + outcome: updated, unchanged, skipped, retry, dead
+LLM_REQUESTS = "llm_requests:"  # + result: ok, timeout, unreachable, rate_limited, ...
+LLM_LATENCY_BUCKET = "llm_latency_le:"  # + upper bound in seconds, or +Inf
+LLM_LATENCY_COUNT = "llm_latency_count"
+LLM_LATENCY_SUM_MS = "llm_latency_sum_ms"
+PROMPT_TOKENS = "prompt_tokens"
+COMPLETION_TOKENS = "completion_tokens"
+STALE_RUNS = "stale_runs"  # runs whose answer was discarded: they had lost their claim
+FORGETS = "forgets"
+LAST_TICK_MS = "last_tick_ms"
+TICK_CLAIMED = "tick_claimed"
+TICK_RELEASED = "tick_released"  # claims handed back because the broker refused the send
+TICK_DEFERRED = "tick_deferred"  # due contexts moved on because their user was at its cap
+LEASES_EXPIRED = "leases_expired"  # put back in `due` by the reaper
+LEASES_DEAD = "leases_dead"  # expired past max_attempts: dead-lettered by the reaper
+
+# updated/unchanged: saved; skipped: nothing new since the last run; retry/dead: failed.
+EXTRACTION_OUTCOMES = ("updated", "unchanged", "skipped", "retry", "dead")
+LATENCY_BUCKETS_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class TickFigures(Protocol):
+    """What one tick reports (``worker.tick.TickReport``)."""
+
+    @property
+    def claimed(self) -> int: ...
+    @property
+    def released(self) -> int: ...
+    @property
+    def requeued(self) -> int: ...
+    @property
+    def dead(self) -> int: ...
+    @property
+    def deferred(self) -> int: ...
+
+
+def latency_bucket(seconds: float) -> str:
+    """The histogram field a latency lands in (its smallest upper bound)."""
+    for bound in LATENCY_BUCKETS_SECONDS:
+        if seconds <= bound:
+            return f"{LLM_LATENCY_BUCKET}{bound:g}"
+    return f"{LLM_LATENCY_BUCKET}+Inf"
+
+
+class MetricsRecorder:
+    """Adds to the shared metrics hash; one round trip per call, errors logged, never raised."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self._client = client
+        self._key = key
+
+    @classmethod
+    def for_settings(cls, settings: MemqSettings, client: redis.Redis) -> MetricsRecorder:
+        return cls(client, KeySchema(settings.key_prefix, settings.shards).metrics())
+
+    def extraction(self, outcome: str) -> None:
+        self._add({f"{EXTRACTIONS}{outcome}": 1})
+
+    def llm_request(self, result: str, seconds: float) -> None:
+        self._add(
+            {
+                f"{LLM_REQUESTS}{result}": 1,
+                latency_bucket(seconds): 1,
+                LLM_LATENCY_COUNT: 1,
+                LLM_LATENCY_SUM_MS: max(0, round(seconds * 1000)),
+            }
+        )
+
+    def tick(self, report: TickFigures, now_ms: int) -> None:
+        """The heartbeat (always written, so "beat is down" is one alert) and the tick's counts."""
+        self._add(
+            {
+                TICK_CLAIMED: report.claimed,
+                TICK_RELEASED: report.released,
+                TICK_DEFERRED: report.deferred,
+                LEASES_EXPIRED: report.requeued,
+                LEASES_DEAD: report.dead,
+            },
+            latest={LAST_TICK_MS: now_ms},
+        )
+
+    def _add(self, counters: Mapping[str, int], latest: Mapping[str, int] | None = None) -> None:
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for name, amount in counters.items():
+                if amount:
+                    pipe.hincrby(self._key, name, amount)
+            for name, value in (latest or {}).items():
+                pipe.hset(self._key, name, value)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.debug("metrics not recorded: %s", exc)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """The metrics hash, read into named figures (absent fields are zero)."""
+
+    extractions: dict[str, int] = field(default_factory=dict)
+    llm_requests: dict[str, int] = field(default_factory=dict)
+    # (upper bound in seconds, cumulative count), ending with +Inf
+    llm_latency_buckets: list[tuple[float, int]] = field(default_factory=list)
+    llm_latency_count: int = 0
+    llm_latency_sum_seconds: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    stale_runs: int = 0
+    forgets: int = 0
+    last_tick_ms: int | None = None
+    tick_claimed: int = 0
+    tick_released: int = 0
+    tick_deferred: int = 0
+    leases_expired: int = 0
+    leases_dead: int = 0
+
+    @property
+    def dead_lettered(self) -> int:
+        """Contexts ever moved to the dead letters (by a failed run or by the lease reaper)."""
+        return self.extractions.get("dead", 0) + self.leases_dead
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
+    """Pure: the hash's fields into a snapshot; unknown fields are ignored."""
+    values = {str(k): _int(v) for k, v in raw.items()}
+    by_prefix: dict[str, dict[str, int]] = {EXTRACTIONS: {}, LLM_REQUESTS: {}}
+    for name, value in values.items():
+        for prefix, found in by_prefix.items():
+            if name.startswith(prefix):
+                found[name.removeprefix(prefix)] = value
+    cumulative = 0
+    buckets: list[tuple[float, int]] = []
+    for bound in (*LATENCY_BUCKETS_SECONDS, float("inf")):
+        label = "+Inf" if bound == float("inf") else f"{bound:g}"
+        cumulative += values.get(f"{LLM_LATENCY_BUCKET}{label}", 0)
+        buckets.append((bound, cumulative))
+    last_tick = values.get(LAST_TICK_MS)
+    return MetricsSnapshot(
+        extractions=by_prefix[EXTRACTIONS],
+        llm_requests=by_prefix[LLM_REQUESTS],
+        llm_latency_buckets=buckets,
+        llm_latency_count=values.get(LLM_LATENCY_COUNT, 0),
+        llm_latency_sum_seconds=values.get(LLM_LATENCY_SUM_MS, 0) / 1000,
+        prompt_tokens=values.get(PROMPT_TOKENS, 0),
+        completion_tokens=values.get(COMPLETION_TOKENS, 0),
+        stale_runs=values.get(STALE_RUNS, 0),
+        forgets=values.get(FORGETS, 0),
+        last_tick_ms=last_tick or None,
+        tick_claimed=values.get(TICK_CLAIMED, 0),
+        tick_released=values.get(TICK_RELEASED, 0),
+        tick_deferred=values.get(TICK_DEFERRED, 0),
+        leases_expired=values.get(LEASES_EXPIRED, 0),
+        leases_dead=values.get(LEASES_DEAD, 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ShardGauges:
+    """One shard of the queue, now."""
+
+    shard: int
+    due: int
+    inflight: int
+    dead: int
+    oldest_due_lag_ms: int  # how far the oldest due context is past its deadline (0: none due)
+
+
+def read_shards(client: redis.Redis, settings: MemqSettings, now_ms: int) -> list[ShardGauges]:
+    """Depths and lag of every shard, in one round trip."""
+    schema = KeySchema(settings.key_prefix, settings.shards)
+    shards = schema.all_shards()
+    pipe = client.pipeline(transaction=False)
+    for shard in shards:
+        pipe.zcard(shard.due)
+        pipe.zcard(shard.inflight)
+        pipe.zcard(shard.dead)
+        pipe.zrange(shard.due, 0, 0, withscores=True)
+    replies = pipe.execute()
+    gauges = []
+    for index in range(len(shards)):
+        due, inflight, dead, first = replies[index * 4 : index * 4 + 4]
+        lag = max(0, now_ms - int(first[0][1])) if first else 0
+        gauges.append(ShardGauges(index, int(due), int(inflight), int(dead), lag))
+    return gauges
+
+
+def read_metrics(client: redis.Redis, settings: MemqSettings) -> MetricsSnapshot:
+    schema = KeySchema(settings.key_prefix, settings.shards)
+    return parse_metrics(client.hgetall(schema.metrics()))  # type: ignore[arg-type]
