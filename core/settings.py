@@ -148,6 +148,7 @@ class MemqSettings(BaseSettings):
     storage_dir: Path = Path(".memq/memory")
     storage_lock_timeout_seconds: float = Field(default=10.0, gt=0.0)
     history_max_entries: int = Field(default=500, ge=0)
+    storage_cache_max_documents: int = Field(default=1000, ge=0)
 
     # --- injection
     injected_memory_max_tokens: int = Field(default=2000, ge=50, le=32000)

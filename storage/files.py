@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import OrderedDict
 import logging
 import os
 import threading
@@ -92,7 +93,10 @@ class FileMemoryStorage:
         self._claim_check = claim_check
         self.lock_timeout_seconds = settings.storage_lock_timeout_seconds
         self.history_max_entries = settings.history_max_entries
-        self._cache: dict[Path, tuple[Signature, MemoryDocument]] = {}
+        # Least recently used documents first; bounded, or a long-lived process would keep every
+        # user it ever served.
+        self._cache: OrderedDict[Path, tuple[Signature, MemoryDocument]] = OrderedDict()
+        self._cache_max = settings.storage_cache_max_documents
         self._cache_lock = threading.Lock()
 
     # --- paths
@@ -117,6 +121,8 @@ class FileMemoryStorage:
             raise StorageError(f"cannot stat {path}: {exc}") from exc
         with self._cache_lock:
             hit = self._cache.get(path)
+            if hit is not None:
+                self._cache.move_to_end(path)
         if hit is not None and hit[0] == sig:
             return copy_document(hit[1])
         document = self._read(path, locked=False)
@@ -267,8 +273,7 @@ class FileMemoryStorage:
         except DocumentDecodeError as exc:
             self._forget_cached(path)
             raise self._quarantine(path, sig, str(exc), locked=locked) from exc
-        with self._cache_lock:
-            self._cache[path] = (sig, document)
+        self._remember(path, sig, document)
         return document
 
     def _quarantine(
@@ -310,8 +315,7 @@ class FileMemoryStorage:
                 tmp.unlink()
             self._forget_cached(path)
             raise StorageError(f"cannot write {path}: {exc}") from exc
-        with self._cache_lock:
-            self._cache[path] = (sig, copy_document(document))
+        self._remember(path, sig, copy_document(document))
 
     def _append_history(self, directory: Path, changes: list[Change]) -> None:
         """Append under the caller's lock; trim to the bound by an atomic rewrite."""
@@ -372,6 +376,15 @@ class FileMemoryStorage:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise StorageError(f"cannot write {path}: {exc}") from exc
+
+    def _remember(self, path: Path, sig: Signature, document: MemoryDocument) -> None:
+        if self._cache_max == 0:
+            return
+        with self._cache_lock:
+            self._cache[path] = (sig, document)
+            self._cache.move_to_end(path)
+            while len(self._cache) > self._cache_max:
+                self._cache.popitem(last=False)
 
     def _forget_cached(self, path: Path) -> None:
         with self._cache_lock:

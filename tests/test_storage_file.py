@@ -401,3 +401,18 @@ def _with_fact(document: Any, content: str) -> Any:
 
     document.facts.append(Fact(content=content))
     return document
+
+
+def test_the_document_cache_is_bounded_and_drops_the_least_recently_used(tmp_path: Path) -> None:
+    from core.settings import load_settings
+    from storage.document import Fact, MemoryDocument
+
+    storage = FileMemoryStorage(load_settings(storage_dir=tmp_path, storage_cache_max_documents=3))
+    for n in range(5):
+        storage.save(f"u{n}", None, MemoryDocument(facts=[Fact(content=f"fact {n}")]))
+    assert len(storage._cache) == 3
+    storage.load("u2")  # used: kept over u3 when the next one comes in
+    storage.load("u0")  # read from disk again, into the cache
+    cached = {path.parent.name for path in storage._cache}
+    assert cached == {"u2", "u4", "u0"}
+    assert [f.content for f in storage.load("u3").facts] == ["fact 3"]  # evicted, still correct

@@ -78,6 +78,8 @@ DESCRIPTIONS: dict[str, str] = {
     ),
     "storage_dir": "folder of the file storage; a relative path is made absolute at load",
     "storage_lock_timeout_seconds": "wait for the per-(user, agent) lock before giving up",
+    "storage_cache_max_documents": "file storage: parsed documents a process keeps in memory "
+    "(least recently used dropped first; 0 = no cache)",
     "history_max_entries": "change-history entries kept per document",
     "injected_memory_max_tokens": "token budget of the injected `<user_memory>` block",
     "token_counting": "count tokens with tiktoken (`true`) or a character estimate (`false`)",
