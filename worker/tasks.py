@@ -158,7 +158,9 @@ def extract(
 
     # The watermark advances with the settlement, never before: a run that fails or lost its
     # claim leaves it where it was, so its messages are sent again.
-    settled = queue.complete(context_id, token, clock(), watermark=report.watermark)
+    settled = queue.complete(
+        context_id, token, clock(), watermark=report.watermark, more=report.more
+    )
     duration = clock() - started
     queue.add_metrics(
         extractions=1,
