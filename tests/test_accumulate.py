@@ -23,7 +23,7 @@ from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import ITEM, conversation_of, learn_items
 from worker.llm import OpenAIUpdateModel
 from worker.pipeline import ExtractionPipeline
-from worker.queue import QueueClient
+from worker.queue import CompleteResult, QueueClient
 from worker.tasks import WorkerRuntime, extract
 
 T0 = 1_700_000_000_000
@@ -397,3 +397,27 @@ def test_a_summarised_hand_off_during_a_run_is_extracted_by_the_next(worker: Wor
         ["item-0", "item-1", "item-2", "item-3"],
         ["item-4", "item-5"],
     ]
+
+
+@pytest.mark.integration
+def test_complete_with_more_reschedules_due_now_even_if_the_version_did_not_move(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings: MemqSettings = make_settings(debounce_seconds=10.0, max_delay_seconds=30.0)
+    queue = QueueClient(settings, redis_client)
+    enqueue = Enqueuer(
+        redis_client, queue.keys, debounce_ms=settings.debounce_ms, max_delay_ms=30_000
+    )
+    q = queue.keys.for_context(KEY.id)
+    for more, expected in ((True, CompleteResult.RESCHEDULED), (False, CompleteResult.DONE)):
+        enqueue(EnqueueRequest(KEY, messages_to_json(msgs("u:one", "a:ok")), flush=True), T0)
+        (claim,) = queue.claim(T0).claims
+        settled = queue.complete(KEY.id, claim.token, T0 + 50, watermark='["x"]', more=more)
+        assert settled is expected
+        if more:  # the rest is due at once, the attempt count fresh, the watermark stored
+            assert redis_client.zscore(q.due, KEY.id) == T0 + 50
+            assert queue.load(KEY.id)["attempts"] == "0"
+            assert queue.watermark(KEY.id) == '["x"]'
+            (claim,) = queue.claim(T0 + 50).claims
+            assert queue.complete(KEY.id, claim.token, T0 + 60) is CompleteResult.DONE
+    assert queue.load(KEY.id) == {}
