@@ -8,12 +8,15 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from core.identity import ContextKey
 from core.keys import KeySchema, QueueKeys
 from core.models import ConversationContext, Message, messages_from_json, messages_to_json
 from core.settings import MemqSettings
-from producer.accumulate import extends, merge_messages, merge_messages_json
+from producer.accumulate import extends, identity, merge_messages, merge_messages_json
 from producer.enqueue import EnqueueCode, Enqueuer, EnqueueRequest
 from producer.producer import MemoryProducer
 from producer.spool import Spool
@@ -421,3 +424,39 @@ def test_complete_with_more_reschedules_due_now_even_if_the_version_did_not_move
             (claim,) = queue.claim(T0 + 50).claims
             assert queue.complete(KEY.id, claim.token, T0 + 60) is CompleteResult.DONE
     assert queue.load(KEY.id) == {}
+
+
+# Few distinct messages, so lists share, repeat and reorder them often.
+_MESSAGE = st.builds(
+    Message,
+    st.sampled_from(["user", "assistant"]),
+    st.sampled_from(["ok", "I like X", "I like Y", "Summary", 'a/b \u00e9 "q"\n']),
+    st.sampled_from([None, None, "m1", "m2", "m3"]),
+)
+
+
+@pytest.mark.integration
+@hsettings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    older=st.lists(_MESSAGE, min_size=1, max_size=7),
+    newer=st.lists(_MESSAGE, min_size=1, max_size=7),
+)
+def test_lua_and_python_agree_on_any_two_lists(
+    older: list[Message],
+    newer: list[Message],
+    enqueue: Enqueuer,
+    redis_client: redis.Redis,
+    q: QueueKeys,
+) -> None:
+    redis_client.delete(q.context(KEY.id))
+    enqueue(EnqueueRequest(KEY, messages_to_json(older), captured_ms=T0), T0)
+    enqueue(EnqueueRequest(KEY, messages_to_json(newer), captured_ms=T0 + 1), T0)
+    expected = merge_messages(older, newer)
+    assert stored_messages(redis_client, q) == contents(expected)
+    # Every message handed over is still there, and the newer list whole, in its order.
+    kept = {identity(m) for m in expected}
+    assert all(identity(m) in kept for m in [*older, *newer])
+    held = iter(expected)
+    assert all(any(m == e for e in held) for m in newer)
