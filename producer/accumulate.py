@@ -14,8 +14,9 @@ messages before anyone extracted them, so the two lists are merged instead:
   re-sent message is never kept twice.
 
 ``enqueue.lua`` applies the same rule inside Redis; this is the reference the spool uses and both
-are tested against the same cases. The common case — the newer list starts with the stored one —
-costs a string comparison, no decoding.
+are tested against the same cases. The common cases cost string comparisons, no decoding: the
+newer list starts with the stored one (a turn appended), or with its end (a turn appended and the
+front dropped by the producer's size cap, or the turn after a merge).
 """
 
 from __future__ import annotations
@@ -35,9 +36,20 @@ def identity(message: Message) -> Identity:
 
 
 def merge_messages(older: Sequence[Message], newer: Sequence[Message]) -> list[Message]:
-    """``newer`` with every message of ``older`` it does not hold (see the module docstring)."""
-    if not older:
-        return list(newer)
+    """``newer`` with every message of ``older`` it does not hold (see the module docstring).
+
+    When ``newer`` starts with the end of ``older`` — from the first message of ``older`` after
+    its head that equals ``newer``'s first — the rest of ``older`` is kept before it as it is: the
+    agent appended turns and its size cap dropped the front. (``enqueue.lua`` sees this case
+    without decoding; it is also what the general rule gives, except that the front is kept
+    whole even where a message in it repeats one in ``newer``.)
+    """
+    if not older or list(newer[: len(older)]) == list(older):
+        return list(newer)  # the agent appended turns (or re-sent the same)
+    if newer:
+        start = next((i for i in range(1, len(older)) if older[i] == newer[0]), 0)
+        if start and list(older[start:]) == list(newer[: len(older) - start]):
+            return [*older[:start], *newer]
     held = {identity(m) for m in newer}
     last_held = -1
     for index in range(len(older) - 1, -1, -1):

@@ -30,8 +30,11 @@
 -- and is kept whole, in its order; a message of the other list it does not hold (same id, else
 -- same role and content) is kept too, in its order — before that list when some later message of
 -- the other one is in it, else right after the last one that is. So a summarised, truncated or
--- edited history never drops what was handed over and not yet extracted. When the new list
--- starts with the stored one (the agent appended a turn: the common case) nothing is decoded.
+-- edited history never drops what was handed over and not yet extracted. Nothing is decoded in
+-- the common cases, on lists as the producer encodes them: the new list starts with the stored
+-- one (the agent appended a turn), or with its end from the first stored message after the head
+-- equal to the new list's first (the size cap dropped the front, or the turn after a merge):
+-- then the stored front is kept before it whole.
 --
 -- Returns {version, deadline_ms, code}
 --   code 1  scheduled: due holds the context at deadline_ms
@@ -51,15 +54,51 @@ local function extends(older, newer)
     and string.sub(newer, n, n) == ','
 end
 
+-- When `newer` starts with the end of `older`, from the first element after the head equal to
+-- newer's first, the elements of `older` before it (encoded, without brackets); else nil. An
+-- element starts with {"role":" in the producer's encoding, and that sequence (bare quotes) can
+-- never occur inside a JSON string, so it marks element boundaries.
+local function front_before(older, newer)
+  if #newer < 3 or #older < 3 then return nil end
+  local e = string.find(newer, '},{"role":"', 2, true)
+  local first = e and string.sub(newer, 2, e) or string.sub(newer, 2, -2)
+  local at = string.find(older, ',' .. first, 2, true)
+  if not at then return nil end
+  local rest = string.sub(older, at + 1, -2)
+  if string.sub(newer, 2, #rest + 1) ~= rest then return nil end
+  local after = string.sub(newer, #rest + 2, #rest + 2)
+  if after ~= ',' and after ~= ']' then return nil end
+  return string.sub(older, 2, at - 1)
+end
+
 local function identity(m)
   if type(m) ~= 'table' then return 'x\0' .. tostring(m) end
   if type(m.id) == 'string' and m.id ~= '' then return 'i\0' .. m.id end
   return 'c\0' .. tostring(m.role) .. '\0' .. tostring(m.content)
 end
 
+-- The encoded elements of a list in the producer's encoding (nil for any other): split at the
+-- boundaries front_before relies on, so a merge can be written back in that same encoding and
+-- the next turn's hand-off still finds the stored list without decoding.
+local function elements(list)
+  if string.sub(list, 1, 10) ~= '[{"role":"' then return nil end
+  local out, from = {}, 2
+  while true do
+    local e = string.find(list, '},{"role":"', from, true)
+    if not e then
+      out[#out + 1] = string.sub(list, from, -2)
+      return out
+    end
+    out[#out + 1] = string.sub(list, from, e)
+    from = e + 2
+  end
+end
+
 -- `newer` plus the messages of `older` it does not hold (the rule in the header); both encoded.
 local function merge(older, newer)
   if not older or extends(older, newer) then return newer end
+  local front = front_before(older, newer)
+  if front then return '[' .. front .. ',' .. string.sub(newer, 2) end
   local ok_old, old_list = pcall(cjson.decode, older)
   local ok_new, new_list = pcall(cjson.decode, newer)
   if not (ok_old and ok_new and type(old_list) == 'table' and type(new_list) == 'table') then
@@ -75,20 +114,35 @@ local function merge(older, newer)
   for i = #old_list, 1, -1 do
     if held[identity(old_list[i])] then last_held = i break end
   end
-  local out = {}
+  -- The merged list as picks: {from old list?, index}.
+  local picks = {}
+  local function take(from_old, first, last)
+    for i = first, last do picks[#picks + 1] = {from_old, i} end
+  end
   if last_held == 0 then
-    for _, m in ipairs(old_list) do out[#out + 1] = m end
-    for _, m in ipairs(new_list) do out[#out + 1] = m end
-    return cjson.encode(out)
+    take(true, 1, #old_list)
+    take(false, 1, #new_list)
+  else
+    for i = 1, last_held - 1 do
+      if not held[identity(old_list[i])] then picks[#picks + 1] = {true, i} end
+    end
+    if #picks == 0 and last_held == #old_list then return newer end
+    local at = first_at[identity(old_list[last_held])]
+    take(false, 1, at)
+    take(true, last_held + 1, #old_list)
+    take(false, at + 1, #new_list)
   end
-  for i = 1, last_held - 1 do
-    if not held[identity(old_list[i])] then out[#out + 1] = old_list[i] end
+  local old_parts, new_parts = elements(older), elements(newer)
+  local out = {}
+  if old_parts and new_parts and #old_parts == #old_list and #new_parts == #new_list then
+    for i, pick in ipairs(picks) do
+      out[i] = pick[1] and old_parts[pick[2]] or new_parts[pick[2]]
+    end
+    return '[' .. table.concat(out, ',') .. ']'
   end
-  if #out == 0 and last_held == #old_list then return newer end
-  local at = first_at[identity(old_list[last_held])]
-  for i = 1, at do out[#out + 1] = new_list[i] end
-  for i = last_held + 1, #old_list do out[#out + 1] = old_list[i] end
-  for i = at + 1, #new_list do out[#out + 1] = new_list[i] end
+  for i, pick in ipairs(picks) do
+    out[i] = pick[1] and old_list[pick[2]] or new_list[pick[2]]
+  end
   return cjson.encode(out)
 end
 

@@ -4,6 +4,7 @@ summarised history handed over before the older messages were extracted."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -69,6 +70,18 @@ CASES: list[tuple[str, list[Message], list[Message], list[Message]]] = [
         msgs("u:one", "a:two", "u:three", "a:four"),
         msgs("u:three", "a:four", "u:five"),
         msgs("u:one", "a:two", "u:three", "a:four", "u:five"),
+    ),
+    (
+        "front trimmed, the dropped part kept whole",
+        msgs("u:ok", "a:one", "u:two"),
+        msgs("a:one", "u:two", "u:ok"),
+        msgs("u:ok", "a:one", "u:two", "u:ok"),
+    ),
+    (
+        "the turn after a merge",
+        msgs("u:I like X", "a:noted", "u:Summary", "u:I like Y"),
+        msgs("u:Summary", "u:I like Y", "a:sure", "u:more"),
+        msgs("u:I like X", "a:noted", "u:Summary", "u:I like Y", "a:sure", "u:more"),
     ),
     (
         "last turn edited",
@@ -182,6 +195,8 @@ def test_enqueue_lua_merges_like_the_python_rule(
         if request.messages_json != "[]":
             enqueue(request, T0 + 10)
     assert stored_messages(redis_client, q) == contents(expected)
+    # Written back in the producer's encoding, so the next turn needs no decoding either.
+    assert redis_client.hget(q.context(KEY.id), "messages") == messages_to_json(expected)
     assert redis_client.hget(q.context(KEY.id), "trace_id") == "new"
 
 
@@ -454,9 +469,22 @@ def test_lua_and_python_agree_on_any_two_lists(
     enqueue(EnqueueRequest(KEY, messages_to_json(older), captured_ms=T0), T0)
     enqueue(EnqueueRequest(KEY, messages_to_json(newer), captured_ms=T0 + 1), T0)
     expected = merge_messages(older, newer)
-    assert stored_messages(redis_client, q) == contents(expected)
+    assert redis_client.hget(q.context(KEY.id), "messages") == messages_to_json(expected)
     # Every message handed over is still there, and the newer list whole, in its order.
     kept = {identity(m) for m in expected}
     assert all(identity(m) in kept for m in [*older, *newer])
     held = iter(expected)
     assert all(any(m == e for e in held) for m in newer)
+
+
+@pytest.mark.integration
+def test_lists_in_another_encoding_are_merged_by_decoding(
+    enqueue: Enqueuer, redis_client: redis.Redis, q: QueueKeys
+) -> None:
+    def spaced(messages: list[Message]) -> str:  # json.dumps' default separators, id first
+        return json.dumps([{"id": m.id, **m.to_json()} for m in messages])
+
+    older, newer = msgs("u:I like X#m1", "a:noted#m2"), msgs("u:Summary#m3", "u:I like Y#m4")
+    enqueue(EnqueueRequest(KEY, spaced(older)), T0)
+    enqueue(EnqueueRequest(KEY, spaced(newer)), T0 + 1)
+    assert stored_messages(redis_client, q) == contents([*older, *newer])
