@@ -45,7 +45,9 @@ def run(env: BenchEnv) -> Result:
     bare_client = redis_client(settings, socket_timeout=settings.producer_timeout_seconds)
     keys = KeySchema(settings.key_prefix, settings.shards)
     threads = [f"thread-{i}" for i in range(THREADS)]
-    ids = [ContextKey.create(t, "alice", "bench").id for t in threads]
+    # The bare side writes its own contexts: written into the producer's, its list (no ids) would
+    # be merged with the producer's on every call instead of measuring the common re-send.
+    ids = [ContextKey.create(f"bare-{t}", "alice", "bench").id for t in threads]
     payload = json.dumps(
         [{"role": m["role"], "content": m["content"]} for m in messages if m.get("id")]
     )

@@ -66,7 +66,7 @@ def messages_from_json(raw: str) -> tuple[Message, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ConversationContext:
-    """What the worker receives for one claimed (thread, user, agent): the latest messages and
+    """What the worker receives for one claimed (thread, user, agent): the messages pending and
     the merged signals, plus the bookkeeping the queue keeps beside them."""
 
     key: ContextKey

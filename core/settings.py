@@ -109,6 +109,7 @@ class MemqSettings(BaseSettings):
     producer_timeout_seconds: float = Field(default=0.25, gt=0.0, le=10.0)
     spool_max_contexts: int = Field(default=1000, ge=0)
     producer_max_chars: int = Field(default=200_000, ge=1000)
+    pending_max_bytes: int = Field(default=1_000_000, ge=10_000)
 
     # --- LLM
     llm_provider: Literal["auto", "openai", "rules"] = "auto"
@@ -210,6 +211,16 @@ class MemqSettings(BaseSettings):
             raise ValueError(
                 f"run_time_limit_seconds ({limit:g}) is shorter than llm_timeout_seconds "
                 f"({self.llm_timeout_seconds:g}): every slow model call would be killed"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _pending_cap(self) -> MemqSettings:
+        # A single hand-off must fit, or every turn of a long thread would skip the debounce.
+        if self.pending_max_bytes < self.producer_max_chars:
+            raise ValueError(
+                f"pending_max_bytes ({self.pending_max_bytes}) must be >= producer_max_chars "
+                f"({self.producer_max_chars})"
             )
         return self
 

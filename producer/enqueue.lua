@@ -1,4 +1,5 @@
--- enqueue.lua — record the latest messages of one context and (re)schedule it, atomically.
+-- enqueue.lua — add the messages of one context to what it holds pending and (re)schedule it,
+-- atomically.
 --
 -- KEYS[1]  ctx:<id>   hash of the context (fields: see DESIGN.md / the Redis contract)
 -- KEYS[2]  due        zset  context id -> deadline (epoch ms)
@@ -10,22 +11,34 @@
 -- ARGV[2]  debounce_ms     quiet period after the latest enqueue, milliseconds
 -- ARGV[3]  max_delay_ms    cap counted from pending_since_ms, milliseconds
 -- ARGV[4]  flush           "1": due now (zero delay); "0": debounced
--- ARGV[5]  messages_json   JSON list of filtered messages; replaces the stored list unless the
---                          stored one was captured later (see ARGV[13])
+-- ARGV[5]  messages_json   JSON list of filtered messages, merged with the stored list (below)
 -- ARGV[6]  correction      "0"/"1", OR-merged into the stored flag
 -- ARGV[7]  reinforcement   "0"/"1", OR-merged into the stored flag
 -- ARGV[8]  thread_id
 -- ARGV[9]  user_id
 -- ARGV[10] agent_name      "" for the user-global memory
--- ARGV[11] trace_id        "" when none; replaced together with the messages
+-- ARGV[11] trace_id        "" when none; replaced together with captured_ms
 -- ARGV[12] context_id      the member name in due / inflight / dead
 -- ARGV[13] captured_ms     when the agent handed these messages over, epoch milliseconds
 --                          (absent or "": now_ms). A spool replay or another replica can deliver
---                          an older capture after a newer one: then the stored messages, trace id
---                          and captured_ms stay, while flags, version and deadline still apply.
+--                          an older capture after a newer one: then the stored list is the newer
+--                          view and the older one only adds what it lacks; trace id and
+--                          captured_ms stay, while flags, version and deadline still apply.
 -- ARGV[14] retention_ms    time to live of KEYS[1] and KEYS[5] from this enqueue, milliseconds:
 --                          a context nobody extracts (no worker for that long) does not keep the
 --                          user's text forever
+-- ARGV[15] pending_max_bytes  when the merged messages JSON is longer than this (bytes), the
+--                          context is due now instead of debounced (absent or "": no cap)
+--
+-- Messages accumulate until a worker extracts them: the later-captured list is the agent's view
+-- and is kept whole, in its order; a message of the other list it does not hold (same id, else
+-- same role and content) is kept too, in its order — before that list when some later message of
+-- the other one is in it, else right after the last one that is. So a summarised, truncated or
+-- edited history never drops what was handed over and not yet extracted. Nothing is decoded in
+-- the common cases, on lists as the producer encodes them: the new list starts with the stored
+-- one (the agent appended a turn), or with its end from the first stored message after the head
+-- equal to the new list's first (the size cap dropped the front, or the turn after a merge):
+-- then the stored front is kept before it whole.
 --
 -- Returns {version, deadline_ms, code}
 --   code 1  scheduled: due holds the context at deadline_ms
@@ -36,21 +49,129 @@ local ctx, due, inflight, dead, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS
 local now = tonumber(ARGV[1])
 local id = ARGV[12]
 
+-- Whether the encoded list `newer` starts with every message of the encoded list `older`.
+local function extends(older, newer)
+  if older == newer then return true end
+  local n = #older
+  if n >= #newer or string.sub(older, n) ~= ']' then return false end
+  return string.sub(newer, 1, n - 1) == string.sub(older, 1, n - 1)
+    and string.sub(newer, n, n) == ','
+end
+
+-- When `newer` starts with the end of `older`, from the first element after the head equal to
+-- newer's first, the elements of `older` before it (encoded, without brackets); else nil. An
+-- element starts with {"role":" in the producer's encoding, and that sequence (bare quotes) can
+-- never occur inside a JSON string, so it marks element boundaries.
+local function front_before(older, newer)
+  if #newer < 3 or #older < 3 then return nil end
+  local e = string.find(newer, '},{"role":"', 2, true)
+  local first = e and string.sub(newer, 2, e) or string.sub(newer, 2, -2)
+  local at = string.find(older, ',' .. first, 2, true)
+  if not at then return nil end
+  local rest = string.sub(older, at + 1, -2)
+  if string.sub(newer, 2, #rest + 1) ~= rest then return nil end
+  local after = string.sub(newer, #rest + 2, #rest + 2)
+  if after ~= ',' and after ~= ']' then return nil end
+  return string.sub(older, 2, at - 1)
+end
+
+local function identity(m)
+  if type(m) ~= 'table' then return 'x\0' .. tostring(m) end
+  if type(m.id) == 'string' and m.id ~= '' then return 'i\0' .. m.id end
+  return 'c\0' .. tostring(m.role) .. '\0' .. tostring(m.content)
+end
+
+-- The encoded elements of a list in the producer's encoding (nil for any other): split at the
+-- boundaries front_before relies on, so a merge can be written back in that same encoding and
+-- the next turn's hand-off still finds the stored list without decoding.
+local function elements(list)
+  if string.sub(list, 1, 10) ~= '[{"role":"' then return nil end
+  local out, from = {}, 2
+  while true do
+    local e = string.find(list, '},{"role":"', from, true)
+    if not e then
+      out[#out + 1] = string.sub(list, from, -2)
+      return out
+    end
+    out[#out + 1] = string.sub(list, from, e)
+    from = e + 2
+  end
+end
+
+-- `newer` plus the messages of `older` it does not hold (the rule in the header); both encoded.
+local function merge(older, newer)
+  if not older or extends(older, newer) then return newer end
+  local front = front_before(older, newer)
+  if front then return '[' .. front .. ',' .. string.sub(newer, 2) end
+  local ok_old, old_list = pcall(cjson.decode, older)
+  local ok_new, new_list = pcall(cjson.decode, newer)
+  if not (ok_old and ok_new and type(old_list) == 'table' and type(new_list) == 'table') then
+    return newer
+  end
+  local held, first_at = {}, {}
+  for i, m in ipairs(new_list) do
+    local key = identity(m)
+    held[key] = true
+    if not first_at[key] then first_at[key] = i end
+  end
+  local last_held = 0
+  for i = #old_list, 1, -1 do
+    if held[identity(old_list[i])] then last_held = i break end
+  end
+  -- The merged list as picks: {from old list?, index}.
+  local picks = {}
+  local function take(from_old, first, last)
+    for i = first, last do picks[#picks + 1] = {from_old, i} end
+  end
+  if last_held == 0 then
+    take(true, 1, #old_list)
+    take(false, 1, #new_list)
+  else
+    for i = 1, last_held - 1 do
+      if not held[identity(old_list[i])] then picks[#picks + 1] = {true, i} end
+    end
+    if #picks == 0 and last_held == #old_list then return newer end
+    local at = first_at[identity(old_list[last_held])]
+    take(false, 1, at)
+    take(true, last_held + 1, #old_list)
+    take(false, at + 1, #new_list)
+  end
+  local old_parts, new_parts = elements(older), elements(newer)
+  local out = {}
+  if old_parts and new_parts and #old_parts == #old_list and #new_parts == #new_list then
+    for i, pick in ipairs(picks) do
+      out[i] = pick[1] and old_parts[pick[2]] or new_parts[pick[2]]
+    end
+    return '[' .. table.concat(out, ',') .. ']'
+  end
+  for i, pick in ipairs(picks) do
+    out[i] = pick[1] and old_list[pick[2]] or new_list[pick[2]]
+  end
+  return cjson.encode(out)
+end
+
 -- One read and one write of the hash: this runs on every agent turn.
 local stored = redis.call('HMGET', ctx, 'pending_since_ms', 'deadline_ms', 'first_enqueued_ms',
-  'flush', 'correction', 'reinforcement', 'captured_ms')
+  'flush', 'correction', 'reinforcement', 'captured_ms', 'messages')
 local fields = {'thread_id', ARGV[8], 'user_id', ARGV[9], 'agent_name', ARGV[10],
   'last_enqueued_ms', ARGV[1]}
 local n = #fields
 
--- Never replace newer messages with older ones (a version would be lost); a tie is a re-send.
+-- The later capture is the agent's current view; a tie is a re-send.
 local captured = tonumber(ARGV[13]) or now
 local stored_captured = tonumber(stored[7])
+local messages
 if not stored_captured or captured >= stored_captured then
-  fields[n + 1], fields[n + 2] = 'messages', ARGV[5]
-  fields[n + 3], fields[n + 4] = 'trace_id', ARGV[11]
-  fields[n + 5], fields[n + 6] = 'captured_ms', string.format('%d', captured)
-  n = n + 6
+  messages = merge(stored[8], ARGV[5])
+  fields[n + 1], fields[n + 2] = 'trace_id', ARGV[11]
+  fields[n + 3], fields[n + 4] = 'captured_ms', string.format('%d', captured)
+  n = n + 4
+else
+  messages = merge(ARGV[5], stored[8] or ARGV[5])
+end
+if messages ~= stored[8] then
+  fields[n + 1], fields[n + 2] = 'messages', messages
+  n = n + 2
 end
 
 local pending_since = tonumber(stored[1])
@@ -61,7 +182,9 @@ if not pending_since then
 end
 
 local deadline
-if ARGV[4] == '1' then
+local max_bytes = tonumber(ARGV[15])
+if ARGV[4] == '1' or (max_bytes and #messages > max_bytes) then
+  -- Too much pending text to wait for more: due now rather than cut (the worker splits it).
   deadline = now
 else
   deadline = math.min(now + tonumber(ARGV[2]), pending_since + tonumber(ARGV[3]))

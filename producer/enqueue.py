@@ -1,13 +1,17 @@
 """The enqueue operation: what one producer call sends, the deadline maths, and the Lua call.
 
-One enqueue is one EVALSHA of ``enqueue.lua`` (one round trip). :func:`compute_deadline` and
-:func:`replaces_messages` mirror the script's scheduling and replacement rules in Python so they can
-be unit-tested and documented in one place; the script stays the authority.
+One enqueue is one EVALSHA of ``enqueue.lua`` (one round trip). :func:`compute_deadline`,
+:func:`replaces_messages` and :mod:`producer.accumulate` mirror the script's scheduling and merge
+rules in Python so they can be unit-tested and documented in one place; the script stays the
+authority.
 
-Every request carries its capture time (when the agent handed the messages over). A request can
-reach Redis after a newer one of the same context — a spool replay racing the agent's next turn, or
-a replica replaying what it spooled during an outage only it saw — and must then not replace the
-newer messages; it still merges its flags and bumps the version.
+A context accumulates the messages it is handed until a worker extracts them: an enqueue merges
+its list into the stored one rather than replacing it, so a summarised or truncated history never
+drops what was handed over and not yet extracted. Every request carries its capture time (when the
+agent handed the messages over). A request can reach Redis after a newer one of the same context —
+a spool replay racing the agent's next turn, or a replica replaying what it spooled during an
+outage only it saw — and then only adds what the newer list lacks; its trace id does not replace
+the newer one's, and it still merges its flags and bumps the version.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from core.errors import InvalidIdentifier, RedisUnavailable
 from core.identity import ContextKey
 from core.keys import KeySchema
 from core.models import Message, messages_to_json
+from producer.accumulate import merge_messages_json
 from producer.messages import filter_messages_for_memory, has_minimum_dialogue, keep_newest_within
 from producer.signals import detect_signals
 
@@ -56,17 +61,18 @@ class EnqueueRequest:
         return self.key.id
 
     def merged_under(self, newer: EnqueueRequest) -> EnqueueRequest:
-        """``newer`` with this request's flags OR-ed in, as the script merges them; the messages
-        (and trace id) of whichever was captured later, ``newer``'s on a tie."""
-        latest = newer
+        """``newer`` with this request's flags OR-ed in and both message lists merged, as the
+        script merges them: the list captured later (``newer``'s on a tie) is the agent's view,
+        the other adds what it lacks; trace id and capture time are the later one's."""
+        latest, earlier = newer, self
         if self.captured_ms is not None and not replaces_messages(
             newer.captured_ms if newer.captured_ms is not None else self.captured_ms,
             self.captured_ms,
         ):
-            latest = self
+            latest, earlier = self, newer
         return EnqueueRequest(
             key=newer.key,
-            messages_json=latest.messages_json,
+            messages_json=merge_messages_json(earlier.messages_json, latest.messages_json),
             correction=self.correction or newer.correction,
             reinforcement=self.reinforcement or newer.reinforcement,
             flush=self.flush or newer.flush,
@@ -114,8 +120,9 @@ def build_request(
 
 
 def replaces_messages(captured_ms: int, stored_captured_ms: int | None) -> bool:
-    """Whether an enqueue captured at ``captured_ms`` replaces the stored messages (and trace id):
-    only when they were not captured later; a tie is a re-send of the same turn."""
+    """Whether an enqueue captured at ``captured_ms`` is the agent's current view (its list leads
+    the merge, its trace id replaces the stored one): only when the stored messages were not
+    captured later; a tie is a re-send of the same turn."""
     return stored_captured_ms is None or captured_ms >= stored_captured_ms
 
 
@@ -149,6 +156,7 @@ class Enqueuer:
         debounce_ms: int,
         max_delay_ms: int,
         retention_ms: int = 30 * 86_400_000,
+        pending_max_bytes: int | None = None,
     ):
         source = resources.files("producer").joinpath("enqueue.lua").read_text(encoding="utf-8")
         self._script = client.register_script(source)
@@ -156,6 +164,7 @@ class Enqueuer:
         self._debounce = str(debounce_ms)
         self._max_delay = str(max_delay_ms)
         self._retention = str(retention_ms)
+        self._pending_max = "" if pending_max_bytes is None else str(pending_max_bytes)
 
     def __call__(self, request: EnqueueRequest, now_ms: int) -> EnqueueResult:
         """One round trip. Raises :class:`RedisUnavailable` when Redis does not take it."""
@@ -186,6 +195,7 @@ class Enqueuer:
                     context_id,
                     now_ms if request.captured_ms is None else request.captured_ms,
                     self._retention,
+                    self._pending_max,
                 ),
             )
         except redis.RedisError as exc:

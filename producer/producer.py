@@ -80,6 +80,7 @@ class MemoryProducer:
             debounce_ms=s.debounce_ms,
             max_delay_ms=s.max_delay_ms,
             retention_ms=s.context_retention_ms,
+            pending_max_bytes=s.pending_max_bytes,
         )
         self._clock_ms = clock_ms or _wall_clock_ms
         self._spool = Spool(s.spool_max_contexts)

@@ -1,9 +1,10 @@
 """A bounded, in-process spool for contexts the producer could not send while Redis was away.
 
-Producers send the whole thread every turn, so per context only the latest messages matter: the
-spool keeps one entry per context id (latest messages, flags OR-ed as the queue would merge them),
-oldest first, and drops the oldest context when full. It lives in the agent's memory, so a process
-that dies during an outage loses it — the next turn of each thread re-sends the conversation anyway.
+The spool keeps one entry per context id, oldest first, and drops the oldest context when full. Two
+hand-offs of one context coalesce as the queue would merge them: flags OR-ed, message lists merged
+(:mod:`producer.accumulate`), so a turn replaced by a summarised one before the replay keeps the
+messages the summary dropped. It lives in the agent's memory, so a process that dies during an
+outage loses it.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ class Spool:
         return len(self._items)
 
     def put(self, request: EnqueueRequest) -> int:
-        """Keep ``request`` as the latest of its context; returns how many contexts were dropped
-        to make room (the request itself counts when the spool holds nothing)."""
+        """Keep ``request`` as the latest of its context (merged with any spooled one); returns
+        how many contexts were dropped to make room (the request itself counts when the spool
+        holds nothing)."""
         if self._max == 0:
             return 1
         context_id = request.context_id
@@ -42,7 +44,7 @@ class Spool:
 
     def put_back(self, request: EnqueueRequest) -> int:
         """Return a request whose replay failed. A newer request of the same context that was
-        spooled meanwhile keeps its messages; the flags of both survive."""
+        spooled meanwhile leads the merge of the two lists; the flags of both survive."""
         if self._max == 0:
             return 1
         context_id = request.context_id

@@ -5,6 +5,8 @@ messages are kept within a token budget (the end of a thread is what the model m
 message keeps its head and its tail, because the conclusion of an answer is usually at its end
 (§10.8). Incremental extraction splits a context at its watermark — the identities of the last
 messages already extracted — so only what is new is sent, with a few earlier messages as context.
+When what is new does not fit the budget, the oldest part that fits is extracted first and the
+watermark moves only past it: the rest is extracted by the next run, never cut.
 """
 
 from __future__ import annotations
@@ -122,19 +124,63 @@ class Selection:
     context: tuple[Message, ...]  # already extracted, shown only so the new part reads well
     new: tuple[Message, ...]  # after the watermark: what the model learns from
     watermark: str | None  # to store once this run's result is saved (None: leave it)
+    more: bool = False  # messages after ``new`` wait for another run (the budget was full)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkBudget:
+    """How much new conversation one extraction may send, measured as the prompt renders it."""
+
+    max_tokens: int
+    message_max_chars: int
+    count_tokens: TokenCounter
+
+    def oldest_fitting(self, messages: Sequence[Message]) -> int:
+        """How many of ``messages``, oldest first, fit ``max_tokens`` once each is cut to
+        ``message_max_chars`` — at least one message with text, which the prompt then shrinks
+        (blank messages cost nothing)."""
+        used = 0
+        for index, original in enumerate(messages):
+            content = _clean(original)
+            if not content:
+                continue
+            cut = truncate_middle(content, self.message_max_chars)
+            cost = self.count_tokens(render_line(Message(original.role, cut, original.id))) + 1
+            if used + cost > self.max_tokens:
+                return index if used else index + 1
+            used += cost
+        return len(messages)
 
 
 def split_at_watermark(
-    messages: Sequence[Message], watermark: str | None, context_messages: int
+    messages: Sequence[Message],
+    watermark: str | None,
+    context_messages: int,
+    budget: ChunkBudget | None = None,
 ) -> Selection:
     """What follows ``watermark`` (everything when nothing is recognised), with up to
-    ``context_messages`` earlier ones, and the watermark that covers all of ``messages``."""
+    ``context_messages`` earlier ones, and the watermark that covers what is selected.
+
+    With a ``budget``, a new part that does not fit is cut to its oldest messages that do, the
+    watermark covers only those and ``more`` is set, so the caller has the rest extracted next.
+    A chunk whose watermark would equal the current one (a long run of messages repeating the
+    remembered ones) is not cut: it could never move the watermark on, so the budget keeps the
+    newest messages instead, as without chunks.
+    """
     identities = [message_identity(m) for m in messages]
     boundary = find_boundary(identities, decode_watermark(watermark))
-    new = tuple(messages[boundary + 1 :])
+    end = len(messages)
+    if budget is not None and boundary + 1 < end:
+        taken = budget.oldest_fitting(messages[boundary + 1 :])
+        if boundary + 1 + taken < end and encode_watermark(identities[: boundary + 1 + taken]) != (
+            watermark or None
+        ):
+            end = boundary + 1 + taken
+    new = tuple(messages[boundary + 1 : end])
     start = max(boundary + 1 - context_messages, 0)
     context = tuple(messages[start : boundary + 1]) if new else ()
-    return Selection(context, new, encode_watermark(identities) or watermark)
+    covered = encode_watermark(identities[:end]) or watermark
+    return Selection(context, new, covered, more=end < len(messages))
 
 
 def select_messages(

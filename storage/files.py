@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections import OrderedDict
 import logging
 import os
 import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 

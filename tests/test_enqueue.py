@@ -73,7 +73,7 @@ def test_compute_deadline(
 
 
 @pytest.mark.integration
-def test_merge_replaces_messages_ors_flags_and_counts_versions(
+def test_merge_accumulates_messages_ors_flags_and_counts_versions(
     enqueue: Enqueuer, redis_client: redis.Redis, q: QueueKeys
 ) -> None:
     first = enqueue(request("old", correction=True, trace_id="tr-1"), T0)
@@ -82,15 +82,16 @@ def test_merge_replaces_messages_ors_flags_and_counts_versions(
     assert second.code is EnqueueCode.SCHEDULED
     stored: dict[str, str] = redis_client.hgetall(q.context(KEY.id))  # type: ignore[assignment]
     ctx = ConversationContext.from_hash(stored)
-    assert [m.content for m in ctx.messages] == ["new", "ok"]
+    # "old" is no longer in the new list but was never extracted: it stays, before it.
+    assert [m.content for m in ctx.messages] == ["old", "new", "ok"]
     assert (ctx.correction, ctx.reinforcement, ctx.flush) == (True, True, False)
-    assert ctx.trace_id is None  # replaced by the latest call, like the messages
+    assert ctx.trace_id is None  # replaced by the latest call
     assert (ctx.first_enqueued_ms, ctx.last_enqueued_ms) == (T0, T0 + 1_000)
     assert (ctx.thread_id, ctx.user_id, ctx.agent_name) == ("thread-1", "alice", None)
 
 
 @pytest.mark.integration
-def test_an_older_capture_never_replaces_newer_messages(
+def test_an_older_capture_only_adds_what_the_newer_messages_lack(
     enqueue: Enqueuer, redis_client: redis.Redis, q: QueueKeys
 ) -> None:
     # A spool replay (or another replica's) delivers turn 1 after turn 1+2 was stored.
@@ -100,23 +101,31 @@ def test_an_older_capture_never_replaces_newer_messages(
     )
     stored: dict[str, str] = redis_client.hgetall(q.context(KEY.id))  # type: ignore[assignment]
     ctx = ConversationContext.from_hash(stored)
-    assert [m.content for m in ctx.messages] == ["turn 1 and 2", "ok"]  # no version lost
+    # The newer list leads; the older one adds only what it lacks (its "ok" is already there).
+    assert [m.content for m in ctx.messages] == ["turn 1", "turn 1 and 2", "ok"]
     assert (ctx.trace_id, stored["captured_ms"]) == ("new", str(T0 + 500))
     # Everything else still applies: flags merge, the version moves, a flush is due now.
     assert (ctx.correction, ctx.flush, late.version) == (True, True, 2)
     assert late.deadline_ms == T0 + 2_000 == redis_client.zscore(q.due, KEY.id)
-    # A later capture (or a re-send of the same one) replaces as before.
+    # A later capture (or a re-send of the same one) leads the merge.
     enqueue(request("turn 3", captured_ms=T0 + 500), T0 + 3_000)
-    assert "turn 3" in (redis_client.hget(q.context(KEY.id), "messages") or "")
+    stored_json = redis_client.hget(q.context(KEY.id), "messages") or "[]"
+    assert [m["content"] for m in json.loads(stored_json)] == [
+        "turn 1",
+        "turn 1 and 2",
+        "turn 3",
+        "ok",
+    ]
 
 
-def test_replaces_messages_and_the_spool_merge_keep_the_later_capture() -> None:
+def test_replaces_messages_and_the_spool_merge_follow_the_later_capture() -> None:
     assert replaces_messages(T0, None) and replaces_messages(T0, T0)
     assert not replaces_messages(T0 - 1, T0)
     older = request("older", correction=True, captured_ms=T0)
     newer = request("newer", flush=True, captured_ms=T0 + 1)
     for merged in (older.merged_under(newer), newer.merged_under(older)):
-        assert (merged.messages_json, merged.captured_ms) == (newer.messages_json, T0 + 1)
+        contents = [m["content"] for m in json.loads(merged.messages_json)]
+        assert (contents, merged.captured_ms) == (["older", "newer", "ok"], T0 + 1)
         assert (merged.correction, merged.flush) == (True, True)
 
 

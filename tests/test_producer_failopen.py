@@ -99,7 +99,12 @@ def test_outage_spools_then_replays_after_restart(
         finally:
             client.close()
             restarted.stop()
-    assert json.loads(t1["messages"])[0]["content"] == "I live in Lyon"  # the latest messages
+    # Both spooled turns, merged: the latest list leads, what it dropped is kept before it.
+    assert [m["content"] for m in json.loads(t1["messages"])] == [
+        "that's wrong",
+        "I live in Lyon",
+        "ok",
+    ]
     assert t1["correction"] == "1"  # OR-ed in from the earlier spooled call
     assert t2["flush"] == "1" and t2["reinforcement"] == "1"
     assert due_t2 == int(t2["deadline_ms"])

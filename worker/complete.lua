@@ -12,12 +12,16 @@
 -- ARGV[3]  now_ms     current time, epoch milliseconds (deadline when none is stored)
 -- ARGV[4]  watermark  new value of KEYS[4]; "" leaves it as it is
 -- ARGV[5]  watermark_ttl_ms   time to live of KEYS[4], milliseconds
+-- ARGV[6]  more       "1": the run extracted only the oldest part of the messages (they did not
+--                     fit one prompt); reschedule at now_ms even if the version did not move.
+--                     Absent or "0": as before
 --
 -- Returns
 --   0  stale: the token does not match (the lease was reaped and maybe re-claimed); nothing done,
 --      the watermark included
 --   1  done: the version did not move during the run; the hash is deleted
 --   2  rescheduled: an enqueue arrived during the run; back in `due` at the stored deadline_ms
+--      (with ARGV[6] "1": at now_ms, or the stored deadline_ms when that is earlier)
 
 local ctx, inflight, due, wm, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
@@ -30,12 +34,16 @@ if ARGV[4] ~= '' then
 end
 redis.call('ZREM', inflight, id)
 redis.call('ZREM', users, id)
-if redis.call('HGET', ctx, 'version') == redis.call('HGET', ctx, 'claimed_version') then
+local more = ARGV[6] == '1'
+if not more and redis.call('HGET', ctx, 'version') == redis.call('HGET', ctx, 'claimed_version') then
   redis.call('DEL', ctx)
   redis.call('ZREM', due, id)
   return 1
 end
 local deadline = redis.call('HGET', ctx, 'deadline_ms') or ARGV[3]
+if more and tonumber(deadline) > tonumber(ARGV[3]) then
+  deadline = ARGV[3]
+end
 redis.call('HSET', ctx, 'attempts', '0', 'deadline_ms', deadline)
 redis.call('HDEL', ctx, 'claim_token', 'last_error')
 redis.call('ZADD', due, deadline, id)

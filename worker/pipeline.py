@@ -8,7 +8,9 @@ storage's atomic ``update``, so a concurrent extraction of another thread is nev
 
 Extraction is incremental: only the messages after the thread's watermark are sent (with a few
 earlier ones as context), the correction/reinforcement signals are detected on that new part, and
-the report carries the watermark the caller stores once the run is settled.
+the report carries the watermark the caller stores once the run is settled. A new part larger than
+the conversation budget is extracted in chunks, oldest first: the report's ``more`` asks the caller
+to have the context run again at once for the rest.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from core.settings import MemqSettings
 from producer.signals import detect_correction, detect_reinforcement
 from prompts.answer import UpdateAnswer, parse_update_response
 from prompts.apply import apply_update
-from prompts.conversation import Selection, TokenCounter, split_at_watermark
+from prompts.conversation import ChunkBudget, Selection, TokenCounter, split_at_watermark
 from prompts.tokens import make_token_counter
 from prompts.update_prompt import UpdatePrompt, build_update_prompt
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
@@ -62,6 +64,7 @@ class ExtractionReport:
     earlier_shown: int = 0
     reason: str = ""
     watermark: str | None = None  # store it on completion (None: leave the stored one)
+    more: bool = False  # only the oldest chunk of the new messages was extracted: run again now
 
 
 def _count(changes: list[Change], *actions: str) -> int:
@@ -79,6 +82,11 @@ def signals_in(messages: tuple[Message, ...]) -> tuple[bool, bool]:
     user = [(m,) for m in messages if m.role == "user"]
     correction = any(detect_correction(one) for one in user)
     return correction, (not correction) and any(detect_reinforcement(one) for one in user)
+
+
+def chunk_budget(settings: MemqSettings, count_tokens: TokenCounter) -> ChunkBudget:
+    """The new conversation one run may send: what the update prompt's budget holds."""
+    return ChunkBudget(settings.conversation_max_tokens, settings.message_max_chars, count_tokens)
 
 
 def prompt_for(
@@ -120,7 +128,9 @@ def propose_update(
     Raises TransientLLMError / PermanentLLMError from the model, ResponseParseError from parsing.
     """
     if selection is None:
-        selection = split_at_watermark(context.messages, None, settings.context_messages)
+        selection = split_at_watermark(
+            context.messages, None, settings.context_messages, chunk_budget(settings, count_tokens)
+        )
     prompt = prompt_for(selection, memory, settings, now=now, count_tokens=count_tokens)
     if prompt is None:
         return None, None, Usage()
@@ -141,9 +151,15 @@ def extract_update(
 ) -> tuple[MemoryDocument, list[Change], Usage]:
     """The updated memory, what changed and what it cost; ``memory`` itself is never modified.
 
-    Only the messages after ``watermark`` are extracted (see :func:`split_at_watermark`).
+    Only the messages after ``watermark`` are extracted (see :func:`split_at_watermark`), and of
+    those only the oldest chunk that fits the conversation budget.
     """
-    selection = split_at_watermark(context.messages, watermark, settings.context_messages)
+    selection = split_at_watermark(
+        context.messages,
+        watermark,
+        settings.context_messages,
+        chunk_budget(settings, count_tokens),
+    )
     if not selection.new:
         return memory, [], Usage()
     _prompt, answer, usage = propose_update(
@@ -195,7 +211,19 @@ class ExtractionPipeline:
 
         if not context.messages:
             return ExtractionReport("skipped", duration_ms=elapsed_ms(), reason="no messages")
-        selection = split_at_watermark(context.messages, watermark, self._settings.context_messages)
+        selection = split_at_watermark(
+            context.messages,
+            watermark,
+            self._settings.context_messages,
+            chunk_budget(self._settings, self._count_tokens),
+        )
+        if selection.more:
+            log.info(
+                "%s: %d new messages fit the budget of %d tokens; the rest is extracted next",
+                context.key.describe(),
+                len(selection.new),
+                self._settings.conversation_max_tokens,
+            )
         if not selection.new:
             log.info("nothing new in %s since its last extraction", context.key.describe())
             return ExtractionReport(
@@ -226,6 +254,7 @@ class ExtractionPipeline:
                 duration_ms=elapsed_ms(),
                 reason="blank conversation",
                 watermark=selection.watermark,
+                more=selection.more,
             )
         changes: list[Change] = []
         if not answer.is_noop():
@@ -253,6 +282,7 @@ class ExtractionPipeline:
             messages_dropped=prompt.messages_dropped,
             earlier_shown=prompt.earlier_shown,
             watermark=selection.watermark,
+            more=selection.more,
         )
         # The worker logs the one structured line per extraction; this one is for debugging.
         log.debug(

@@ -212,9 +212,11 @@ class QueueClient:
         now: int | None = None,
         *,
         watermark: str | None = None,
+        more: bool = False,
     ) -> CompleteResult:
         """Settle a successful run; ``watermark`` (None: leave it) is stored with the settlement,
-        so only the run that still holds the claim can advance it."""
+        so only the run that still holds the claim can advance it. ``more``: the run extracted
+        only part of the messages, so the context is rescheduled due now rather than deleted."""
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["complete"](
@@ -225,7 +227,14 @@ class QueueClient:
                 q.watermark(context_id),
                 self._user_inflight(q, context_id),
             ],
-            args=[context_id, token, now, watermark or "", self.settings.watermark_ttl_ms],
+            args=[
+                context_id,
+                token,
+                now,
+                watermark or "",
+                self.settings.watermark_ttl_ms,
+                "1" if more else "0",
+            ],
         )
         return CompleteResult(int(raw))
 

@@ -178,7 +178,9 @@ def extract(
         return _discarded(queue, context_id, version, report, started, clock)
     # The watermark advances with the settlement, never before: a run that fails or lost its
     # claim leaves it where it was, so its messages are sent again.
-    settled = queue.complete(context_id, token, clock(), watermark=report.watermark)
+    settled = queue.complete(
+        context_id, token, clock(), watermark=report.watermark, more=report.more
+    )
     duration = clock() - started
     queue.add_metrics(
         extractions=1,

@@ -48,6 +48,10 @@ DESCRIPTIONS: dict[str, str] = {
     "producer_timeout_seconds": "Redis timeout of a producer call (the agent never waits longer)",
     "spool_max_contexts": "contexts a producer keeps for a later retry while Redis is unreachable",
     "producer_max_chars": "size cap, in characters, of the conversation sent by one enqueue",
+    "pending_max_bytes": (
+        "a context whose accumulated, not yet extracted messages exceed this (JSON bytes) is due "
+        "at once instead of debounced"
+    ),
     "llm_provider": "`auto` (a model if an endpoint or key is set, else rules), `openai`, `rules`",
     "llm_base_url": "OpenAI-compatible endpoint (`…/v1`)",
     "llm_api_key": "API key (`MEMQ_LLM_API_KEY` or `OPENAI_API_KEY`)",
