@@ -22,6 +22,7 @@ from core.identity import validate_agent_name, validate_user_id
 from storage.base import Change, MemoryStorage, UpdateFn, UpdateResult
 from storage.cap import evict_over_cap
 from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, empty_document, new_fact_id
+from storage.search import search_facts
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +123,12 @@ class MemoryManager:
         category: str | None = None,
         limit: int = 10,
     ) -> list[Fact]:
-        """Facts whose content contains ``query`` (case-insensitive), best first."""
-        needle = query.strip().casefold()
-        if not needle or limit <= 0:
+        """The ``limit`` facts most relevant to ``query`` (BM25 over English and Chinese words,
+        confidence breaking ties); ``category`` filters before the cut."""
+        if not query.strip() or limit <= 0:
             return []
-        facts = self.list_facts(user_id, agent_name=agent_name, category=category)
-        return [f for f in facts if needle in f.content.casefold()][:limit]
+        facts = self.storage.load(user_id, agent_name).facts
+        return search_facts(facts, query, top_k=limit, category=category)
 
     def history(
         self, user_id: str, *, agent_name: str | None = None, limit: int = 100

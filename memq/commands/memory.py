@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     inject = sub.add_parser("inject", help="the <user_memory> block an agent would get")
     _user_agent(inject)
+    inject.add_argument(
+        "--query", default=None, help="the user's message: recall facts relevant to it first"
+    )
     inject.set_defaults(run=run_inject)
 
     facts = sub.add_parser("facts", help="add, edit, delete or search facts by hand")
@@ -60,7 +63,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _user_agent(delete)
     delete.add_argument("fact_id")
     delete.set_defaults(run=run_facts_delete)
-    search = verbs.add_parser("search", help="facts containing a text (case-insensitive)")
+    search = verbs.add_parser(
+        "search", help="facts most relevant to a query (BM25, English and Chinese)"
+    )
     _user_agent(search)
     search.add_argument("query")
     search.add_argument("--category")
@@ -162,7 +167,9 @@ def run_inject(args: argparse.Namespace, context: CommandContext) -> int:
 
     manager = _manager(context)
     (agent,) = _require(manager, args.user, args.agent)
-    block = MemoryInjector(context.settings, context.storage).block(args.user, agent)
+    block = MemoryInjector(context.settings, context.storage).block(
+        args.user, agent, query=args.query
+    )
     if not block:
         raise CommandError(
             f"nothing to inject for user {args.user!r}, agent {agent_label(agent)} "
@@ -229,7 +236,7 @@ def run_facts_search(args: argparse.Namespace, context: CommandContext) -> int:
         args.user, args.query, agent_name=agent, category=args.category, limit=args.limit
     )
     if not found:
-        print(f"no fact of user {args.user} contains {args.query!r}")
+        print(f"no fact of user {args.user} matches {args.query!r}")
         return 1
     print(_facts_table(found))
     return 0
