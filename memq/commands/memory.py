@@ -77,11 +77,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     export.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
     export.set_defaults(run=run_export)
     load = sub.add_parser(
-        "import", help="replace a user's memory with a memq or DeerFlow JSON file"
+        "import",
+        help="replace a user's memory with a memq or DeerFlow JSON file, or migrate a whole "
+        "DeerFlow memory folder (--deerflow DIR)",
     )
-    load.add_argument("user")
-    load.add_argument("file")
+    load.add_argument("user", nargs="?")
+    load.add_argument("file", nargs="?")
     load.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
+    load.add_argument(
+        "--deerflow",
+        metavar="DIR",
+        type=Path,
+        help="a DeerFlow memory folder (every user and agent, old and current layout); merges, "
+        "safe to re-run",
+    )
     load.set_defaults(run=run_import)
 
     forget = sub.add_parser("forget", help="delete a user's memory: every agent, with history")
@@ -255,6 +264,16 @@ def run_export(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_import(args: argparse.Namespace, context: CommandContext) -> int:
+    if args.deerflow is not None:
+        if args.user is not None or args.agent is not None:
+            raise CommandError("import --deerflow DIR takes no USER, FILE or --agent")
+        from memq.deerflow_import import import_folder
+
+        report = import_folder(context.storage, args.deerflow)
+        print(f"imported DeerFlow memory from {args.deerflow}: {report.describe()}")
+        return 0
+    if args.user is None or args.file is None:
+        raise CommandError("import needs USER FILE, or --deerflow DIR")
     data = read_json_file(args.file)
     if not isinstance(data, dict):
         raise CommandError(f"{args.file}: a memory document must be a JSON object")
