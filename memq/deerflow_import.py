@@ -143,16 +143,16 @@ def _scopes_of_user(user_dir: Path, user_id: str) -> Iterator[ScopeImport]:
         yield ScopeImport(user_id, None, _document(memory), [memory])
     agents = user_dir / "agents"
     for agent_dir in sorted(agents.iterdir()) if agents.is_dir() else []:
-        if not agent_dir.is_dir():
-            continue
+        legacy = agent_dir / "memory.json"
+        fact_files = sorted((agent_dir / "facts").glob("**/*.md"))
+        if not legacy.is_file() and not fact_files:
+            continue  # an agent's definition (config.yaml, SOUL.md) without memory
         try:
             agent = _agent(agent_dir.name, agent_dir)
         except InvalidIdentifier as exc:
             raise DeerFlowImportError(f"{agent_dir}: {exc}") from exc
-        legacy = agent_dir / "memory.json"
         if legacy.is_file():
             yield ScopeImport(user_id, agent, _document(legacy), [legacy])
-        fact_files = sorted((agent_dir / "facts").glob("**/*.md"))
         if fact_files:
             facts = [fact_from_markdown(p) for p in fact_files]
             try:

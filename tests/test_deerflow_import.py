@@ -109,6 +109,9 @@ def build_v2_layout(root: Path) -> None:
         bob, "researcher", v2_fact("fact_b4", "Is a marine biologist", "other",
                                    categoryExtension="identity"), "bob"
     )  # fmt: skip
+    # A custom agent's definition without memory is not a memory scope.
+    (root / "agents" / "my.agent").mkdir(parents=True)
+    (root / "agents" / "my.agent" / "config.yaml").write_text("name: x\n", encoding="utf-8")
     # The previous default bucket (no config.yaml): the user-global memory.
     write_v2_fact(bob, "lead-agent", v2_fact("fact_b5", "Likes green tea"), "bob")
 

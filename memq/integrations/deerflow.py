@@ -129,7 +129,12 @@ class MemqMemoryManager(MemoryManager):
     _keep_hidden: Any = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any) -> None:
-        settings = load_settings(**settings_values(self.backend_config))
+        values = settings_values(self.backend_config)
+        ignored = sorted(set(values) - set(MemqSettings.model_fields))
+        if ignored:
+            # DeerMem's own knobs (model, patterns_dir, storage_class, …) mean nothing to memq.
+            log.info("memq: backend_config keys without a memq setting, ignored: %s", ignored)
+        settings = load_settings(**values)
         self._settings = settings
         self._redis = redis_client(settings, socket_timeout=3.0)
         self._storage = get_storage(
