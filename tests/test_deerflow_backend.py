@@ -200,6 +200,23 @@ def test_every_method_returns_deerflows_shapes(made: Any) -> None:
     assert manager.get_memory(user_id="bob", agent_name="coder")["facts"] == []
 
 
+def test_async_boundary(made: Any) -> None:
+    import asyncio
+
+    manager, settings = made()
+    seed(settings)
+
+    async def calls() -> tuple[str, list[dict[str, Any]]]:
+        turn = [HumanMessage("I prefer uv."), AIMessage("Noted: uv.")]
+        await manager.aadd("t-async", turn, agent_name="coder", user_id="alice")
+        context = await manager.aget_context("alice", agent_name="coder")
+        return context, await manager.asearch("uv", user_id="alice", agent_name="coder")
+
+    context, found = asyncio.run(calls())
+    assert "Prefers uv over pip" in context and [f["id"] for f in found] == ["f_uv"]
+    assert QueueClient(settings, manager._redis).stats()["due"] == 1
+
+
 def test_clear_an_agent_keeps_user_summaries_clear_all_removes_all(made: Any) -> None:
     manager, settings = made()
     seed(settings)

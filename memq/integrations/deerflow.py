@@ -25,6 +25,7 @@ user-global memory); a missing user id is DeerFlow's ``"default"``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import logging
@@ -374,6 +375,49 @@ class MemqMemoryManager(MemoryManager):
             _erase(self.settings, self._redis, self._storage, user, agent, documents=False)
             self._facts().delete_fact(user, fact_id, agent_name=agent)
             return self._document(user, agent)
+
+    # --- the async boundary DeerFlow awaits on its event loop: Redis and file I/O go to a thread
+    async def aadd(
+        self,
+        thread_id: str,
+        messages: list[Any],
+        *,
+        agent_name: str | None = None,
+        user_id: str | None = None,
+        trace_id: str | None = None,
+    ) -> None:
+        await asyncio.to_thread(
+            self.add,
+            thread_id,
+            messages,
+            agent_name=agent_name,
+            user_id=user_id,
+            trace_id=trace_id,
+        )
+
+    async def aget_context(
+        self,
+        user_id: str | None,
+        *,
+        agent_name: str | None = None,
+        thread_id: str | None = None,
+    ) -> str:
+        return await asyncio.to_thread(
+            self.get_context, user_id, agent_name=agent_name, thread_id=thread_id
+        )
+
+    async def asearch(
+        self,
+        query: str,
+        top_k: int = 5,
+        *,
+        user_id: str | None = None,
+        agent_name: str | None = None,
+        category: str | None = None,
+    ) -> list[dict[str, Any]]:
+        return await asyncio.to_thread(
+            self.search, query, top_k, user_id=user_id, agent_name=agent_name, category=category
+        )
 
     # --- lifecycle
     def shutdown_flush(self, timeout: float) -> bool:
