@@ -4,10 +4,10 @@ DeerFlow searched memory by substring (``"uv"`` matched "uvicorn", ``"用 uv"`` 
 when the fact said "使用 uv"). Here a query and each fact are cut into words — Latin-script runs
 by a regular expression (lower-cased, a trailing plural ``s`` folded, a few English stop words
 dropped), Chinese/Japanese runs by jieba's search-mode segmenter, which also yields the shorter
-words inside a long one — and ranked with BM25+ (``rank_bm25.BM25Plus``; the Okapi variant's
-IDF turns negative when a word is in more than half of a handful of facts, which is most
-memories). Only facts sharing at least one word with the query are results; equal scores are
-ordered by confidence, then by document order.
+words inside a long one — and ranked with BM25+ (``rank_bm25.BM25Plus``, without length
+normalisation; the Okapi variant's IDF turns negative when a word is in more than half of a
+handful of facts, which is most memories). Only facts sharing at least one word with the query
+are results; equal scores are ordered by confidence, then by document order.
 
 Segmenting a fact costs ~40 µs, building the index over 200 facts ~0.4 ms: the words of each fact
 text and the index of each distinct list of facts are memoised (bounded LRUs), so a repeated
@@ -96,7 +96,9 @@ def _index(contents: tuple[str, ...]) -> tuple[tuple[tuple[str, ...], ...], Any]
     from rank_bm25 import BM25Plus
 
     corpus = tuple(tokenize(text) for text in contents)
-    return corpus, BM25Plus([list(words) or [""] for words in corpus])
+    # b=0: no length normalisation. A fact is one sentence; being a few words longer says
+    # nothing about relevance, so facts matching the same words tie and confidence decides.
+    return corpus, BM25Plus([list(words) or [""] for words in corpus], b=0.0)
 
 
 def score_facts(facts: Sequence[Fact], query: str) -> list[Scored]:
