@@ -40,6 +40,12 @@ class LockTimeout(StorageError, TimeoutError):
     """The per-(user, agent) lock could not be taken in time."""
 
 
+class StaleClaim(MemqError):
+    """A fenced save was refused: the claim the run held is no longer the current one (its lease
+    expired and the context was re-queued or re-claimed, or the user was forgotten). The run's
+    answer is discarded; the memory is untouched."""
+
+
 class FactNotFound(MemqError, KeyError):
     """No fact with that id in the document."""
 

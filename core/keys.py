@@ -1,8 +1,9 @@
 """The one place that formats Redis key names.
 
 Queue keys share a hash tag per shard (``{memq:0}``) so every key one Lua script touches sits in one
-cluster slot. Memory-document keys are tagged per (user, agent) instead: they are only touched
-together with their own lock and history.
+cluster slot. A context's shard is a function of its (user, agent) alone, and that (user, agent)'s
+memory document lives under the same tag: the save script can then check the claim of the context
+it extracts (fencing) in the same atomic step as the write, on one node or a cluster.
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ class QueueKeys:
     def watermark(self, context_id: str) -> str:
         return f"{self.tag}:wm:{context_id}"
 
+    @property
+    def epoch(self) -> str:
+        """Counter of claims in this shard: every claim token is the next value, so a newer claim
+        of a context always carries a larger number (the fencing order)."""
+        return f"{self.tag}:epoch"
+
+    def user_contexts(self, user_id: str) -> str:
+        """Set of one user's context ids in this shard, kept by enqueue, so erasing a user finds
+        every pending, in-flight and dead context without scanning the keyspace."""
+        return f"{self.tag}:uctx:{user_id}"
+
     def user_inflight(self, user_id: str) -> str:
         """Zset of one user's contexts in flight in this shard (id -> lease expiry): the per-user
         cap counts it, so one tenant's backlog cannot fill the broker ahead of everyone else."""
@@ -51,9 +63,18 @@ class KeySchema:
     shards: int = 1
 
     def shard_of(self, context_id: str) -> int:
+        """The shard of a context id: that of its (user, agent) (the thread does not count)."""
         if self.shards == 1:
             return 0
-        return zlib.crc32(context_id.encode("utf-8")) % self.shards
+        parts = context_id.split(":")
+        if len(parts) != 3:  # not one of ours; still needs a stable place
+            return zlib.crc32(context_id.encode("utf-8")) % self.shards
+        return self.shard_for(parts[1], parts[2] or None)
+
+    def shard_for(self, user_id: str, agent_name: str | None) -> int:
+        if self.shards == 1:
+            return 0
+        return zlib.crc32(f"{user_id}:{agent_name or ''}".encode()) % self.shards
 
     def shard(self, index: int) -> QueueKeys:
         return QueueKeys(tag=f"{self.prefix}:{{{self.prefix}:{index}}}")
@@ -64,18 +85,18 @@ class KeySchema:
     def all_shards(self) -> list[QueueKeys]:
         return [self.shard(i) for i in range(self.shards)]
 
-    # --- memory documents (RedisMemoryStorage)
-    def _doc_tag(self, user_id: str, agent_name: str | None) -> str:
-        return f"{self.prefix}:mem:{{{user_id}:{agent_name or ''}}}"
+    # --- memory documents (RedisMemoryStorage), under the shard tag of their contexts
+    def _doc_base(self, user_id: str, agent_name: str | None) -> str:
+        # User ids and agent names never hold ":" or braces, so this is unambiguous and the
+        # shard tag is the key's only hash tag.
+        tag = self.shard(self.shard_for(user_id, agent_name)).tag
+        return f"{tag}:mem:{user_id}:{agent_name or ''}"
 
     def memory_document(self, user_id: str, agent_name: str | None) -> str:
-        return f"{self._doc_tag(user_id, agent_name)}:doc"
-
-    def memory_lock(self, user_id: str, agent_name: str | None) -> str:
-        return f"{self._doc_tag(user_id, agent_name)}:lock"
+        return f"{self._doc_base(user_id, agent_name)}:doc"
 
     def memory_history(self, user_id: str, agent_name: str | None) -> str:
-        return f"{self._doc_tag(user_id, agent_name)}:history"
+        return f"{self._doc_base(user_id, agent_name)}:history"
 
     def memory_index(self) -> str:
         """Set of ``user:agent`` pairs that have a document (for listing and forget)."""

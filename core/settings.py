@@ -39,6 +39,15 @@ _DEERFLOW_RENAMES: dict[str, str] = {
 }
 
 
+# The LLM client sleeps through a Retry-After up to this long between attempts (longer waits go
+# back to the queue); the run budget counts one such wait per retry.
+INLINE_RETRY_WAIT_SECONDS = 10.0
+# Prompt building, the storage's lock and save, the queue's settlement: seconds, not minutes.
+RUN_SLACK_SECONDS = 15.0
+# Between the soft time limit (an exception the run settles as a failure) and the hard one.
+HARD_LIMIT_GRACE_SECONDS = 5.0
+
+
 def _split_csv(value: Any) -> Any:
     if isinstance(value, str):
         return tuple(part.strip() for part in value.split(",") if part.strip())
@@ -74,6 +83,10 @@ class MemqSettings(BaseSettings):
     max_inflight_per_user: int = Field(default=16, ge=1)
     retry_backoff_seconds: float = Field(default=5.0, ge=0.0)
     retry_backoff_max_seconds: float = Field(default=300.0, ge=0.0)
+    # None: derived from the LLM timeout and retries (see `run_budget_seconds`).
+    run_time_limit_seconds: float | None = Field(default=None, gt=0.0)
+    dead_retention_days: float = Field(default=7.0, gt=0.0, le=3650.0)
+    context_retention_days: float = Field(default=30.0, gt=0.0, le=3650.0)
 
     # --- producer
     producer_timeout_seconds: float = Field(default=0.25, gt=0.0, le=10.0)
@@ -151,6 +164,12 @@ class MemqSettings(BaseSettings):
                 f"max_delay_seconds ({self.max_delay_seconds}) must be >= debounce_seconds "
                 f"({self.debounce_seconds})"
             )
+        limit = self.run_time_limit_seconds
+        if limit is not None and limit < self.llm_timeout_seconds:
+            raise ValueError(
+                f"run_time_limit_seconds ({limit:g}) is shorter than llm_timeout_seconds "
+                f"({self.llm_timeout_seconds:g}): every slow model call would be killed"
+            )
         return self
 
     @classmethod
@@ -185,6 +204,43 @@ class MemqSettings(BaseSettings):
     @property
     def lease_ms(self) -> int:
         return int(self.lease_seconds * 1000)
+
+    @property
+    def derived_run_budget_seconds(self) -> float:
+        """The longest an extraction can take when every model call uses its whole timeout and
+        every retry its longest inline wait, plus slack for the prompt, storage and Redis."""
+        calls = self.llm_max_retries + 1
+        return (
+            self.llm_timeout_seconds * calls
+            + INLINE_RETRY_WAIT_SECONDS * self.llm_max_retries
+            + RUN_SLACK_SECONDS
+        )
+
+    @property
+    def run_budget_seconds(self) -> float:
+        """How long one run may last: the Celery soft time limit, and the end of lease renewal.
+
+        The lease is renewed until ``run_hard_limit_seconds`` has passed, so it can only expire
+        after the prefork pool has stopped the run: a run is never killed while its claim is
+        renewable, nor still running (unpaused) once its claim can be taken over.
+        """
+        if self.run_time_limit_seconds is not None:
+            return self.run_time_limit_seconds
+        return self.derived_run_budget_seconds
+
+    @property
+    def run_hard_limit_seconds(self) -> float:
+        """Celery's hard time limit: the soft one plus time to settle the failure."""
+        budget = self.run_budget_seconds
+        return budget + min(HARD_LIMIT_GRACE_SECONDS, max(1.0, budget / 10))
+
+    @property
+    def dead_retention_ms(self) -> int:
+        return int(self.dead_retention_days * 86_400_000)
+
+    @property
+    def context_retention_ms(self) -> int:
+        return int(self.context_retention_days * 86_400_000)
 
     @property
     def watermark_ttl_ms(self) -> int:

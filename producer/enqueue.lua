@@ -4,6 +4,7 @@
 -- KEYS[2]  due        zset  context id -> deadline (epoch ms)
 -- KEYS[3]  inflight   zset  context id -> lease expiry (epoch ms)
 -- KEYS[4]  dead       zset  context id -> time it died (epoch ms)
+-- KEYS[5]  uctx:<user>  set  the user's context ids in this shard (found by erasure)
 --
 -- ARGV[1]  now_ms          current time, epoch milliseconds
 -- ARGV[2]  debounce_ms     quiet period after the latest enqueue, milliseconds
@@ -22,13 +23,16 @@
 --                          (absent or "": now_ms). A spool replay or another replica can deliver
 --                          an older capture after a newer one: then the stored messages, trace id
 --                          and captured_ms stay, while flags, version and deadline still apply.
+-- ARGV[14] retention_ms    time to live of KEYS[1] and KEYS[5] from this enqueue, milliseconds:
+--                          a context nobody extracts (no worker for that long) does not keep the
+--                          user's text forever
 --
 -- Returns {version, deadline_ms, code}
 --   code 1  scheduled: due holds the context at deadline_ms
 --   code 2  deferred in flight: a worker holds the context; its complete reschedules it from
 --           the stored deadline_ms, so due is left alone (never two runs of one context at once)
 
-local ctx, due, inflight, dead = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ctx, due, inflight, dead, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local now = tonumber(ARGV[1])
 local id = ARGV[12]
 
@@ -89,6 +93,9 @@ for _, flag in ipairs(flags) do
 end
 redis.call('HSET', ctx, unpack(fields))
 local version = redis.call('HINCRBY', ctx, 'version', 1)
+redis.call('PEXPIRE', ctx, ARGV[14])
+redis.call('SADD', users, id)
+redis.call('PEXPIRE', users, ARGV[14])
 
 -- New messages deserve a new try: a dead context comes back with its attempts reset.
 if redis.call('ZREM', dead, id) == 1 then

@@ -142,13 +142,20 @@ class Enqueuer:
     """The registered ``enqueue.lua`` of one client, with the timing it applies."""
 
     def __init__(
-        self, client: redis.Redis, keys: KeySchema, *, debounce_ms: int, max_delay_ms: int
+        self,
+        client: redis.Redis,
+        keys: KeySchema,
+        *,
+        debounce_ms: int,
+        max_delay_ms: int,
+        retention_ms: int = 30 * 86_400_000,
     ):
         source = resources.files("producer").joinpath("enqueue.lua").read_text(encoding="utf-8")
         self._script = client.register_script(source)
         self._keys = keys
         self._debounce = str(debounce_ms)
         self._max_delay = str(max_delay_ms)
+        self._retention = str(retention_ms)
 
     def __call__(self, request: EnqueueRequest, now_ms: int) -> EnqueueResult:
         """One round trip. Raises :class:`RedisUnavailable` when Redis does not take it."""
@@ -157,7 +164,13 @@ class Enqueuer:
         q = self._keys.for_context(context_id)
         try:
             reply = self._script(
-                keys=(q.context(context_id), q.due, q.inflight, q.dead),
+                keys=(
+                    q.context(context_id),
+                    q.due,
+                    q.inflight,
+                    q.dead,
+                    q.user_contexts(key.user_id),
+                ),
                 args=(
                     now_ms,
                     self._debounce,
@@ -172,6 +185,7 @@ class Enqueuer:
                     request.trace_id or "",
                     context_id,
                     now_ms if request.captured_ms is None else request.captured_ms,
+                    self._retention,
                 ),
             )
         except redis.RedisError as exc:

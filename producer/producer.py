@@ -79,6 +79,7 @@ class MemoryProducer:
             KeySchema(s.key_prefix, s.shards),
             debounce_ms=s.debounce_ms,
             max_delay_ms=s.max_delay_ms,
+            retention_ms=s.context_retention_ms,
         )
         self._clock_ms = clock_ms or _wall_clock_ms
         self._spool = Spool(s.spool_max_contexts)

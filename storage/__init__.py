@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from core.settings import MemqSettings, load_settings
-from storage.base import Change, MemoryStorage, UpdateResult
+from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import Fact, MemoryDocument
 
 if TYPE_CHECKING:
@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Change",
     "Fact",
+    "Fence",
     "MemoryDocument",
     "MemoryStorage",
     "UpdateResult",
@@ -36,4 +37,8 @@ def get_storage(
         return RedisMemoryStorage(settings, redis)
     from storage.files import FileMemoryStorage
 
-    return FileMemoryStorage(settings)
+    if redis is None:
+        return FileMemoryStorage(settings)
+    from storage.fencing import RedisClaimCheck
+
+    return FileMemoryStorage(settings, claim_check=RedisClaimCheck(settings, redis))

@@ -39,6 +39,20 @@ class UpdateResult:
 UpdateFn = Callable[[MemoryDocument], "MemoryDocument | UpdateResult"]
 
 
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """The claim an extraction runs under. A fenced save succeeds only while this claim is the
+    current one of its context, checked in the same atomic step as the write; the token is the
+    queue's claim counter, so a newer claim always has a larger ``epoch``."""
+
+    context_id: str
+    token: str
+
+    @property
+    def epoch(self) -> int:
+        return int(self.token) if self.token.isdigit() else 0
+
+
 @runtime_checkable
 class MemoryStorage(Protocol):
     """Where the memory document of each (user, agent) lives.
@@ -59,7 +73,18 @@ class MemoryStorage(Protocol):
         changes: list[Change] | None = None,
     ) -> None: ...
 
-    def update(self, user_id: str, agent_name: str | None, fn: UpdateFn) -> MemoryDocument: ...
+    def update(
+        self, user_id: str, agent_name: str | None, fn: UpdateFn, *, fence: Fence | None = None
+    ) -> MemoryDocument:
+        """With ``fence``, raises :class:`core.errors.StaleClaim` (nothing written) unless the
+        fence's claim is still current when the document is written."""
+        ...
+
+    def fence_run(self, user_id: str, agent_name: str | None, fence: Fence) -> None:
+        """Record, before a run reads its snapshot, that ``fence`` now extracts into this document:
+        a save of an older claim of the same context is refused from here on. Raises StaleClaim if
+        a newer claim already did. Backends whose save checks the queue atomically do nothing."""
+        ...
 
     def history(
         self, user_id: str, agent_name: str | None = None, *, limit: int = 100

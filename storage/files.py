@@ -16,17 +16,18 @@ empty and then overwritten.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from core.errors import CorruptMemoryFile, LockTimeout, StorageError
+from core.errors import CorruptMemoryFile, LockTimeout, StaleClaim, StorageError
 from core.identity import validate_agent_name, validate_user_id
 from core.settings import MemqSettings
-from storage.base import Change, UpdateFn
+from storage.base import Change, Fence, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document, utc_now
 from storage.filelock import acquire_flock
 from storage.history import (
@@ -46,6 +47,10 @@ DOCUMENT_NAME = "memory.json"
 HISTORY_NAME = "memory.history.jsonl"
 LOCK_NAME = "memory.json.lock"
 CORRUPT_PREFIX = "memory.json.corrupt-"
+# context id -> the highest claim epoch that has extracted into this document (the fencing value:
+# it only moves forward, and is read and written under the document's lock).
+FENCE_NAME = "memory.fence.json"
+FENCE_MAX_ENTRIES = 1000  # threads remembered per document; the oldest claims are dropped first
 
 # (device, inode, size, mtime ns, ctime ns): every replace makes a new inode, so a coarse mtime
 # alone can no longer serve a stale document.
@@ -57,7 +62,7 @@ def _signature(st: os.stat_result) -> Signature:
 
 
 def _is_data_file(name: str) -> bool:
-    return name in (DOCUMENT_NAME, HISTORY_NAME) or name.startswith(CORRUPT_PREFIX)
+    return name in (DOCUMENT_NAME, HISTORY_NAME, FENCE_NAME) or name.startswith(CORRUPT_PREFIX)
 
 
 def _has_data(directory: Path) -> bool:
@@ -78,8 +83,13 @@ def _fsync_dir(directory: Path) -> None:
 class FileMemoryStorage:
     """:class:`storage.base.MemoryStorage` on disk."""
 
-    def __init__(self, settings: MemqSettings) -> None:
+    def __init__(
+        self, settings: MemqSettings, *, claim_check: Callable[[Fence], bool] | None = None
+    ) -> None:
+        """``claim_check`` tells whether a fence's claim is still the current one in the queue;
+        a fenced save calls it under the document lock (workers pass one; hand edits need none)."""
         self.root = Path(settings.storage_dir)
+        self._claim_check = claim_check
         self.lock_timeout_seconds = settings.storage_lock_timeout_seconds
         self.history_max_entries = settings.history_max_entries
         self._cache: dict[Path, tuple[Signature, MemoryDocument]] = {}
@@ -125,10 +135,26 @@ class FileMemoryStorage:
             self._write(directory / DOCUMENT_NAME, stamp_for_save(document))
             self._append_history(directory, changes or [])
 
-    def update(self, user_id: str | None, agent_name: str | None, fn: UpdateFn) -> MemoryDocument:
+    def fence_run(self, user_id: str | None, agent_name: str | None, fence: Fence) -> None:
+        directory = self.directory(user_id, agent_name)
+        with self._locked(directory):
+            fences = self._read_fences(directory)
+            self._check_fence(fences, fence)
+            fences[fence.context_id] = fence.epoch
+            self._write_fences(directory, fences)
+
+    def update(
+        self,
+        user_id: str | None,
+        agent_name: str | None,
+        fn: UpdateFn,
+        *,
+        fence: Fence | None = None,
+    ) -> MemoryDocument:
         directory = self.directory(user_id, agent_name)
         path = directory / DOCUMENT_NAME
         with self._locked(directory):
+            fences = self._read_fences(directory) if fence is not None else {}
             # Read from disk, not the cache: inside the lock the file is the only truth.
             # The callback may mutate its argument: hand it a copy, never the cached object.
             current = copy_document(self._read(path, locked=True) or empty_document())
@@ -136,6 +162,16 @@ class FileMemoryStorage:
             document, changes = split_update_result(fn(current))
             if document == before and not changes:
                 return copy_document(document)
+            if fence is not None:
+                # Checked under the lock, right before the write: a claim taken over after this
+                # point waits for the lock in its own fence_run, and then reads this write.
+                self._check_fence(fences, fence)
+                if self._claim_check is not None and not self._claim_check(fence):
+                    raise StaleClaim(
+                        f"claim {fence.token} of {fence.context_id} is no longer current; not saved"
+                    )
+                fences[fence.context_id] = fence.epoch
+                self._write_fences(directory, fences)
             saved = stamp_for_save(document)
             self._write(path, saved)
             self._append_history(directory, changes)
@@ -298,6 +334,44 @@ class FileMemoryStorage:
         except OSError as exc:
             # The document is saved; losing an audit line must not fail the update.
             log.warning("could not record memory history in %s: %s", path, exc)
+
+    @staticmethod
+    def _check_fence(fences: dict[str, int], fence: Fence) -> None:
+        newest = fences.get(fence.context_id, 0)
+        if newest > fence.epoch:
+            raise StaleClaim(
+                f"claim {fence.token} of {fence.context_id} was overtaken by claim {newest}; "
+                "not saved"
+            )
+
+    @staticmethod
+    def _read_fences(directory: Path) -> dict[str, int]:
+        try:
+            raw = json.loads((directory / FENCE_NAME).read_bytes())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            # A lost fence file only loses ordering, never data: start over, loudly.
+            log.warning("unreadable fence file in %s (%s); starting a new one", directory, exc)
+            return {}
+        if not isinstance(raw, dict):
+            return {}
+        return {str(k): int(v) for k, v in raw.items() if isinstance(v, int)}
+
+    @staticmethod
+    def _write_fences(directory: Path, fences: dict[str, int]) -> None:
+        if len(fences) > FENCE_MAX_ENTRIES:
+            kept = sorted(fences.items(), key=lambda item: item[1])[-FENCE_MAX_ENTRIES:]
+            fences = dict(kept)
+        path = directory / FENCE_NAME
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            tmp.write_text(json.dumps(fences, separators=(",", ":")), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise StorageError(f"cannot write {path}: {exc}") from exc
 
     def _forget_cached(self, path: Path) -> None:
         with self._cache_lock:

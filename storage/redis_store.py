@@ -20,11 +20,11 @@ from typing import Any
 import redis
 
 from core.connection import redis_client
-from core.errors import CorruptMemoryFile, LockTimeout, RedisUnavailable, StorageError
+from core.errors import CorruptMemoryFile, LockTimeout, RedisUnavailable, StaleClaim, StorageError
 from core.identity import validate_agent_name, validate_user_id
 from core.keys import KeySchema
 from core.settings import MemqSettings
-from storage.base import Change, UpdateFn
+from storage.base import Change, Fence, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document
 from storage.history import (
     DocumentDecodeError,
@@ -88,7 +88,17 @@ class RedisMemoryStorage:
         user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
         self._store(user, agent, UNCONDITIONAL, stamp_for_save(document), changes or [])
 
-    def update(self, user_id: str | None, agent_name: str | None, fn: UpdateFn) -> MemoryDocument:
+    def fence_run(self, user_id: str | None, agent_name: str | None, fence: Fence) -> None:
+        """Nothing to record: the save script checks the context's claim token itself."""
+
+    def update(
+        self,
+        user_id: str | None,
+        agent_name: str | None,
+        fn: UpdateFn,
+        *,
+        fence: Fence | None = None,
+    ) -> MemoryDocument:
         user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
         deadline = time.monotonic() + self.conflict_timeout_seconds
         attempt = 0
@@ -99,7 +109,7 @@ class RedisMemoryStorage:
             if document == before and not changes:
                 return document
             saved = stamp_for_save(document)
-            if self._store(user, agent, revision, saved, changes):
+            if self._store(user, agent, revision, saved, changes, fence):
                 return saved
             if time.monotonic() >= deadline:
                 raise LockTimeout(
@@ -160,23 +170,33 @@ class RedisMemoryStorage:
         expected_revision: int,
         document: MemoryDocument,
         changes: list[Change],
+        fence: Fence | None = None,
     ) -> bool:
+        """True when saved, False on a revision conflict; StaleClaim when the fence refused."""
         entries = [encode_change(c) for c in changes] if self.history_max_entries else []
+        keys = [self.keys.memory_document(user, agent), self.keys.memory_history(user, agent)]
+        if fence is not None:
+            keys.append(self.keys.for_context(fence.context_id).context(fence.context_id))
         with _redis_errors("saving a memory document"):
             # Indexed first: a crash between the two leaves an entry without a document (filtered
             # on listing), never a document that `forget` cannot find.
             self.redis.sadd(self.keys.memory_index(), f"{user}:{agent or ''}")
             code, _revision = self._save_script(
-                keys=[
-                    self.keys.memory_document(user, agent),
-                    self.keys.memory_history(user, agent),
-                ],
+                keys=keys,
                 args=[
                     expected_revision,
                     dump_document(document),
                     self.history_max_entries,
+                    fence.token if fence is not None else "",
                     *entries,
                 ],
+            )
+        if int(code) == 2 and fence is not None:
+            with _redis_errors("saving a memory document"):
+                if not self.redis.exists(keys[0]):  # indexed above for nothing
+                    self.redis.srem(self.keys.memory_index(), f"{user}:{agent or ''}")
+            raise StaleClaim(
+                f"claim {fence.token} of {fence.context_id} is no longer current; not saved"
             )
         return int(code) == 1
 

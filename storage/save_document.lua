@@ -1,20 +1,28 @@
--- save_document.lua: compare-and-set of one (user, agent) memory document, plus its history.
+-- save_document.lua: compare-and-set of one (user, agent) memory document, plus its history,
+-- optionally fenced by the claim of the context whose extraction writes it.
 --
 -- KEYS[1]  memory document hash  (fields: `doc` = memory.json text, `rev` = revision, integer)
 -- KEYS[2]  memory history list   (JSON change entries, oldest first)
+-- KEYS[3]  ctx:<id> hash of the fencing context (only when ARGV[4] is not ""); same hash tag
 --
 -- ARGV[1]  expected revision (integer; 0 = the document must not exist yet; -1 = unconditional)
 -- ARGV[2]  the new memory.json text
 -- ARGV[3]  history bound (entries kept; 0 = keep no history)
--- ARGV[4..n]  history entries to append (JSON, one change each), possibly none
+-- ARGV[4]  fence: the claim token the writing run holds; "" = not fenced (hand edits, imports)
+-- ARGV[5..n]  history entries to append (JSON, one change each), possibly none
 --
 -- Returns {code, revision}:
 --   {1, new revision}      saved (history appended and trimmed in the same step)
 --   {0, current revision}  conflict: the stored revision is not the expected one, nothing written
+--   {2, current revision}  fenced: the context's current claim token is not ARGV[4] (its lease was
+--                          lost, it was re-claimed, or the user was forgotten); nothing written
 
 local expected = tonumber(ARGV[1])
 local current = tonumber(redis.call('HGET', KEYS[1], 'rev') or '0')
 
+if ARGV[4] ~= '' and redis.call('HGET', KEYS[3], 'claim_token') ~= ARGV[4] then
+  return {2, current}
+end
 if expected >= 0 and current ~= expected then
   return {0, current}
 end
@@ -23,8 +31,8 @@ local revision = current + 1
 redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'rev', revision)
 
 local bound = tonumber(ARGV[3])
-if bound > 0 and #ARGV > 3 then
-  for i = 4, #ARGV do
+if bound > 0 and #ARGV > 4 then
+  for i = 5, #ARGV do
     redis.call('RPUSH', KEYS[2], ARGV[i])
   end
   redis.call('LTRIM', KEYS[2], -bound, -1)

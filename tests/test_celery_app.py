@@ -26,7 +26,11 @@ def test_the_app_has_both_tasks_and_the_reliability_options(make_settings: Any) 
     assert (entry["task"], entry["schedule"]) == (TICK_TASK, 0.5)
     assert entry["options"]["expires"] > 0  # ticks never pile up behind a busy worker
     extract = app.tasks[EXTRACT_TASK]
-    assert extract.soft_time_limit < extract.time_limit < settings.lease_seconds
+    # The run's budget, derived from the model timeout and retries, not from the lease: the
+    # lease is renewed until the hard limit, so a slow model is never killed for being slow.
+    assert extract.soft_time_limit == settings.run_budget_seconds
+    assert extract.soft_time_limit >= settings.llm_timeout_seconds * (settings.llm_max_retries + 1)
+    assert extract.soft_time_limit < extract.time_limit == settings.run_hard_limit_seconds
 
 
 def test_each_app_keeps_its_own_tasks(make_settings: Any) -> None:

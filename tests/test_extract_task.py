@@ -7,7 +7,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from core.errors import PermanentLLMError, ResponseParseError, TransientLLMError
 from core.identity import ContextKey
 from core.models import ConversationContext
 from core.settings import MemqSettings
+from producer.enqueue import Enqueuer, EnqueueRequest
 from worker.queue import Claim, QueueClient, ReapResult, now_ms
 from worker.tasks import WorkerRuntime, backoff_ms, describe_args, extract
 
@@ -43,9 +43,13 @@ class ScriptedPipeline:
     def __init__(self, action: Callable[[ConversationContext], Report]) -> None:
         self.action = action
         self.seen: list[ConversationContext] = []
+        self.fences: list[Any] = []
 
-    def run(self, context: ConversationContext, *, watermark: str | None = None) -> Report:
+    def run(
+        self, context: ConversationContext, *, watermark: str | None = None, fence: Any = None
+    ) -> Report:
         self.seen.append(context)
+        self.fences.append(fence)
         return self.action(context)
 
 
@@ -67,29 +71,19 @@ class Harness:
         self.pipeline = ScriptedPipeline(lambda ctx: Report())
         self.runtime = WorkerRuntime(settings, pipeline_factory=lambda s, r: self.pipeline)  # type: ignore[arg-type,return-value]
         self.queue: QueueClient = self.runtime.queue
-        source = resources.files("producer").joinpath("enqueue.lua").read_text(encoding="utf-8")
-        self.enqueue_script = client.register_script(source)
+        self._enqueue = Enqueuer(
+            client,
+            self.queue.keys,
+            debounce_ms=settings.debounce_ms,
+            max_delay_ms=settings.max_delay_ms,
+        )
 
     def enqueue(self, now: int, text: str = "I live in Lisbon", *, flush: bool = True) -> str:
+        """Through the producer's own enqueue client, as an agent would."""
         key = ContextKey.create("thread-1", "alice", "coder")
-        q = self.queue.keys.for_context(key.id)
-        self.enqueue_script(
-            keys=[q.context(key.id), q.due, q.inflight, q.dead],
-            args=[
-                now,
-                self.settings.debounce_ms,
-                self.settings.max_delay_ms,
-                int(flush),
-                json.dumps([{"role": "user", "content": text}]),
-                0,
-                0,
-                key.thread_id,
-                key.user_id,
-                key.agent_name,
-                "trace-7",
-                key.id,
-            ],
-        )
+        messages = json.dumps([{"role": "user", "content": text}])
+        request = EnqueueRequest(key=key, messages_json=messages, flush=flush, trace_id="trace-7")
+        self._enqueue(request, now)
         return key.id
 
     def claim(self, now: int) -> Claim:

@@ -61,4 +61,19 @@ def test_queue_keys_of_one_shard_share_a_hash_tag() -> None:
     for name in (q.due, q.inflight, q.dead, q.context("t:u:")):
         assert name.startswith("memq:{memq:0}:")
     many = KeySchema("memq", 8)
-    assert {many.shard_of(f"t{i}:u:") for i in range(100)} == set(range(8))
+    assert {many.shard_of(f"t:u{i}:") for i in range(100)} == set(range(8))
+
+
+def test_a_context_and_its_memory_document_share_a_shard() -> None:
+    """The fenced save checks the context's claim in the same script as the document write, so
+    every thread of one (user, agent) and that memory live under one hash tag."""
+    keys = KeySchema("memq", 64)
+    for user in ("alice", "bob", "u-17"):
+        for agent in ("coder", None):
+            doc = keys.memory_document(user, agent)
+            tags = {
+                keys.for_context(f"thread-{i}:{user}:{agent or ''}").tag.split("{")[1]
+                for i in range(20)
+            }
+            assert len(tags) == 1
+            assert doc.split("{")[1].split("}")[0] + "}" == tags.pop()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from importlib import resources
 from typing import Any, cast
 
 import pytest
@@ -18,6 +17,8 @@ import redis
 from core.identity import ContextKey
 from core.keys import KeySchema
 from core.settings import MemqSettings
+from producer.enqueue import Enqueuer as ProducerEnqueuer
+from producer.enqueue import EnqueueRequest
 from prompts.answer import parse_update_response
 from worker.queue import Claim, CompleteResult, FailResult, QueueClient, ReapResult
 from worker.tasks import WorkerRuntime, extract
@@ -29,14 +30,19 @@ T0 = 1_700_000_000_000  # a fixed "now", epoch ms
 
 
 class Enqueuer:
-    """Calls the producer's enqueue.lua exactly as the producer does (one script per call)."""
+    """Enqueues through the producer's own enqueue client (the other half of the contract), so
+    these tests can never drift from what the producer sends."""
 
     def __init__(self, settings: MemqSettings, client: redis.Redis) -> None:
         self.settings = settings
         self.client = client
-        self.keys = KeySchema(settings.key_prefix, settings.shards)
-        source = resources.files("producer").joinpath("enqueue.lua").read_text(encoding="utf-8")
-        self.script = client.register_script(source)
+        self._enqueue = ProducerEnqueuer(
+            client,
+            KeySchema(settings.key_prefix, settings.shards),
+            debounce_ms=settings.debounce_ms,
+            max_delay_ms=settings.max_delay_ms,
+            retention_ms=settings.context_retention_ms,
+        )
 
     def __call__(
         self,
@@ -46,29 +52,10 @@ class Enqueuer:
         flush: bool = False,
         text: str = "hi",
         user: str = "alice",
-        pipe: redis.client.Pipeline | None = None,
     ) -> str:
         key = ContextKey.create(thread, user, None)
-        q = self.keys.for_context(key.id)
         messages = json.dumps([{"role": "user", "content": text}])
-        self.script(
-            client=pipe,
-            keys=[q.context(key.id), q.due, q.inflight, q.dead],
-            args=[
-                now,
-                self.settings.debounce_ms,
-                self.settings.max_delay_ms,
-                int(flush),
-                messages,
-                0,
-                0,
-                thread,
-                user,
-                "",
-                "",
-                key.id,
-            ],
-        )
+        self._enqueue(EnqueueRequest(key=key, messages_json=messages, flush=flush), now)
         return key.id
 
 
@@ -278,10 +265,8 @@ def test_a_batch_beyond_luas_unpack_limit_is_claimed_whole(
     # fail the script after it had already removed the ids from `due`.
     settings = make_settings(max_inflight=10_000, max_inflight_per_user=10_000)
     queue, enqueue = QueueClient(settings, redis_client), Enqueuer(settings, redis_client)
-    pipe = redis_client.pipeline(transaction=False)
     for i in range(4_200):
-        enqueue(f"t{i}", T0, flush=True, pipe=pipe)
-    pipe.execute()
+        enqueue(f"t{i}", T0, flush=True)
 
     batch = queue.claim(T0, limit=4_200)
 
@@ -596,7 +581,7 @@ def test_a_parse_failure_is_dead_lettered_without_the_models_answer(
     answer = "Sure! The user told me their passport number is X1234567 and lives at 5 Elm St."
 
     class Parrot:  # a pipeline whose model answered prose instead of the update object
-        def run(self, context: Any, *, watermark: str | None = None) -> Any:
+        def run(self, context: Any, *, watermark: str | None = None, fence: Any = None) -> Any:
             return parse_update_response(answer)
 
     runtime = WorkerRuntime(settings, pipeline_factory=lambda s, r: Parrot())  # type: ignore[arg-type,return-value]

@@ -56,3 +56,23 @@ def test_bad_values_are_a_config_error(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setenv("MEMQ_CONFIG", str(broken))
     with pytest.raises(ConfigError, match="YAML"):
         load_settings()
+
+
+def test_a_run_time_limit_shorter_than_the_llm_timeout_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"run_time_limit_seconds .* shorter than llm_timeout"):
+        load_settings(run_time_limit_seconds=5, llm_timeout_seconds=30)
+
+
+def test_the_run_budget_covers_every_model_attempt_and_the_hard_limit_follows() -> None:
+    settings = load_settings(llm_timeout_seconds=60, llm_max_retries=2)
+    assert settings.run_budget_seconds >= 60 * 3
+    assert settings.run_budget_seconds < settings.run_hard_limit_seconds
+    assert load_settings(run_time_limit_seconds=90).run_budget_seconds == 90
+
+
+def test_doctor_warns_on_a_budget_shorter_than_a_run_that_uses_every_retry() -> None:
+    from memq.commands.doctor import check_timing
+
+    [check] = check_timing(load_settings(run_time_limit_seconds=40, llm_timeout_seconds=30))
+    assert check.status == "warn" and "MEMQ_RUN_TIME_LIMIT_SECONDS=40" in check.detail
+    assert check_timing(load_settings())[0].status == "ok"

@@ -360,3 +360,30 @@ def test_delete_removes_everything_of_that_agent(store: FileMemoryStorage) -> No
     assert store.delete("alice", None) is True
     assert not (store.root / "users" / "alice").exists()
     assert store.list_users() == []
+
+
+def test_a_fenced_save_of_an_overtaken_claim_is_refused(tmp_path: Path) -> None:
+    """The fence file only moves forward: once a newer claim of a context registered, a save by
+    an older one writes nothing, even with no queue to ask."""
+    from core.errors import StaleClaim
+    from core.settings import load_settings
+    from storage.base import Fence
+
+    storage = FileMemoryStorage(load_settings(storage_dir=tmp_path))
+    storage.fence_run("amy", None, Fence("t:amy:", "7"))
+    with pytest.raises(StaleClaim):
+        storage.update("amy", None, lambda d: _with_fact(d, "old run"), fence=Fence("t:amy:", "6"))
+    assert storage.load("amy").facts == []
+    storage.update("amy", None, lambda d: _with_fact(d, "new run"), fence=Fence("t:amy:", "7"))
+    assert [f.content for f in storage.load("amy").facts] == ["new run"]
+    with pytest.raises(StaleClaim):  # an older claim cannot register after a newer one either
+        storage.fence_run("amy", None, Fence("t:amy:", "5"))
+    storage.delete("amy", None)
+    assert not storage.directory("amy", None).exists()  # the fence file goes with the memory
+
+
+def _with_fact(document: Any, content: str) -> Any:
+    from storage.document import Fact
+
+    document.facts.append(Fact(content=content))
+    return document

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ import redis
 from core.identity import ContextKey
 from core.models import ConversationContext, Message
 from core.settings import MemqSettings
+from producer.enqueue import Enqueuer, EnqueueRequest
 from prompts.conversation import (
     WATERMARK_DEPTH,
     message_identity,
@@ -253,29 +253,17 @@ class Worker:
         )
         self.queue: QueueClient = self.runtime.queue
         self.key = ContextKey.create("thread-1", "alice", "coder")
-        source = resources.files("producer").joinpath("enqueue.lua").read_text(encoding="utf-8")
-        self._enqueue = client.register_script(source)
+        self._enqueue = Enqueuer(
+            client,
+            self.queue.keys,
+            debounce_ms=0,
+            max_delay_ms=settings.max_delay_ms,
+        )
 
     def enqueue(self, now: int, messages: Sequence[Message]) -> None:
-        q = self.queue.keys.for_context(self.key.id)
+        """A flush through the producer's own enqueue client."""
         raw = json.dumps([m.to_json() for m in messages])
-        self._enqueue(
-            keys=[q.context(self.key.id), q.due, q.inflight, q.dead],
-            args=[
-                now,
-                0,
-                self.settings.max_delay_ms,
-                1,
-                raw,
-                0,
-                0,
-                "thread-1",
-                "alice",
-                "coder",
-                "",
-                self.key.id,
-            ],
-        )
+        self._enqueue(EnqueueRequest(key=self.key, messages_json=raw, flush=True), now)
 
     def run(self, now: int) -> dict[str, Any]:
         [claim] = self.queue.claim(now).claims

@@ -70,9 +70,10 @@ def create_app(settings: MemqSettings) -> Celery:
     app = Celery("memq")
     app.conf.update(celery_config(settings))
     runtime = WorkerRuntime(settings)
-    # Below the lease, so a stuck run gives up (prefork pool) before the reaper hands its key on.
-    soft_limit = settings.lease_seconds * 0.8
-    hard_limit = settings.lease_seconds * 0.9
+    # The run's time budget: the lease is renewed until the hard limit has passed, so the prefork
+    # pool stops a run before its claim can expire, and never while it is still renewable.
+    soft_limit = settings.run_budget_seconds
+    hard_limit = settings.run_hard_limit_seconds
 
     def send_extract(claim: Claim) -> None:
         app.send_task(

@@ -5,8 +5,9 @@
 --
 -- KEYS[1]      due        zset  context id -> deadline (epoch ms)
 -- KEYS[2]      inflight   zset  context id -> lease expiry (epoch ms)
--- KEYS[1+2i]   ctx:<id>   hash of candidate i (i = 1..n)
--- KEYS[2+2i]   uinflight:<user>  zset  the in-flight contexts of candidate i's user -> lease expiry
+-- KEYS[3]      epoch      string  the shard's claim counter: each claim token is its next value
+-- KEYS[2+2i]   ctx:<id>   hash of candidate i (i = 1..n)
+-- KEYS[3+2i]   uinflight:<user>  zset  the in-flight contexts of candidate i's user -> lease expiry
 --
 -- ARGV[1]    now_ms         current time, epoch milliseconds
 -- ARGV[2]    lease_ms       how long a claim holds the context, milliseconds
@@ -32,14 +33,14 @@
 -- Redis does not roll back what a failing script already wrote. Writes are ordered so that a
 -- claimed id is in `inflight` before it leaves `due`: a failure can never leave it in no set.
 
-local due, inflight = KEYS[1], KEYS[2]
+local due, inflight, epoch = KEYS[1], KEYS[2], KEYS[3]
 local now = tonumber(ARGV[1])
 local lease_until = string.format('%d', now + tonumber(ARGV[2]))
 local cap = tonumber(ARGV[3])
 local user_cap = tonumber(ARGV[4])
 local defer_to = string.format('%d', now + tonumber(ARGV[5]))
 local out = {1, 0}
-local n = (#KEYS - 2) / 2
+local n = (#KEYS - 3) / 2
 if n == 0 then return out end
 
 local CHUNK = 500
@@ -71,11 +72,11 @@ local held = {}  -- per-user key -> live leases, counted once per user per call
 local drop, lease_args, defer_args = {}, {}, {}
 
 for i = 1, n do
-  local ctx, users, id = KEYS[1 + 2 * i], KEYS[2 + 2 * i], ids[i]
+  local ctx, users, id = KEYS[2 + 2 * i], KEYS[3 + 2 * i], ids[i]
   local deadline = tonumber(deadlines[i])
   if deadline and deadline <= now then
     -- `version` is set by every enqueue, so its absence means the hash vanished.
-    local fields = redis.call('HMGET', ctx, 'version', 'claims')
+    local fields = redis.call('HMGET', ctx, 'version')
     if not fields[1] then
       drop[#drop + 1] = id
     elseif leases[i] then
@@ -100,12 +101,12 @@ for i = 1, n do
         count = count + 1
         user_held = user_held + 1
         redis.call('ZADD', users, lease_until, id)
-        -- The counter makes tokens unique per hash; the time makes them unique across a hash that
-        -- was deleted and re-created, so a worker from an earlier life can never match.
-        local claims = (tonumber(fields[2]) or 0) + 1
-        local token = claims .. '-' .. ARGV[1]
+        -- The shard's counter never goes back, even when a hash is deleted and re-created, so a
+        -- token is unique and a newer claim of a context always has a larger one: the storage
+        -- fences saves with it (a run from an earlier claim can never match, nor outrank).
+        local token = tostring(redis.call('INCR', epoch))
         local version = fields[1]
-        redis.call('HSET', ctx, 'claims', claims, 'claim_token', token, 'claimed_version', version,
+        redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
           'claimed_at_ms', ARGV[1])
         -- The next enqueue starts a fresh debounce window: it must not inherit this run's past
         -- deadline (which would make it due at once) nor its max-delay start.

@@ -12,6 +12,7 @@
 -- ARGV[4]  reason         last_error text (no message content)
 -- ARGV[5]  retry_at_ms    when to try again, epoch milliseconds; "-1" = permanent, dead at once
 -- ARGV[6]  max_attempts   an attempt count reaching this sends the context to `dead` (count)
+-- ARGV[7]  dead_retention_ms  a dead context's hash expires this long after it died (ms)
 --
 -- Returns
 --   0  stale: the token does not match; nothing done
@@ -45,6 +46,7 @@ else
   redis.call('HSET', ctx, 'attempts', attempts, 'last_error', ARGV[4])
   if retry_at == '-1' or attempts >= tonumber(ARGV[6]) then
     redis.call('HSET', ctx, 'dead_at_ms', ARGV[3])
+    redis.call('PEXPIRE', ctx, ARGV[7])
     redis.call('ZADD', dead, ARGV[3], id)
     code = 2
   else

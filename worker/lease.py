@@ -2,9 +2,11 @@
 
 One lease covers an ordinary extraction many times over, but a model call with retries and
 Retry-After waits can outlast it; the reaper would then hand the context to a second worker while
-the first is still running (invariant 3: one at a time). So a run renews its lease every third of
-it — yet only for a bounded time, so that a run stuck for good still loses its claim and the
-context is extracted elsewhere (the stuck run's completion is then stale, a no-op).
+the first is still running (one extraction per context at a time). So a run renews its lease every
+third of it until its time budget is spent (the Celery hard time limit, derived from the LLM
+timeout and retries): under the prefork pool the run is stopped by then, so its claim can only be
+taken over after it ended. A run that outlives its budget anyway (a threads pool cannot stop it,
+a paused process does not know) loses its claim, and the fenced save discards its answer.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from worker.queue import QueueClient
 log = logging.getLogger("memq.extract")
 
 RENEWALS_PER_LEASE = 3
-MAX_LEASES_PER_RUN = 10
 
 
 class LeaseKeeper:
@@ -34,11 +35,12 @@ class LeaseKeeper:
         token: str,
         *,
         lease_seconds: float,
+        renew_until_ms: int,
         clock: Callable[[], int],
     ) -> None:
         self._queue, self._context_id, self._token, self._clock = queue, context_id, token, clock
         self._interval = lease_seconds / RENEWALS_PER_LEASE
-        self._renewals_left = RENEWALS_PER_LEASE * MAX_LEASES_PER_RUN
+        self._renew_until_ms = renew_until_ms
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memq-lease", daemon=True)
         self.renewals = 0
@@ -58,14 +60,13 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            if self._renewals_left <= 0:
+            if self._clock() >= self._renew_until_ms:
                 log.warning(
-                    "extraction key=%s still running after %d leases; letting the claim expire",
+                    "extraction key=%s still running past its time budget; letting the claim "
+                    "expire (its save will be refused)",
                     self._context_id,
-                    MAX_LEASES_PER_RUN,
                 )
                 return
-            self._renewals_left -= 1
             try:
                 if not self._queue.renew(self._context_id, self._token, self._clock()):
                     return  # the claim is gone (reaped, purged): nothing left to keep

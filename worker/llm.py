@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import openai
 
 from core.errors import PermanentLLMError, TransientLLMError
-from core.settings import MemqSettings
+from core.settings import INLINE_RETRY_WAIT_SECONDS, MemqSettings
 from prompts.answer import response_text
 from prompts.conversation import TokenCounter
 from prompts.update_prompt import UpdatePrompt
@@ -110,7 +110,7 @@ class OpenAIUpdateModel:
         client: openai.OpenAI | None = None,
         sleep: Callable[[float], None] = time.sleep,
         backoff_base_seconds: float = 0.5,
-        max_inline_wait_seconds: float = 10.0,
+        max_inline_wait_seconds: float = INLINE_RETRY_WAIT_SECONDS,
     ) -> None:
         key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
         self._client = client or openai.OpenAI(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from core.errors import StaleClaim
 from core.models import ConversationContext, Message
 from core.settings import MemqSettings
 from producer.signals import detect_correction, detect_reinforcement
@@ -28,13 +29,13 @@ from prompts.apply import apply_update
 from prompts.conversation import Selection, TokenCounter, split_at_watermark
 from prompts.tokens import make_token_counter
 from prompts.update_prompt import UpdatePrompt, build_update_prompt
-from storage.base import Change, MemoryStorage, UpdateResult
+from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import MemoryDocument, utc_now
 from worker.llm import UpdateModel
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["updated", "unchanged", "skipped"]
+Outcome = Literal["updated", "unchanged", "skipped", "stale"]
 Clock = Callable[[], datetime]
 
 
@@ -171,7 +172,11 @@ class ExtractionPipeline:
         self._clock = clock or utc_now
 
     def run(
-        self, context: ConversationContext, *, watermark: str | None = None
+        self,
+        context: ConversationContext,
+        *,
+        watermark: str | None = None,
+        fence: Fence | None = None,
     ) -> ExtractionReport:
         """Extract the messages of one context after ``watermark`` into its (user, agent) memory.
 
@@ -179,6 +184,9 @@ class ExtractionPipeline:
         without calling the model; the report's watermark is still set, so the caller completes
         the context as usual. Raises TransientLLMError (retry), PermanentLLMError,
         ResponseParseError — the memory is untouched in every one of those cases.
+
+        With ``fence`` (the worker's claim), the save is refused once that claim is no longer
+        current: the report is then "stale", the answer discarded, its token usage still counted.
         """
         started = time.monotonic()
 
@@ -196,6 +204,11 @@ class ExtractionPipeline:
                 reason="nothing new since the last extraction",
                 watermark=selection.watermark,
             )
+        if fence is not None:
+            try:
+                self._storage.fence_run(context.user_id, context.agent_name, fence)
+            except StaleClaim as exc:
+                return ExtractionReport("stale", duration_ms=elapsed_ms(), reason=str(exc))
         snapshot = self._storage.load(context.user_id, context.agent_name)
         prompt, answer, usage = propose_update(
             context,
@@ -216,7 +229,17 @@ class ExtractionPipeline:
             )
         changes: list[Change] = []
         if not answer.is_noop():
-            changes = self._apply(context, answer)
+            try:
+                changes = self._apply(context, answer, fence)
+            except StaleClaim as exc:
+                return ExtractionReport(
+                    "stale",
+                    prompt_tokens=usage.prompt_tokens,
+                    completion_tokens=usage.completion_tokens,
+                    duration_ms=elapsed_ms(),
+                    model=usage.model,
+                    reason=str(exc),
+                )
         report = ExtractionReport(
             outcome="updated" if changes else "unchanged",
             facts_added=_count(changes, "add", "merge"),
@@ -245,7 +268,9 @@ class ExtractionPipeline:
         )
         return report
 
-    def _apply(self, context: ConversationContext, answer: UpdateAnswer) -> list[Change]:
+    def _apply(
+        self, context: ConversationContext, answer: UpdateAnswer, fence: Fence | None
+    ) -> list[Change]:
         latest_changes: list[Change] = []
 
         def fn(latest: MemoryDocument) -> UpdateResult:
@@ -260,5 +285,5 @@ class ExtractionPipeline:
             latest_changes[:] = result.changes
             return UpdateResult(result.document, result.changes)
 
-        self._storage.update(context.user_id, context.agent_name, fn)
+        self._storage.update(context.user_id, context.agent_name, fn, fence=fence)
         return latest_changes

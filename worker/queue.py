@@ -82,6 +82,7 @@ class DeadEntry:
     dead_at_ms: int
     attempts: int
     last_error: str
+    expires_at_ms: int = 0  # when the dead letter (and the text it holds) is deleted
 
 
 def _text(value: Any) -> str:
@@ -125,7 +126,7 @@ class QueueClient:
             ids = self._range(shard.due, now, limit)
             if not ids:
                 continue
-            keys = [shard.due, shard.inflight]
+            keys = [shard.due, shard.inflight, shard.epoch]
             for context_id in ids:
                 keys += (shard.context(context_id), self._user_inflight(shard, context_id))
             raw = self._scripts["claim_due"](
@@ -143,7 +144,11 @@ class QueueClient:
         only runs that had started and whose version did not move)."""
         now = now_ms() if now is None else now
         requeued = dead = 0
+        expired_before = now - self.settings.dead_retention_ms
         for shard in self.keys.all_shards():
+            # Dead letters past their retention: their hashes already expired (fail and reap set
+            # the TTL when they die); the ids go too.
+            self.redis.zremrangebyscore(shard.dead, "-inf", expired_before)
             ids = self._range(shard.inflight, now, limit)
             for start in range(0, len(ids), _SCRIPT_BATCH):  # bounded script size and run time
                 batch = ids[start : start + _SCRIPT_BATCH]
@@ -151,7 +156,13 @@ class QueueClient:
                 for context_id in batch:
                     keys += (shard.context(context_id), self._user_inflight(shard, context_id))
                 raw = self._scripts["reap_expired"](
-                    keys=keys, args=[now, self.settings.max_attempts, *batch]
+                    keys=keys,
+                    args=[
+                        now,
+                        self.settings.max_attempts,
+                        self.settings.dead_retention_ms,
+                        *batch,
+                    ],
                 )
                 requeued += int(raw[0])
                 dead += int(raw[1])
@@ -243,7 +254,15 @@ class QueueClient:
                 q.dead,
                 self._user_inflight(q, context_id),
             ],
-            args=[context_id, token, now, reason[:2000], retry, self.settings.max_attempts],
+            args=[
+                context_id,
+                token,
+                now,
+                reason[:2000],
+                retry,
+                self.settings.max_attempts,
+                self.settings.dead_retention_ms,
+            ],
         )
         return FailResult(int(raw))
 
@@ -277,6 +296,7 @@ class QueueClient:
                 dead_at_ms=dead_at,
                 attempts=int(attempts or 0),
                 last_error=_text(error) if error is not None else "",
+                expires_at_ms=dead_at + self.settings.dead_retention_ms,
             )
             for (context_id, dead_at), (attempts, error) in zip(rows, details, strict=True)
         ]
@@ -289,7 +309,7 @@ class QueueClient:
             total += int(
                 self._scripts["dead_retry"](
                     keys=[shard.dead, shard.due, *(shard.context(i) for i in batch)],
-                    args=[now, *batch],
+                    args=[now, self.settings.context_retention_ms, *batch],
                 )
             )
         return total

@@ -10,7 +10,8 @@
 --
 -- ARGV[1]    now_ms         current time, epoch milliseconds
 -- ARGV[2]    max_attempts   an attempt count reaching this sends the context to `dead` (count)
--- ARGV[2+i]  context id of candidate i
+-- ARGV[3]    dead_retention_ms  a dead context's hash expires this long after it died (ms)
+-- ARGV[3+i]  context id of candidate i
 --
 -- Returns {requeued, dead}: how many went back to `due` (at now) and how many to `dead`.
 -- The claim token is removed, so the lost worker's complete/fail become stale no-ops.
@@ -29,7 +30,7 @@ local max_attempts = tonumber(ARGV[2])
 local requeued, died = 0, 0
 
 for i = 1, (#KEYS - 3) / 2 do
-  local ctx, users, id = KEYS[2 + 2 * i], KEYS[3 + 2 * i], ARGV[2 + i]
+  local ctx, users, id = KEYS[2 + 2 * i], KEYS[3 + 2 * i], ARGV[3 + i]
   local expiry = tonumber(redis.call('ZSCORE', inflight, id))
   if expiry and expiry <= now then
     local f = redis.call('HMGET', ctx, 'version', 'claimed_version', 'claim_token',
@@ -50,6 +51,7 @@ for i = 1, (#KEYS - 3) / 2 do
       redis.call('HDEL', ctx, 'claim_token', 'started_token')
       if counted and attempts >= max_attempts then
         redis.call('HSET', ctx, 'dead_at_ms', ARGV[1])
+        redis.call('PEXPIRE', ctx, ARGV[3])
         redis.call('ZADD', dead, ARGV[1], id)
         died = died + 1
       else

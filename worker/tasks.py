@@ -17,11 +17,12 @@ from core.errors import MemqError, PermanentLLMError, ResponseParseError, Transi
 from core.identity import ContextKey
 from core.models import ConversationContext
 from core.settings import MemqSettings
+from storage.base import Fence
 from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient, now_ms
 
 if TYPE_CHECKING:
-    from worker.pipeline import ExtractionPipeline
+    from worker.pipeline import ExtractionPipeline, ExtractionReport
 
 log = logging.getLogger("memq.extract")
 
@@ -132,7 +133,12 @@ def extract(
     # as an attempt (a task that never got this far, e.g. dropped by Celery past its `expires`,
     # is requeued by the reaper without one).
     if data.get("claim_token") != token or not queue.renew(context_id, token, started):
-        log.info("extraction key=%s version=%d outcome=stale", context_id, version)
+        log.info(
+            "extraction key=%s version=%d outcome=stale (claim gone before start)",
+            context_id,
+            version,
+        )
+        queue.add_metrics(stale_runs=1)
         return {"outcome": "stale"}
     attempts = int(data.get("attempts") or 0)
     try:
@@ -141,9 +147,16 @@ def extract(
         return _failed(queue, context_id, token, version, exc, None, started, clock)
     try:
         with LeaseKeeper(
-            queue, context_id, token, lease_seconds=runtime.settings.lease_seconds, clock=clock
+            queue,
+            context_id,
+            token,
+            lease_seconds=runtime.settings.lease_seconds,
+            renew_until_ms=started + int(runtime.settings.run_hard_limit_seconds * 1000),
+            clock=clock,
         ):
-            report = runtime.pipeline.run(context, watermark=watermark)
+            report = runtime.pipeline.run(
+                context, watermark=watermark, fence=Fence(context_id, token)
+            )
     except PermanentLLMError as exc:
         return _failed(queue, context_id, token, version, exc, None, started, clock)
     except TransientLLMError as exc:
@@ -156,6 +169,8 @@ def extract(
         retry_at = clock() + backoff_ms(attempts, runtime.settings)
         return _failed(queue, context_id, token, version, exc, retry_at, started, clock)
 
+    if report.outcome == "stale":
+        return _discarded(queue, context_id, version, report, started, clock)
     # The watermark advances with the settlement, never before: a run that fails or lost its
     # claim leaves it where it was, so its messages are sent again.
     settled = queue.complete(context_id, token, clock(), watermark=report.watermark)
@@ -190,6 +205,35 @@ def extract(
         "facts_removed": report.facts_removed,
         "queue": settled.name.lower(),
     }
+
+
+def _discarded(
+    queue: QueueClient,
+    context_id: str,
+    version: int,
+    report: ExtractionReport,
+    started: int,
+    clock: Callable[[], int],
+) -> dict[str, Any]:
+    """A run whose claim was lost before it could save: its answer is dropped (the current claim
+    extracts the same messages), its tokens were spent all the same."""
+    queue.add_metrics(
+        stale_runs=1,
+        prompt_tokens=report.prompt_tokens,
+        completion_tokens=report.completion_tokens,
+    )
+    log.warning(
+        "extraction key=%s version=%d outcome=stale answer discarded: %s prompt_tokens=%d "
+        "completion_tokens=%d duration_ms=%d",
+        context_id,
+        version,
+        report.reason,
+        report.prompt_tokens,
+        report.completion_tokens,
+        clock() - started,
+        extra={"memq_key": context_id, "memq_version": version, "memq_outcome": "stale"},
+    )
+    return {"outcome": "stale", "queue": "stale"}
 
 
 def _failed(

@@ -40,6 +40,11 @@ DESCRIPTIONS: dict[str, str] = {
     ),
     "retry_backoff_seconds": "base delay before a retry after a transient LLM failure",
     "retry_backoff_max_seconds": "longest delay before such a retry",
+    "run_time_limit_seconds": "time budget of one extraction (Celery soft time limit; the lease "
+    "is renewed until it ends); unset: LLM timeout × attempts + retry waits + 15 s",
+    "dead_retention_days": "how long a dead letter (and the conversation it holds) is kept",
+    "context_retention_days": "how long a context nobody extracts is kept after its last "
+    "enqueue (a worker outage longer than this loses it)",
     "producer_timeout_seconds": "Redis timeout of a producer call (the agent never waits longer)",
     "spool_max_contexts": "contexts a producer keeps for a later retry while Redis is unreachable",
     "producer_max_chars": "size cap, in characters, of the conversation sent by one enqueue",

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     checks += _guard("broker", lambda: check_broker(settings, redis_ok=redis_ok))
     checks += _guard("llm", lambda: check_llm(settings))
     checks += _guard("tiktoken", check_tiktoken)
+    checks += _guard("timing", lambda: check_timing(settings))
     if args.json:
         print(json.dumps([c.__dict__ for c in checks], indent=2))
     else:
@@ -189,6 +190,44 @@ def check_llm(settings: MemqSettings, timeout_seconds: float = 3.0) -> list[Chec
             )
         ]
     return [Check("ok", "llm", f"{base} answered HTTP {status}; model {settings.llm_model}")]
+
+
+def check_timing(settings: MemqSettings) -> list[Check]:
+    """The run's time budget against the model's timeouts and the lease (a pure check)."""
+    budget, derived = settings.run_budget_seconds, settings.derived_run_budget_seconds
+    checks: list[Check] = []
+    if budget < derived:
+        checks.append(
+            Check(
+                "warn",
+                "timing",
+                f"MEMQ_RUN_TIME_LIMIT_SECONDS={budget:g} is shorter than a run whose model "
+                f"uses all its {settings.llm_max_retries + 1} attempts ({derived:g} s): such runs "
+                "are stopped (prefork) or fenced off (threads) and retried",
+                f"raise MEMQ_RUN_TIME_LIMIT_SECONDS to {derived:g} or leave it unset",
+            )
+        )
+    if settings.lease_seconds < 3 * settings.tick_seconds:
+        checks.append(
+            Check(
+                "warn",
+                "timing",
+                f"MEMQ_LEASE_SECONDS={settings.lease_seconds:g} is under three ticks "
+                f"({settings.tick_seconds:g} s each): a task waiting in the broker expires "
+                "before it starts, and a worker that pauses briefly loses its claim",
+                "use a lease of at least 30 s in production",
+            )
+        )
+    if not checks:
+        checks.append(
+            Check(
+                "ok",
+                "timing",
+                f"a run may last {budget:g} s (hard limit {settings.run_hard_limit_seconds:g} s);"
+                f" its {settings.lease_seconds:g} s lease is renewed until then",
+            )
+        )
+    return checks
 
 
 def check_tiktoken() -> list[Check]:

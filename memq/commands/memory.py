@@ -93,8 +93,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     load.set_defaults(run=run_import)
 
-    forget = sub.add_parser("forget", help="delete a user's memory: every agent, with history")
+    forget = sub.add_parser(
+        "forget",
+        help="erase everything held about a user: memory of every agent with its history, "
+        "pending, in-flight and dead conversations, watermarks",
+    )
     forget.add_argument("user")
+    forget.add_argument("--json", action="store_true", help="print what was removed as JSON")
     forget.set_defaults(run=run_forget)
 
 
@@ -284,8 +289,15 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_forget(args: argparse.Namespace, context: CommandContext) -> int:
-    manager = _manager(context)
-    _require(manager, args.user, None, any_agent=True)
-    removed = manager.forget(args.user)
-    print(f"forgot user {args.user}: {removed} memory document(s) deleted, with their history")
+    from storage.erasure import erase
+
+    user = validate_user_id(args.user)
+    report = erase(context.settings, context.redis, context.storage, user)
+    if getattr(args, "json", False):
+        print_json({"user_id": user, "removed": report.as_dict()})
+        return 0
+    if report.total == 0:
+        print(f"nothing held about user {user}: no memory, no queued work (already forgotten?)")
+        return 0
+    print(f"forgot user {user}: {report.describe()}")
     return 0

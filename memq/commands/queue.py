@@ -110,6 +110,7 @@ def run_dead_list(args: argparse.Namespace, context: CommandContext) -> int:
                     "dead_at_ms": e.dead_at_ms,
                     "attempts": e.attempts,
                     "last_error": e.last_error,
+                    "expires_at_ms": e.expires_at_ms,
                 }
                 for e in entries
             ]
@@ -118,8 +119,11 @@ def run_dead_list(args: argparse.Namespace, context: CommandContext) -> int:
     if not entries:
         print("no dead letters")
         return 0
-    rows = [(e.context_id, _when(e.dead_at_ms), e.attempts, e.last_error) for e in entries]
-    print(format_table(("context id", "died", "attempts", "last error"), rows))
+    rows = [
+        (e.context_id, _when(e.dead_at_ms), _when(e.expires_at_ms), e.attempts, e.last_error)
+        for e in entries
+    ]
+    print(format_table(("context id", "died", "expires", "attempts", "last error"), rows))
     return 0
 
 

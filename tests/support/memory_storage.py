@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from storage.base import Change, UpdateFn, UpdateResult
+from storage.base import Change, Fence, UpdateFn, UpdateResult
 from storage.document import MemoryDocument
 
 Key = tuple[str, str | None]
@@ -42,7 +42,12 @@ class InMemoryStorage:
         with self.lock:
             self._write((user_id, agent_name), document, changes)
 
-    def update(self, user_id: str, agent_name: str | None, fn: UpdateFn) -> MemoryDocument:
+    def fence_run(self, user_id: str, agent_name: str | None, fence: Fence) -> None:
+        """No queue behind this store: nothing to fence against."""
+
+    def update(
+        self, user_id: str, agent_name: str | None, fn: UpdateFn, *, fence: Fence | None = None
+    ) -> MemoryDocument:
         key = (user_id, agent_name)
         with self.lock:
             current = self.documents.get(key)

@@ -1,0 +1,190 @@
+"""Erasure against a real redis-server: `forget` removes everything memq holds about a user.
+
+The user has a memory document, a pending context, one in flight, one dead-lettered and a
+watermark; afterwards no key in Redis holds their text or is named after them, the run in flight
+can no longer save, another user is untouched, and a second forget finds nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from core.errors import StaleClaim
+from core.identity import ContextKey
+from core.keys import KeySchema
+from core.settings import MemqSettings
+from producer.enqueue import Enqueuer, EnqueueRequest
+from storage import Fence, get_storage
+from storage.document import Fact, MemoryDocument
+from storage.erasure import erase
+from worker.queue import CompleteResult, QueueClient
+
+pytestmark = pytest.mark.integration
+
+T0 = 1_700_000_000_000
+
+
+def dump_keyspace(client: redis.Redis) -> dict[str, str]:
+    """Every key with its whole value as text (what an operator's SCAN would find)."""
+    out: dict[str, str] = {}
+    for raw in client.scan_iter(count=1000):
+        key = raw.decode() if isinstance(raw, bytes) else str(raw)
+        kind = client.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+        value: Any
+        if kind == "string":
+            value = client.get(key)
+        elif kind == "hash":
+            value = client.hgetall(key)
+        elif kind == "list":
+            value = client.lrange(key, 0, -1)
+        elif kind == "set":
+            value = client.smembers(key)
+        elif kind == "zset":
+            value = client.zrange(key, 0, -1, withscores=True)
+        else:
+            value = kind
+        out[key] = repr(value)
+    return out
+
+
+class World:
+    """A queue and a storage on one redis-server, with the producer's own enqueue client."""
+
+    def __init__(self, settings: MemqSettings, client: redis.Redis) -> None:
+        self.settings, self.client = settings, client
+        self.queue = QueueClient(settings, client)
+        self.storage = get_storage(settings, redis=client)
+        self._enqueue = Enqueuer(
+            client,
+            KeySchema(settings.key_prefix, settings.shards),
+            debounce_ms=settings.debounce_ms,
+            max_delay_ms=settings.max_delay_ms,
+            retention_ms=settings.context_retention_ms,
+        )
+
+    def enqueue(
+        self,
+        thread: str,
+        user: str,
+        text: str,
+        *,
+        agent: str | None = None,
+        flush: bool = False,
+        now: int = T0,
+    ) -> str:
+        key = ContextKey.create(thread, user, agent)
+        messages = f'[{{"role":"user","content":"{text}"}},{{"role":"assistant","content":"ok"}}]'
+        self._enqueue(EnqueueRequest(key=key, messages_json=messages, flush=flush), now)
+        return key.id
+
+    def remember(self, user: str, text: str, agent: str | None = None) -> None:
+        self.storage.save(user, agent, MemoryDocument(facts=[Fact(content=text)]))
+
+
+@pytest.fixture(params=["redis", "file"])
+def world(request: Any, make_settings: Any, redis_client: redis.Redis) -> World:
+    settings = make_settings(storage=request.param, debounce_seconds=60.0, max_delay_seconds=600.0)
+    return World(settings, redis_client)
+
+
+def test_forget_removes_everything_of_the_user_and_fences_the_run_in_flight(
+    world: World, redis_client: redis.Redis
+) -> None:
+    queue = world.queue
+    world.remember("fay", "fay-doc-secret")
+    world.remember("fay", "fay-agent-secret", agent="coder")
+    # A finished run leaves a watermark behind.
+    done = world.enqueue("t-done", "fay", "fay-done-secret", flush=True)
+    [claim] = queue.claim(T0 + 1).claims
+    assert queue.complete(done, claim.token, T0 + 2, watermark='["abc"]') is CompleteResult.DONE
+    # One dead, one in flight, one pending.
+    dead = world.enqueue("t-dead", "fay", "fay-dead-secret", flush=True, now=T0 + 3)
+    [claim] = queue.claim(T0 + 4).claims
+    queue.fail(dead, claim.token, "PermanentLLMError: bad request", None, T0 + 5)
+    running = world.enqueue("t-run", "fay", "fay-run-secret", agent="coder", flush=True, now=T0 + 6)
+    [in_flight] = queue.claim(T0 + 7).claims
+    world.enqueue("t-wait", "fay", "fay-wait-secret", now=T0 + 8)
+    # Someone else, who must keep everything.
+    world.remember("gus", "gus-doc-keep")
+    world.enqueue("t-gus", "gus", "gus-wait-keep", now=T0 + 9)
+    assert queue.stats(T0 + 10)["dead"] == 1 and queue.stats(T0 + 10)["inflight"] == 1
+
+    report = erase(world.settings, redis_client, world.storage, "fay")
+
+    assert report.as_dict() == {
+        "documents": 2,
+        "pending": 1,
+        "in_flight": 1,
+        "dead": 1,
+        "contexts": 3,
+        "watermarks": 1,
+        "user_sets": 2,
+    }
+    # The run in flight can no longer write the memory back, nor settle.
+    with pytest.raises(StaleClaim):
+        world.storage.update(
+            "fay",
+            "coder",
+            lambda d: MemoryDocument(facts=[Fact(content="fay-late")]),
+            fence=Fence(running, in_flight.token),
+        )
+    assert queue.complete(running, in_flight.token, T0 + 11) is CompleteResult.STALE
+    assert world.storage.list_agents("fay") == []
+    assert "fay" not in world.storage.list_users()
+    keyspace = dump_keyspace(redis_client)
+    assert not [k for k, v in keyspace.items() if "fay" in k or "fay-" in v]
+    # Nothing of gus's went.
+    assert [f.content for f in world.storage.load("gus").facts] == ["gus-doc-keep"]
+    assert any("gus-wait-keep" in v for v in keyspace.values())
+    # Idempotent.
+    assert erase(world.settings, redis_client, world.storage, "fay").total == 0
+
+
+def test_forget_works_for_a_user_with_only_queued_work(
+    world: World, redis_client: redis.Redis
+) -> None:
+    world.enqueue("t1", "hal", "hal-wait-secret")
+    report = erase(world.settings, redis_client, world.storage, "hal")
+    assert (report.documents, report.pending, report.contexts) == (0, 1, 1)
+    assert not [v for v in dump_keyspace(redis_client).values() if "hal-wait-secret" in v]
+
+
+def test_erasing_one_agent_keeps_the_users_other_memories(
+    world: World, redis_client: redis.Redis
+) -> None:
+    world.remember("ivy", "ivy-global")
+    world.remember("ivy", "ivy-coder", agent="coder")
+    world.enqueue("t1", "ivy", "ivy-coder-wait", agent="coder")
+    world.enqueue("t2", "ivy", "ivy-global-wait")
+
+    report = erase(world.settings, redis_client, world.storage, "ivy", agent_name="coder")
+
+    assert (report.documents, report.pending, report.user_sets) == (1, 1, 0)
+    assert world.storage.list_agents("ivy") == [None]
+    values = dump_keyspace(redis_client).values()
+    assert not [v for v in values if "ivy-coder-wait" in v]
+    assert any("ivy-global-wait" in v for v in values)
+
+
+def test_dead_letters_and_contexts_carry_their_retention(
+    world: World, redis_client: redis.Redis
+) -> None:
+    queue, settings = world.queue, world.settings
+    pending = world.enqueue("t1", "jo", "jo-text")
+    ctx_key = queue.keys.for_context(pending).context(pending)
+    ttl = redis_client.pttl(ctx_key)
+    assert 0 < ttl <= settings.context_retention_ms
+    dead = world.enqueue("t2", "jo", "jo-dead", flush=True)
+    [claim] = queue.claim(T0 + 1).claims
+    queue.fail(dead, claim.token, "PermanentLLMError: no", None, T0 + 2)
+    dead_key = queue.keys.for_context(dead).context(dead)
+    assert 0 < redis_client.pttl(dead_key) <= settings.dead_retention_ms
+    [entry] = queue.dead_list()
+    assert entry.expires_at_ms == T0 + 2 + settings.dead_retention_ms
+    # The reaper drops dead ids past their retention (their hashes expire on their own).
+    queue.reap(T0 + 3 + settings.dead_retention_ms)
+    assert queue.dead_list() == []
