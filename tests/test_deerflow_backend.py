@@ -339,7 +339,6 @@ def test_add_langchain_messages_end_to_end_to_get_context(
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("action", ["clear_memory", "delete_fact"])
-@pytest.mark.xfail(strict=False, reason="needs erasure (storage.erasure.erase, the lead's work)")
 def test_clear_or_delete_is_not_undone_by_an_extraction_in_flight(
     make_settings: Any, openai_server: ScriptedOpenAI, celery_procs: CeleryProcs, action: str
 ) -> None:

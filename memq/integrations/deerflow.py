@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import math
-from collections.abc import Callable, Iterator
-from typing import Any, ClassVar, Literal, TypeVar
+from collections.abc import Iterator
+from typing import Any, ClassVar, Literal
 
 import redis
 from deerflow.agents.memory.manager import (
@@ -57,15 +56,13 @@ from producer.producer import MemoryProducer
 from prompts.injection import format_memory_for_injection
 from prompts.tokens import make_token_counter
 from storage import get_storage
-from storage.base import MemoryStorage, UpdateResult
+from storage.base import UpdateResult
 from storage.document import MemoryDocument, empty_document
+from storage.erasure import ALL_AGENTS, erase
 from storage.management import MemoryManager as FactManager
 from storage.management import valid_content
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-_ALL_AGENTS = object()
 
 
 class _DuplicateFact(MemoryConflictError, ValueError):
@@ -83,38 +80,6 @@ def _mapped_errors() -> Iterator[None]:
         raise MemoryConflictError(str(exc)) from exc
     except redis.RedisError as exc:
         raise OSError(f"memq: Redis error: {exc}") from exc
-
-
-def _erase(
-    settings: MemqSettings,
-    client: redis.Redis,
-    storage: MemoryStorage,
-    user_id: str,
-    agent_name: object,
-    *,
-    documents: bool,
-) -> None:
-    """Remove a (user, agent)'s pending, in-flight and dead contexts and watermarks, fence the
-    runs in flight, and (``documents``) its documents. ``agent_name=_ALL_AGENTS``: every agent
-    of the user and the user-global memory."""
-    # TODO(erasure): `storage.erasure.erase` arrives with the reliability work; once it is on
-    # main, call it directly. Until then only documents are removed, so an extraction already
-    # in flight can still write back what was cleared.
-    try:
-        erase: Callable[..., Any] | None = importlib.import_module("storage.erasure").erase
-    except ImportError:
-        erase = None
-    if erase is not None:
-        if agent_name is _ALL_AGENTS:
-            erase(settings, client, storage, user_id, documents=documents)
-        else:
-            erase(settings, client, storage, user_id, agent_name=agent_name, documents=documents)
-        return
-    if not documents:
-        return
-    targets = {*storage.list_agents(user_id), None} if agent_name is _ALL_AGENTS else {agent_name}
-    for agent in targets:
-        storage.delete(user_id, agent)  # type: ignore[arg-type]
 
 
 class MemqMemoryManager(MemoryManager):
@@ -277,7 +242,7 @@ class MemqMemoryManager(MemoryManager):
     def delete_memory(self, *, user_id: str | None = None, agent_name: str | None = None) -> None:
         user, agent = self._scope(user_id, agent_name)
         with _mapped_errors():
-            _erase(self.settings, self._redis, self._storage, user, agent, documents=True)
+            erase(self.settings, self._redis, self._storage, user, agent_name=agent)
 
     def clear_memory(
         self, *, user_id: str | None = None, agent_name: str | None = None
@@ -286,13 +251,14 @@ class MemqMemoryManager(MemoryManager):
         memory); an agent: only that agent's memory, the user-level summaries stay."""
         user, agent = self._scope(user_id, agent_name)
         with _mapped_errors():
-            _erase(
+            # Queued work first: deleting a context takes its claim, so a run in flight for
+            # this user can no longer save and re-create what is cleared (DeerFlow #5093).
+            erase(
                 self.settings,
                 self._redis,
                 self._storage,
                 user,
-                _ALL_AGENTS if agent_name is None else agent,
-                documents=True,
+                agent_name=ALL_AGENTS if agent_name is None else agent,
             )
         return deerflow_document(empty_document())
 
@@ -372,7 +338,9 @@ class MemqMemoryManager(MemoryManager):
                 raise KeyError(fact_id)
             # Pending work of this thread may still hold the sentence the fact came from; it
             # goes, so no extraction re-learns what the user just deleted.
-            _erase(self.settings, self._redis, self._storage, user, agent, documents=False)
+            erase(
+                self.settings, self._redis, self._storage, user, agent_name=agent, documents=False
+            )
             self._facts().delete_fact(user, fact_id, agent_name=agent)
             return self._document(user, agent)
 
