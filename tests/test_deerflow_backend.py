@@ -48,6 +48,7 @@ def backend_config(settings: MemqSettings, **extra: Any) -> dict[str, Any]:
         "redis_url": settings.redis_url,
         "key_prefix": settings.key_prefix,
         "storage": settings.storage,
+        "storage_dir": str(settings.storage_dir),
         "llm_provider": settings.llm_provider,
         "debounce_seconds": settings.debounce_seconds,
         "max_delay_seconds": settings.max_delay_seconds,
@@ -122,18 +123,17 @@ def test_from_config_reads_memq_and_deerflow_setting_names(made: Any) -> None:
     assert isinstance(manager, MemoryManager)
     assert manager.settings.key_prefix == settings.key_prefix
     assert manager.settings.token_counting is False  # "char"
-    # The host injected its storage_path; memq reads it as storage_dir.
-    assert manager.settings.storage_dir == settings.storage_dir
-    manager2 = build_memory_manager(
-        MANAGER_CLASS,
-        backend_config(
-            settings, max_injection_tokens=321, debounce_seconds=None, max_delay_seconds=None
-        ),
-        storage_path="/unused",
+    assert manager.settings.storage_dir == settings.storage_dir  # memq's own name wins
+    config = backend_config(
+        settings, max_injection_tokens=321, debounce_seconds=None, max_delay_seconds=None
     )
+    del config["storage_dir"]
+    manager2 = build_memory_manager(MANAGER_CLASS, config, storage_path="/srv/deer-flow")
     assert isinstance(manager2, MemqMemoryManager)
     assert manager2.settings.injected_memory_max_tokens == 321
     assert manager2.settings.debounce_seconds == 30.0  # null = default (DeerFlow #4217)
+    # DeerFlow's home holds its own users/*/memory.json: memq's files go beside them.
+    assert manager2.settings.storage_dir == Path("/srv/deer-flow/memq")
     manager2.close()
 
 

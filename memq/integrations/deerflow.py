@@ -30,6 +30,7 @@ import contextlib
 import logging
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import redis
@@ -96,6 +97,10 @@ class MemqMemoryManager(MemoryManager):
 
     def model_post_init(self, context: Any) -> None:
         values = settings_values(self.backend_config)
+        if "storage_dir" not in self.backend_config and "storage_path" in self.backend_config:
+            # DeerFlow's storage_path (its home, injected by the host) holds DeerFlow's own
+            # users/{user}/memory.json: memq's files go beside them, never over them.
+            values["storage_dir"] = Path(str(self.backend_config["storage_path"])) / "memq"
         ignored = sorted(set(values) - set(MemqSettings.model_fields))
         if ignored:
             # DeerMem's own knobs (model, patterns_dir, storage_class, …) mean nothing to memq.
