@@ -62,6 +62,7 @@ from storage.document import MemoryDocument, empty_document
 from storage.erasure import ALL_AGENTS, erase
 from storage.management import MemoryManager as FactManager
 from storage.management import valid_content
+from storage.search import warm as warm_search
 
 log = logging.getLogger(__name__)
 
@@ -400,11 +401,13 @@ class MemqMemoryManager(MemoryManager):
         return handed
 
     def warm(self) -> bool:
-        """Load the token counter and check that Redis answers."""
+        """Load the token counter and the Chinese word segmenter, and check that Redis
+        answers."""
         try:
             if self._counter is None:
                 self._counter = make_token_counter(self.settings.token_counting)
             self._counter("warm up")
+            warm_search()
             self._redis.ping()
         except Exception as exc:
             log.warning("memq: warm-up failed: %s", exc)

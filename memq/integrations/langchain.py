@@ -210,10 +210,6 @@ class MemoryFlushingSummarization(SummarizationMiddleware):
         self.producer = producer
         self.agent_name = agent_name
 
-    @property
-    def name(self) -> str:
-        return "MemoryFlushingSummarization"
-
     def before_model(self, state: AgentState[Any], runtime: Runtime[Any]) -> dict[str, Any] | None:
         token = _RUNTIME.set(runtime)
         try:
