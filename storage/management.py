@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 MANUAL_REASON = "edited by hand"
 
 
+class DuplicateFact(InvalidMemoryData):
+    """``add_fact(..., reject_duplicate=True)``: a fact with the same content (case-folded) is
+    already stored."""
+
+
 def valid_content(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidMemoryData("content must be a non-blank string")
@@ -152,11 +157,14 @@ class MemoryManager:
         category: str | None = DEFAULT_CATEGORY,
         confidence: float = 0.5,
         source_error: str | None = None,
+        reject_duplicate: bool = False,
     ) -> Fact:
         """Append a fact, then apply the fact cap as an extraction would.
 
         Raises :class:`FactEvicted` when the cap evicted the new fact itself (every stored fact
         ranks above it); other facts the cap evicted are recorded in the history as ``evict``.
+        With ``reject_duplicate`` a fact whose content is already stored (case-folded) raises
+        :class:`DuplicateFact`, checked inside the same atomic update as the add.
         """
         max_facts = self.max_facts
         fact = Fact(
@@ -170,6 +178,13 @@ class MemoryManager:
         kept: list[bool] = [True]
 
         def add(document: MemoryDocument) -> UpdateResult:
+            key = fact.content.casefold()
+            if reject_duplicate and any(
+                f.content.strip().casefold() == key for f in document.facts
+            ):
+                raise DuplicateFact(
+                    f"a fact with this content is already stored: {fact.content!r:.80}"
+                )
             document.facts.append(fact)
             evicted: list[Fact] = []
             if max_facts is not None:

@@ -260,6 +260,27 @@ def test_errors_are_mapped_as_the_gateway_expects(made: Any, storage_kind: str) 
         assert callsites.memory_context(manager, broken, agent) == ""
 
 
+def test_racing_adds_of_one_fact_store_it_once(made: Any) -> None:
+    manager, _ = made()
+    barrier = threading.Barrier(6)
+    statuses: list[int] = []
+
+    def add() -> None:
+        barrier.wait()
+        status, _ = callsites.gateway(
+            lambda: manager.create_fact("Likes green tea", user_id="zoe", agent_name="coder")
+        )
+        statuses.append(status)
+
+    threads = [threading.Thread(target=add) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(statuses) == [200, 409, 409, 409, 409, 409]
+    assert len(manager.get_memory(user_id="zoe", agent_name="coder")["facts"]) == 1
+
+
 def test_host_hidden_message_hook_is_applied(made: Any) -> None:
     manager, settings = made()
     kept: list[Any] = []

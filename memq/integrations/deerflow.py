@@ -57,11 +57,10 @@ from producer.producer import MemoryProducer
 from prompts.injection import format_memory_for_injection
 from prompts.tokens import make_token_counter
 from storage import get_storage
-from storage.base import UpdateResult
 from storage.document import MemoryDocument, empty_document
 from storage.erasure import ALL_AGENTS, erase
+from storage.management import DuplicateFact, valid_content
 from storage.management import MemoryManager as FactManager
-from storage.management import valid_content
 from storage.search import warm as warm_search
 
 log = logging.getLogger(__name__)
@@ -293,21 +292,19 @@ class MemqMemoryManager(MemoryManager):
         user, agent = self._scope(user_id, agent_name)
         text = _content(content)
         number = _confidence(confidence)
-        key = text.casefold()
-
-        def refuse_duplicate(document: MemoryDocument) -> UpdateResult:
-            if any(f.content.strip().casefold() == key for f in document.facts):
-                raise _DuplicateFact("Duplicate fact")
-            return UpdateResult(document)
-
         with _mapped_errors():
-            # The check runs under the document's lock; the add right after takes it again,
-            # so two racing adds of one content can still both land (as in DeerFlow's REST).
-            self._storage.update(user, agent, refuse_duplicate)
             try:
+                # The duplicate check runs inside the add's atomic update (DeerFlow #4599).
                 fact = self._facts().add_fact(
-                    user, text, agent_name=agent, category=category, confidence=number
+                    user,
+                    text,
+                    agent_name=agent,
+                    category=category,
+                    confidence=number,
+                    reject_duplicate=True,
                 )
+            except DuplicateFact:
+                raise _DuplicateFact("Duplicate fact") from None
             except FactEvicted:
                 return self._document(user, agent), None
             return self._document(user, agent), fact.id
