@@ -25,6 +25,7 @@ BENCHMARKS = {
     "P5": "bench.p5_pipeline",
     "P6": "bench.p6_cost",
     "P7": "bench.p7_injection",
+    "P9": "bench.p9_search",
     "P3": "bench.p3_flush",
     "BURST": "bench.p8_burst",
     "P4": "bench.p4_throughput",

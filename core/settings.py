@@ -318,9 +318,16 @@ def _yaml_memory_section(path: str | None) -> dict[str, Any]:
     section = raw.get("memory", {}) or {}
     if not isinstance(section, Mapping):
         raise ConfigError(f"MEMQ_CONFIG={path}: `memory:` must be a mapping")
+    return settings_values(section)
+
+
+def settings_values(section: Mapping[Any, Any]) -> dict[str, Any]:
+    """A DeerFlow ``memory:`` section (or a DeerFlow ``backend_config``) as memq setting names:
+    DeerFlow's names renamed, explicit nulls dropped (they mean "use the default", DeerFlow
+    #4217), everything else passed as is."""
     values: dict[str, Any] = {}
     for key, value in section.items():
-        if value is None:  # an explicit null means "use the default" (DeerFlow #4217)
+        if value is None:
             continue
         values[_DEERFLOW_RENAMES.get(str(key), str(key))] = value
     return values

@@ -47,8 +47,13 @@ class MemoryInjector:
                 self._counter = make_token_counter(self._settings.token_counting)
             return self._settings, self._storage, self._counter
 
-    def text(self, user_id: str | None, agent_name: str | None = None) -> str:
-        """The memory text without the wrapper; raises on failure (for tools and the CLI)."""
+    def text(
+        self, user_id: str | None, agent_name: str | None = None, *, query: str | None = None
+    ) -> str:
+        """The memory text without the wrapper; raises on failure (for tools and the CLI).
+
+        ``query`` (typically the user's latest message) fills the budget by relevance blended
+        with confidence; without it facts come by confidence alone."""
         settings, storage, counter = self._ready()
         if not (settings.enabled and settings.injection_enabled):
             return ""
@@ -58,13 +63,17 @@ class MemoryInjector:
             guaranteed_categories=settings.guaranteed_categories,
             guaranteed_token_budget=settings.guaranteed_token_budget,
             count_tokens=counter,
+            query=query,
         )
 
-    def block(self, user_id: str | None, agent_name: str | None = None) -> str:
+    def block(
+        self, user_id: str | None, agent_name: str | None = None, *, query: str | None = None
+    ) -> str:
         """``"<user_memory>\\n…\\n</user_memory>"``, or ``""`` when there is nothing to inject,
-        injection is disabled, or anything went wrong (logged; never raised into the agent)."""
+        injection is disabled, or anything went wrong (logged; never raised into the agent).
+        ``query``: see :meth:`text`."""
         try:
-            content = self.text(user_id, agent_name)
+            content = self.text(user_id, agent_name, query=query)
         except Exception:
             log.exception("memory injection failed for user=%s agent=%s", user_id, agent_name)
             return ""

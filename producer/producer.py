@@ -171,6 +171,38 @@ class MemoryProducer:
                 break
         return replayed
 
+    def hand_over(self, timeout_seconds: float) -> bool:
+        """Send the spool to Redis within ``timeout_seconds`` (a hard bound, for shutdown hooks).
+
+        True only when nothing is left spooled and no replay is still sending; False when Redis
+        did not take everything in time (what is left stays spooled). Once in Redis a context
+        is durable, so nothing else needs draining before the process exits.
+        """
+        deadline = time.monotonic() + max(0.0, timeout_seconds)
+        done = threading.Event()
+
+        def drain() -> None:
+            try:
+                self.drain_spool()
+            finally:
+                done.set()
+
+        threading.Thread(target=drain, name="memq-hand-over", daemon=True).start()
+        if not done.wait(max(0.0, deadline - time.monotonic())):
+            return False
+        while True:
+            with self._lock:
+                replaying = self._replayer is not None and self._replayer.is_alive()
+            if not len(self._spool) and not replaying:
+                return True
+            if len(self._spool) and not replaying:
+                return False  # the drain stopped at a failure: Redis is not taking it
+            # The background replay holds a batch it took before the drain: let it finish.
+            if self._closed.wait(min(0.01, max(0.0, deadline - time.monotonic()))):
+                return not len(self._spool)
+            if time.monotonic() >= deadline:
+                return False
+
     def close(self) -> None:
         """Stop the replay thread, try one last drain (bounded by the socket timeouts), and close
         the client if the producer built it. Whatever is still spooled then is lost."""

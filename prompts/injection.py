@@ -1,7 +1,9 @@
 """The memory text injected into the next prompt, under a token budget (DeerFlow §6.1).
 
 Sections in order, one blank line apart: ``User Context:``, ``History:``, ``Facts:``. Facts are
-ranked by confidence and taken greedily in strict order (a shorter, lower-ranked fact never slips
+ranked by confidence — or, given a ``query`` (the user's latest message), by relevance to it blended
+with confidence, so a fact about the topic at hand beats a confident but unrelated one when the
+budget is tight — and taken greedily in strict order (a shorter, lower-ranked fact never slips
 past a skipped one); facts of the guaranteed categories (corrections by default) draw from their own
 budget first, and are never cut: when the text overflows, only the leading sections are shortened.
 
@@ -20,6 +22,7 @@ from typing import Any
 
 from prompts.tokens import make_token_counter
 from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument
+from storage.search import rank_by_relevance
 
 USER_LINES = (
     ("work_context", "Work"),
@@ -119,11 +122,15 @@ def format_memory_for_injection(
     guaranteed_categories: Iterable[str] | None = ("correction",),
     guaranteed_token_budget: int = 500,
     count_tokens: Callable[[str], int] | None = None,
+    query: str | None = None,
+    relevance_weight: float = 0.7,
 ) -> str:
     """The memory as prompt text (no wrapper tags); ``""`` when there is nothing to say.
 
     ``count_tokens`` overrides ``token_counting`` (tiktoken when True, the character estimate when
-    False). A DeerFlow-shaped mapping is accepted and read as a document.
+    False). A DeerFlow-shaped mapping is accepted and read as a document. With a non-blank
+    ``query`` facts are ordered by ``relevance_weight × relevance + (1 − weight) × confidence``
+    (guaranteed categories still first, from their own budget); without one, by confidence.
     """
     guaranteed = guaranteed_set(guaranteed_categories)
     if memory is None:
@@ -142,6 +149,8 @@ def format_memory_for_injection(
         if part
     )
     ranked = rank_facts(document.facts)
+    if query is not None and query.strip():
+        ranked = rank_by_relevance(ranked, query, relevance_weight=relevance_weight)
     must = [render_fact(f) for f in ranked if f.category in guaranteed]
     regular = [render_fact(f) for f in ranked if f.category not in guaranteed]
 

@@ -22,10 +22,16 @@ from core.identity import validate_agent_name, validate_user_id
 from storage.base import Change, MemoryStorage, UpdateFn, UpdateResult
 from storage.cap import evict_over_cap
 from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, empty_document, new_fact_id
+from storage.search import search_facts
 
 log = logging.getLogger(__name__)
 
 MANUAL_REASON = "edited by hand"
+
+
+class DuplicateFact(InvalidMemoryData):
+    """``add_fact(..., reject_duplicate=True)``: a fact with the same content (case-folded) is
+    already stored."""
 
 
 def valid_content(value: object) -> str:
@@ -122,12 +128,12 @@ class MemoryManager:
         category: str | None = None,
         limit: int = 10,
     ) -> list[Fact]:
-        """Facts whose content contains ``query`` (case-insensitive), best first."""
-        needle = query.strip().casefold()
-        if not needle or limit <= 0:
+        """The ``limit`` facts most relevant to ``query`` (BM25 over English and Chinese words,
+        confidence breaking ties); ``category`` filters before the cut."""
+        if not query.strip() or limit <= 0:
             return []
-        facts = self.list_facts(user_id, agent_name=agent_name, category=category)
-        return [f for f in facts if needle in f.content.casefold()][:limit]
+        facts = self.storage.load(user_id, agent_name).facts
+        return search_facts(facts, query, top_k=limit, category=category)
 
     def history(
         self, user_id: str, *, agent_name: str | None = None, limit: int = 100
@@ -151,11 +157,14 @@ class MemoryManager:
         category: str | None = DEFAULT_CATEGORY,
         confidence: float = 0.5,
         source_error: str | None = None,
+        reject_duplicate: bool = False,
     ) -> Fact:
         """Append a fact, then apply the fact cap as an extraction would.
 
         Raises :class:`FactEvicted` when the cap evicted the new fact itself (every stored fact
         ranks above it); other facts the cap evicted are recorded in the history as ``evict``.
+        With ``reject_duplicate`` a fact whose content is already stored (case-folded) raises
+        :class:`DuplicateFact`, checked inside the same atomic update as the add.
         """
         max_facts = self.max_facts
         fact = Fact(
@@ -169,6 +178,13 @@ class MemoryManager:
         kept: list[bool] = [True]
 
         def add(document: MemoryDocument) -> UpdateResult:
+            key = fact.content.casefold()
+            if reject_duplicate and any(
+                f.content.strip().casefold() == key for f in document.facts
+            ):
+                raise DuplicateFact(
+                    f"a fact with this content is already stored: {fact.content!r:.80}"
+                )
             document.facts.append(fact)
             evicted: list[Fact] = []
             if max_facts is not None:

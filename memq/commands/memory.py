@@ -54,6 +54,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     inject = sub.add_parser("inject", help="the <user_memory> block an agent would get")
     _user_agent(inject)
+    inject.add_argument(
+        "--query", default=None, help="the user's message: recall facts relevant to it first"
+    )
     inject.set_defaults(run=run_inject)
 
     facts = sub.add_parser("facts", help="add, edit, delete or search facts by hand")
@@ -75,7 +78,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _user_agent(delete)
     delete.add_argument("fact_id")
     delete.set_defaults(run=run_facts_delete)
-    search = verbs.add_parser("search", help="facts containing a text (case-insensitive)")
+    search = verbs.add_parser(
+        "search", help="facts most relevant to a query (BM25, English and Chinese)"
+    )
     _user_agent(search)
     search.add_argument("query")
     search.add_argument("--category")
@@ -87,11 +92,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     export.add_argument("-o", "--output", type=Path, help="write to this file instead of stdout")
     export.set_defaults(run=run_export)
     load = sub.add_parser(
-        "import", help="replace a user's memory with a memq or DeerFlow JSON file"
+        "import",
+        help="replace a user's memory with a memq or DeerFlow JSON file, or migrate a whole "
+        "DeerFlow memory folder (--deerflow DIR)",
     )
-    load.add_argument("user")
-    load.add_argument("file")
+    load.add_argument("user", nargs="?")
+    load.add_argument("file", nargs="?")
     load.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
+    load.add_argument(
+        "--deerflow",
+        metavar="DIR",
+        type=Path,
+        help="a DeerFlow memory folder (every user and agent, old and current layout); merges, "
+        "safe to re-run",
+    )
     load.set_defaults(run=run_import)
 
     forget = sub.add_parser(
@@ -197,7 +211,9 @@ def run_inject(args: argparse.Namespace, context: CommandContext) -> int:
 
     manager = _manager(context)
     (agent,) = _require(manager, args.user, args.agent)
-    block = MemoryInjector(context.settings, context.storage).block(args.user, agent)
+    block = MemoryInjector(context.settings, context.storage).block(
+        args.user, agent, query=args.query
+    )
     if not block:
         raise CommandError(
             f"nothing to inject for user {args.user!r}, agent {agent_label(agent)} "
@@ -267,7 +283,7 @@ def run_facts_search(args: argparse.Namespace, context: CommandContext) -> int:
         args.user, args.query, agent_name=agent, category=args.category, limit=args.limit
     )
     if not found:
-        print(f"no fact of user {args.user} contains {args.query!r}")
+        print(f"no fact of user {args.user} matches {args.query!r}")
         return 1
     print(_facts_table(found))
     return 0
@@ -286,6 +302,16 @@ def run_export(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_import(args: argparse.Namespace, context: CommandContext) -> int:
+    if args.deerflow is not None:
+        if args.user is not None or args.agent is not None:
+            raise CommandError("import --deerflow DIR takes no USER, FILE or --agent")
+        from memq.deerflow_import import import_folder
+
+        report = import_folder(context.storage, args.deerflow)
+        print(f"imported DeerFlow memory from {args.deerflow}: {report.describe()}")
+        return 0
+    if args.user is None or args.file is None:
+        raise CommandError("import needs USER FILE, or --deerflow DIR")
     data = read_json_file(args.file)
     if not isinstance(data, dict):
         raise CommandError(f"{args.file}: a memory document must be a JSON object")

@@ -1,0 +1,1 @@
+"""Stand-in for DeerFlow (see ../README.md): only what a memory backend can observe."""

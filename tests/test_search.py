@@ -1,0 +1,163 @@
+"""Relevance-ranked search and relevant recall, in English and Chinese (storage/search.py,
+prompts/injection.py with a query, MemoryInjector.block(..., query=...), `memq facts search`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core.settings import MemqSettings
+from memq.cli import main
+from producer.injector import MemoryInjector
+from prompts.injection import format_memory_for_injection
+from storage import get_storage
+from storage.document import Fact, MemoryDocument
+from storage.management import MemoryManager
+from storage.search import rank_by_relevance, search_facts, tokenize
+
+FACTS = [
+    Fact(id="f_uv", content="Prefers uv over pip for Python projects", confidence=0.8,
+         category="preference"),
+    Fact(id="f_go", content="Works at Acme on the billing service, written in Go",
+         confidence=0.95, category="context"),
+    Fact(id="f_uvicorn", content="Deploys ASGI apps with uvicorn", confidence=0.7,
+         category="knowledge"),
+    Fact(id="f_zh_uv", content="用户喜欢使用 uv 管理 Python 项目", confidence=0.85,
+         category="preference"),
+    Fact(id="f_zh_job", content="用户在杭州工作，是后端工程师", confidence=0.9, category="context"),
+    Fact(id="f_fix", content="Run the app with make dev", confidence=0.95, category="correction",
+         source_error="suggested npm start"),
+]  # fmt: skip
+
+
+def ids(facts: list[Fact]) -> list[str]:
+    return [f.id for f in facts]
+
+
+def test_words_not_substrings() -> None:
+    # "uv" is a word of the uv facts, not of "uvicorn" (the substring search matched both).
+    assert ids(search_facts(FACTS, "uv")) == ["f_zh_uv", "f_uv"]
+    assert ids(search_facts(FACTS, "uvicorn")) == ["f_uvicorn"]
+
+
+def test_plural_and_case_fold() -> None:
+    # "projects" and "project" are one word; "项目" is not the English word.
+    assert ids(search_facts(FACTS, "PYTHON project")) == ["f_uv", "f_zh_uv"]
+    assert ids(search_facts(FACTS, "prefer")) == ["f_uv"]
+
+
+def test_chinese_is_segmented_into_words() -> None:
+    assert "杭州" in tokenize("用户在杭州工作")
+    assert ids(search_facts(FACTS, "杭州")) == ["f_zh_job"]
+    assert ids(search_facts(FACTS, "后端工程师在哪里工作")) == ["f_zh_job"]
+    assert ids(search_facts(FACTS, "管理项目")) == ["f_zh_uv"]
+
+
+def test_more_shared_words_rank_higher() -> None:
+    assert ids(search_facts(FACTS, "billing service Go"))[0] == "f_go"
+    # Same words matched: the more confident fact first.
+    assert ids(search_facts(FACTS, "uv python")) == ["f_zh_uv", "f_uv"]
+
+
+def test_confidence_breaks_ties() -> None:
+    twins = [
+        Fact(id="low", content="likes tea", confidence=0.5),
+        Fact(id="high", content="likes tea", confidence=0.9),
+        Fact(id="mid", content="likes tea", confidence=0.7),
+    ]
+    assert ids(search_facts(twins, "tea")) == ["high", "mid", "low"]
+
+
+def test_category_filters_before_the_cut() -> None:
+    # Without the filter the top 1 is a context fact; with it, the best preference.
+    assert ids(search_facts(FACTS, "uv python 杭州 工作", top_k=1)) == ["f_zh_job"]
+    assert ids(search_facts(FACTS, "uv python 杭州 工作", top_k=1, category="preference")) == [
+        "f_zh_uv"
+    ]
+    assert ids(search_facts(FACTS, "杭州", category="preference")) == []
+
+
+@pytest.mark.parametrize("query, top_k", [("", 5), ("   ", 5), ("uv", 0), ("uv", -1), ("the", 5)])
+def test_nothing_to_look_for_is_empty(query: str, top_k: int) -> None:
+    assert search_facts(FACTS, query, top_k=top_k) == []
+
+
+def test_no_shared_word_is_no_result() -> None:
+    assert search_facts(FACTS, "kubernetes") == []
+
+
+def test_relevance_blended_with_confidence() -> None:
+    ranked = ids(rank_by_relevance(FACTS, "uvicorn"))
+    assert ranked[0] == "f_uvicorn"  # the least confident fact, but the relevant one
+    # Without any shared word: confidence order, document order among equals.
+    assert ids(rank_by_relevance(FACTS, "kubernetes")) == [
+        "f_go", "f_fix", "f_zh_job", "f_zh_uv", "f_uv", "f_uvicorn"
+    ]  # fmt: skip
+
+
+def count_chars(text: str) -> int:
+    return len(text)
+
+
+def test_recall_with_a_query_puts_the_relevant_fact_in_a_tight_budget() -> None:
+    document = MemoryDocument(facts=list(FACTS))
+    without = format_memory_for_injection(
+        document, 60, count_tokens=count_chars, guaranteed_categories=()
+    )
+    with_query = format_memory_for_injection(
+        document, 60, count_tokens=count_chars, guaranteed_categories=(), query="uvicorn"
+    )
+    assert "uvicorn" not in without
+    assert "uvicorn" in with_query
+
+
+def test_recall_keeps_guaranteed_categories_first() -> None:
+    document = MemoryDocument(facts=list(FACTS))
+    text = format_memory_for_injection(document, count_tokens=count_chars, query="杭州 工作")
+    lines = text.split("Facts:\n")[1].splitlines()
+    assert lines[0].startswith("- [correction")
+    assert "杭州" in lines[1]
+
+
+def test_without_a_query_recall_is_todays_behaviour() -> None:
+    document = MemoryDocument(facts=list(FACTS))
+    for blank in (None, "", "  "):
+        assert format_memory_for_injection(
+            document, 80, count_tokens=count_chars, query=blank
+        ) == format_memory_for_injection(document, 80, count_tokens=count_chars)
+
+
+@pytest.mark.parametrize("storage", ["file", "redis"])
+def test_injector_and_management_search_on_both_backends(make_settings: Any, storage: str) -> None:
+    settings: MemqSettings = make_settings(
+        storage=storage, token_counting=False, injected_memory_max_tokens=50,
+        guaranteed_categories="",
+    )  # fmt: skip
+    store = get_storage(settings)
+    store.save("alice", "coder", MemoryDocument(facts=list(FACTS)))
+    manager = MemoryManager(store)
+    assert ids(manager.search("alice", "杭州", agent_name="coder")) == ["f_zh_job"]
+    assert ids(manager.search("alice", "uv", agent_name="coder", limit=1)) == ["f_zh_uv"]
+    injector = MemoryInjector(settings, store)
+    assert "uvicorn" not in injector.block("alice", "coder")
+    assert "uvicorn" in injector.block("alice", "coder", query="how do I run uvicorn?")
+
+
+def test_cli_facts_search_ranks(make_settings: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    settings: MemqSettings = make_settings()
+    get_storage(settings).save("bob", None, MemoryDocument(facts=list(FACTS)))
+    env = {
+        "MEMQ_STORAGE": settings.storage,
+        "MEMQ_STORAGE_DIR": str(settings.storage_dir),
+        "MEMQ_REDIS_URL": settings.redis_url,
+        "MEMQ_KEY_PREFIX": settings.key_prefix,
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        assert main(["facts", "search", "bob", "杭州"]) == 0
+        out = capsys.readouterr().out
+        assert "f_zh_job" in out and "f_uv" not in out
+        assert main(["facts", "search", "bob", "kubernetes"]) == 1
+        assert "no fact of user bob matches" in capsys.readouterr().out
