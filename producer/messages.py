@@ -1,4 +1,4 @@
-"""Which messages of a thread reach the memory LLM (reference §1), and how many of them.
+"""Which messages of a thread reach the memory LLM, and how many of them.
 
 The producer receives the whole message list of a thread after every agent run. Only user inputs and
 final assistant answers carry facts about the user; framework-injected messages, tool traffic and

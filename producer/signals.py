@@ -1,9 +1,9 @@
-"""Correction and reinforcement signals in the user's latest turns (reference §2).
+"""Correction and reinforcement signals in the user's latest turns.
 
 A correction ("that's wrong", "不对") tells the memory LLM to record what the user rejected;
 a reinforcement ("perfect", "就是这样") tells it which behaviour to keep. Both are cheap regex
 searches over the human messages among the last six filtered messages. The patterns are DeerFlow's,
-as data, with the deviations below (reference §10 item 17), each covered by tests/test_signals.py:
+as data, with the deviations below from DeerFlow's detectors, each covered by tests/test_signals.py:
 
 * the English patterns accept the curly apostrophe (’) as well as the ASCII one, because phones and
   word processors type "that’s wrong";
@@ -120,6 +120,6 @@ def detect_reinforcement(messages: Sequence[Message]) -> bool:
 
 def detect_signals(messages: Sequence[Message]) -> tuple[bool, bool]:
     """``(correction, reinforcement)`` as the producer stores them: a correction suppresses a
-    reinforcement found in the same window (reference §2.3)."""
+    reinforcement found in the same window."""
     correction = detect_correction(messages)
     return correction, (not correction) and detect_reinforcement(messages)

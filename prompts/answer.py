@@ -1,7 +1,7 @@
 """The answer the update model must give, and reading it out of whatever the model actually sent.
 
 Models wrap JSON in think tags, prose and code fences, stream it in chunks, or start with a decoy
-object; we accept the first JSON object that has all three required keys (§4.3) and never repair
+object; we accept the first JSON object that has all three required keys and never repair
 broken JSON. Each field is then normalised on its own, so one bad fact is dropped rather than the
 whole answer — except when removals come with malformed new facts: "replace X by Y" must never
 degrade into "delete X", so that answer is rejected as a whole (fail closed).
@@ -152,8 +152,9 @@ def _first_update_object(text: str) -> dict[str, Any] | None:
 
 
 def normalise_category(value: Any) -> str | None:
-    """One of our six categories, or None. Free text is not kept (§10.17): ``Preferences`` and
-    `` preference `` are ``preference``; anything unknown is for the caller to default."""
+    """One of our six categories, or None. Free text is not kept (DeerFlow kept any string):
+    ``Preferences`` and `` preference `` are ``preference``; anything unknown is for the caller
+    to default."""
     if not isinstance(value, str) or not value.strip():
         return None
     name = value.strip().casefold()
@@ -165,7 +166,7 @@ def normalise_category(value: Any) -> str | None:
 
 
 def _flag(value: Any) -> bool:
-    # DeerFlow tested truthiness, so the string "false" meant "update" (§10.17).
+    # DeerFlow tested truthiness, so the string "false" meant "update".
     if isinstance(value, bool):
         return value
     if isinstance(value, str):

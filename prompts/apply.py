@@ -1,9 +1,9 @@
-"""Applying a parsed answer to a memory document (§4.4) — a pure function of the document, the
+"""Applying a parsed answer to a memory document — a pure function of the document, the
 answer, the settings and ``now``.
 
 It runs inside the storage's atomic ``update`` on the *latest* document, which may differ from the
 snapshot the prompt showed: removals of ids that vanished meanwhile are no-ops, dedup is against
-what is there now. Differences from DeerFlow, each fixing a weakness of §10.17: a contradiction
+what is there now. Differences from DeerFlow, each fixing one of its weaknesses: a contradiction
 cannot delete a ``correction`` fact unless the same answer stores a replacement correction (one
 removal per replacement actually added and kept by the upload scrub); the cap
 evicts any other category before a correction; dedup ignores case *and* whitespace; every change is

@@ -1,4 +1,4 @@
-"""Consolidation (§4.6, off by default): large groups of same-category facts are shown to the model,
+"""Consolidation (off by default): large groups of same-category facts are shown to the model,
 which may merge related ones into a single richer fact.
 
 Guardrails: only facts of a qualifying group in the latest document may be merged, all sources of

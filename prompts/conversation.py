@@ -2,8 +2,8 @@
 
 Pure functions over :class:`core.models.Message` and a ``count_tokens`` callable. The newest
 messages are kept within a token budget (the end of a thread is what the model must see); a long
-message keeps its head and its tail, because the conclusion of an answer is usually at its end
-(§10.8). Incremental extraction splits a context at its watermark — the identities of the last
+message keeps its head and its tail, because the conclusion of an answer is usually at its end.
+Incremental extraction splits a context at its watermark — the identities of the last
 messages already extracted — so only what is new is sent, with a few earlier messages as context.
 When what is new does not fit the budget, the oldest part that fits is extracted first and the
 watermark moves only past it: the rest is extracted by the next run, never cut.

@@ -6,8 +6,7 @@ our tags (``</conversation>``) and speak as the instructions. Two tools, one per
 
 * JSON slots (the current memory) escape ``<``, ``>`` and ``&`` as JSON ``\\u`` escapes. The JSON
   still means the same strings, so the model reads ``<`` and anything it copies back parses to
-  ``<`` again — unlike HTML entities, which DeerFlow's models copied into summaries as ``&quot;``
-  (§10.17).
+  ``<`` again — unlike HTML entities, which DeerFlow's models copied into summaries as ``&quot;``.
 * Text slots neutralise only what could start a tag (``<`` before a name, ``/``, ``!`` or ``?``),
   and fold line breaks where one item must stay one line. ``a < b`` and ``R&D`` reach the model
   unchanged.

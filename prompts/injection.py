@@ -1,4 +1,4 @@
-"""The memory text injected into the next prompt, under a token budget (DeerFlow §6.1).
+"""The memory text injected into the next prompt, under a token budget (the shape DeerFlow injects).
 
 Sections in order, one blank line apart: ``User Context:``, ``History:``, ``Facts:``. Facts are
 ranked by confidence — or, given a ``query`` (the user's latest message), by relevance to it blended

@@ -1,4 +1,4 @@
-"""Upload mentions are session-only (§4.7): an uploaded file is gone in the next thread, so a memory
+"""Upload mentions are session-only: an uploaded file is gone in the next thread, so a memory
 saying "the user uploaded report.pdf" sends the agent looking for a file that does not exist.
 
 Sentences of summaries that mention an upload are deleted; facts that mention one are dropped.

@@ -1,4 +1,4 @@
-"""Staleness review (§4.5): old facts are shown to the model, which may propose removing some.
+"""Staleness review: old facts are shown to the model, which may propose removing some.
 
 Guardrails, because the model's answer is applied to the *latest* document: only facts that are
 candidates there (old enough, not in a protected category, among the oldest shown) can go, and at

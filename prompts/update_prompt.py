@@ -1,8 +1,8 @@
 """The update prompt: instructions as data, and one pure renderer.
 
-Two chat messages (DeerFlow HEAD's shape, §9.11): the system message holds the instructions and the
-answer schema (see :mod:`prompts.answer` for the model that reads the answer back); the user message
-holds the current memory, the conversation, the signal hints and the optional review sections. Every
+Two chat messages (the shape DeerFlow's current prompt uses): the system message holds the
+instructions and the answer schema (see :mod:`prompts.answer` for the model that reads the answer
+back); the user message holds the current memory, the conversation, the signal hints and the optional review sections. Every
 untrusted string goes through :mod:`prompts.escaping`, so no content can close one of our tags.
 """
 

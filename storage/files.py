@@ -7,7 +7,7 @@ Layout under ``settings.storage_dir``::
     users/<user>/memory.json.lock                  the cross-process lock (fcntl)
     users/<user>/agents/<agent>/memory.json        memory of one agent of that user
 
-Fixes DeerFlow's weak points (§10.11-13): writes are atomic and durable (unique temp file, fsync of
+Fixes DeerFlow's weak points: writes are atomic and durable (unique temp file, fsync of
 the file and of its folder), updates are serialised across processes by an fcntl lock, the read
 cache never hands out a shared object, and a corrupt file is moved aside and reported, never read as
 empty and then overwritten.

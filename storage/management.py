@@ -2,7 +2,7 @@
 
 Every write goes through the storage's atomic ``update`` and records its change in the history in
 the same critical section, so a hand edit never races an extraction (DeerFlow's REST edits could be
-overwritten by a running update, §10.3) and every edit can be traced afterwards. Import and clear
+overwritten by a running update) and every edit can be traced afterwards. Import and clear
 replace the whole document, so they fall back to an unconditional ``save`` when the stored one is
 corrupt: an operator can always repair a document with them.
 """
