@@ -3,7 +3,8 @@
 Two chat messages (the shape DeerFlow's current prompt uses): the system message holds the
 instructions and the answer schema (see :mod:`prompts.answer` for the model that reads the answer
 back); the user message holds the current memory, the conversation, the signal hints and the
-optional review sections. Every untrusted string goes through :mod:`prompts.escaping`, so no content can close one of our tags.
+optional review sections. Every untrusted string goes through :mod:`prompts.escaping`, so no
+content can close one of our tags.
 """
 
 from __future__ import annotations
