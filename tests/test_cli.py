@@ -407,17 +407,20 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
         if up.poll() is None:
             up.kill()
             up.wait()
-    assert "memq up: Redis redis://127.0.0.1:" in log.read_text()
+    assert "memq up: Redis redis://:***@127.0.0.1:" in log.read_text()  # password-protected
     assert not flower_answers()  # stopped with the supervisor
 
 
 @pytest.mark.e2e
-def test_stack_stops_everything_when_a_child_dies(settings: MemqSettings) -> None:
+def test_stack_stops_everything_when_a_child_keeps_dying(settings: MemqSettings) -> None:
     import signal
 
     from memq.stack import Stack, StackOptions
+    from memq.supervision import RestartPolicy
 
-    stack = Stack(settings, StackOptions(flower=False, loglevel="WARNING"))
+    # No crash allowed: the first death is already "too many" (restarts: test_stack_supervision).
+    never = RestartPolicy(max_crashes=0)
+    stack = Stack(settings, StackOptions(flower=False, loglevel="WARNING", restart=never))
     stack.start()
     worker, beat = sorted(stack.children, key=lambda c: c.name != "worker")
     assert worker.process is not None and beat.process is not None

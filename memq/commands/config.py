@@ -76,6 +76,10 @@ DESCRIPTIONS: dict[str, str] = {
     "guaranteed_categories": "categories injected first from their own budget (comma-separated)",
     "guaranteed_token_budget": "that budget, in tokens",
     "data_dir": "data folder of `memq up` (the private Redis and its AOF)",
+    "redis_appendfsync": (
+        "AOF fsync of the private Redis: `everysec` (may lose the last second on a crash of the "
+        "host) or `always` (fsync per write, slower)"
+    ),
     "flower_address": "address Flower binds to in `memq up`",
     "flower_port": "port of Flower in `memq up`",
     "flower_user": "Flower basic-auth user",
