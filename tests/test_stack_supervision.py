@@ -245,13 +245,20 @@ def test_ctrl_c_finishes_the_run_in_flight_then_a_restart_gets_the_same_port_and
     enqueue(settings, "t-ctrl-c", "item-1")
     wait_for(lambda: openai_server.call_count == 1, timeout=20, what="the model holds the request")
 
+    interrupted = time.monotonic()
     assert first.stop(signal.SIGINT) == 0  # Ctrl-C: the run in flight finishes and saves first
+    stopped_in = time.monotonic() - interrupted
     assert facts_of(settings, "una") == [fact_for("item-1")]
     assert "memq up: stopping" in first.text()
 
     second = Up(env, tmp_path / "up-2.log")
     ups.append(second)
+    restarted = time.monotonic()
     second.wait_text(" ready.")
+    print(
+        f"\n[memq up] Ctrl-C with a 2 s call in flight: stopped in {stopped_in:.1f} s, "
+        f"fact saved; restarted and ready in {time.monotonic() - restarted:.1f} s"
+    )
     assert second.port == port  # TIME-WAIT is not "in use": agents keep their URL
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     try:
