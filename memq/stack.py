@@ -348,7 +348,8 @@ class Stack:
     def _plan(self) -> list[Child]:
         """The supervised children, in stop order (beat first: no new claims while the worker
         drains). Another child (e.g. a metrics exporter) is one more row here."""
-        celery = [sys.executable, "-m", "celery", "-A", CELERY_APP]
+        # --quiet: no banners, so the summary `memq up` prints stays on screen.
+        celery = [sys.executable, "-m", "celery", "-A", CELERY_APP, "--quiet"]
         level = f"--loglevel={self.options.loglevel}"
         flower = [
             *celery,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from core.connection import redis_client
 from memq.redis_server import RedisServer
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
@@ -167,3 +169,30 @@ def test_a_redis_restart_with_extractions_in_flight_keeps_the_worker_and_the_wor
         f"extractions counted {stats['metrics'].get('extractions', 0)} "
         f"(incl. that one)"
     )
+
+
+def test_a_client_with_outage_retries_rides_out_a_redis_restart(
+    aof_redis: RedisServer, make_settings: Any
+) -> None:
+    """What a worker's own Redis client needs when a run ends while Redis restarts: the command
+    waits for Redis instead of failing (which would leave the claim to its lease)."""
+    settings = make_settings(redis_url=aof_redis.url)
+    patient = redis_client(settings, outage_retries=8)
+    impatient = redis_client(settings)
+    try:
+        patient.set("k", "before")
+        stop_gracefully(aof_redis)
+        with pytest.raises(redis.ConnectionError):
+            impatient.get("k")  # the default: fail at once (producers, the CLI)
+        restarter = threading.Timer(0.5, aof_redis.start)  # the outage lasts half a second
+        restarter.start()
+        started = time.monotonic()
+        assert patient.get("k") == "before"  # issued while Redis is down, answered once it is up
+        waited = time.monotonic() - started
+        restarter.join()
+        print(
+            f"\n[outage retries] a command sent during a 0.5 s outage: answered in {waited:.1f} s"
+        )
+    finally:
+        patient.close()
+        impatient.close()
