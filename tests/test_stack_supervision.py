@@ -174,6 +174,16 @@ def kill9(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def answers(settings: MemqSettings) -> bool:
+    client = redis.Redis.from_url(settings.redis_url, socket_timeout=1, retry=None)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 def enqueue(settings: MemqSettings, thread: str, item: str) -> None:
     with MemoryProducer(settings) as producer:
         assert producer.flush(thread, "una", None, turn(item))
@@ -206,6 +216,7 @@ def test_memq_up_restarts_what_dies_and_keeps_extracting(
     kill9(redis_pid)
     up.wait_text("memq up: redis exited with code -9; restarting in")
     wait_for(lambda: up.replaced("redis", redis_pid), timeout=20, what="a new redis-server")
+    wait_for(lambda: answers(settings), timeout=20, what="the restarted Redis answering")
     enqueue(settings, "t-sup", "item-1")  # the restarted Redis answers on the same URL
     wait_for(
         lambda: facts_of(settings, "una") == [fact_for("item-1")],
