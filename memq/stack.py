@@ -380,6 +380,11 @@ class Stack:
         return env
 
     def _spawn(self, child: Child) -> None:
+        if child.process is not None:
+            # What the dead process left in its group (e.g. prefork pool children) goes first.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+            child.process.wait()
         stdout: IO[bytes] | None = None
         if self.options.log_dir is not None:
             self.options.log_dir.mkdir(parents=True, exist_ok=True)
