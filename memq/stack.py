@@ -311,7 +311,7 @@ class Stack:
     def _start_private_redis(self) -> None:
         redis_dir = Path(self.settings.data_dir) / "redis"
         password = redis_password(redis_dir)
-        self.redis_password_file = redis_dir / "password"
+        self.redis_password_file = (redis_dir / "password").resolve()
         self.redis_server = RedisServer(
             redis_dir,
             port=self._private_port(redis_dir),
