@@ -7,6 +7,7 @@ and `noeviction`, as DESIGN.md asks of any Redis that holds memq's queue.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -85,6 +86,43 @@ def private_dir(path: Path) -> Path:
 def _quote(value: str) -> str:
     """A redis.conf string argument (paths may hold spaces or quotes)."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class RedisUnreachable(MemqError, ConnectionError):
+    """The configured Redis does not answer: nothing in the stack could work."""
+
+
+def redis_password(redis_dir: Path) -> str:
+    """The private Redis's password: generated once, kept in ``<redis_dir>/password`` (0600), so
+    agents told about it keep working across restarts of the stack."""
+    path = private_dir(redis_dir) / "password"
+    if path.exists():
+        path.chmod(0o600)
+        existing = path.read_text(encoding="utf-8").strip()
+        if existing:
+            return existing
+    password = secrets.token_urlsafe(24)
+    write_private(path, password + "\n")
+    return password
+
+
+def check_reachable(url: str, timeout_seconds: float = 2.0) -> None:
+    """One PING, no retries: a configured Redis that does not answer fails `memq up` at once."""
+    from memq.commands.common import mask_url
+
+    client = redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_seconds,
+        socket_connect_timeout=timeout_seconds,
+        retry=Retry(NoBackoff(), 0),
+    )
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        reason = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        raise RedisUnreachable(f"cannot reach Redis at {mask_url(url)}: {reason}") from None
+    finally:
+        client.close()
 
 
 class RedisServer:

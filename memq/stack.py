@@ -33,14 +33,19 @@ from types import FrameType, TracebackType
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-import redis
 from pydantic import SecretStr
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from core.errors import MemqError
 from core.settings import MemqSettings
-from memq.redis_server import RedisServer, free_port, port_if_free, private_dir, write_private
+from memq.redis_server import (
+    RedisServer,
+    check_reachable,
+    free_port,
+    port_if_free,
+    private_dir,
+    redis_password,
+    write_private,
+)
 from memq.supervision import DataDirLock, RestartPolicy, die_with_parent, restart_delay
 
 CELERY_APP = "worker.app"
@@ -49,10 +54,6 @@ REDIS_CHILD = "redis"
 
 class ChildDied(MemqError, RuntimeError):
     """A process of the stack kept crashing; the stack gave up."""
-
-
-class RedisUnreachable(MemqError, ConnectionError):
-    """The configured Redis does not answer: nothing in the stack could work."""
 
 
 def settings_env(settings: MemqSettings) -> dict[str, str]:
@@ -78,39 +79,6 @@ def settings_env(settings: MemqSettings) -> dict[str, str]:
 def uses_private_redis(settings: MemqSettings) -> bool:
     """No Redis configured (environment, YAML or argument) → memq starts its own."""
     return "redis_url" not in settings.model_fields_set
-
-
-def redis_password(redis_dir: Path) -> str:
-    """The private Redis's password: generated once, kept in ``<redis_dir>/password`` (0600), so
-    agents told about it keep working across restarts of the stack."""
-    path = private_dir(redis_dir) / "password"
-    if path.exists():
-        path.chmod(0o600)
-        existing = path.read_text(encoding="utf-8").strip()
-        if existing:
-            return existing
-    password = secrets.token_urlsafe(24)
-    write_private(path, password + "\n")
-    return password
-
-
-def check_reachable(url: str, timeout_seconds: float = 2.0) -> None:
-    """One PING, no retries: a configured Redis that does not answer fails `memq up` at once."""
-    from memq.commands.common import mask_url
-
-    client = redis.Redis.from_url(
-        url,
-        socket_timeout=timeout_seconds,
-        socket_connect_timeout=timeout_seconds,
-        retry=Retry(NoBackoff(), 0),
-    )
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        reason = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-        raise RedisUnreachable(f"cannot reach Redis at {mask_url(url)}: {reason}") from None
-    finally:
-        client.close()
 
 
 @dataclass
