@@ -334,3 +334,36 @@ def test_the_private_redis_keeps_its_secrets_off_argv(tmp_path: Path) -> None:
         assert password in again.redis_url
     finally:
         again.stop()
+
+
+# --- quiet logs
+def _record(name: str, level: int, msg: str, exc: BaseException | None = None) -> Any:
+    import logging
+
+    exc_info = (type(exc), exc, None) if exc is not None else None
+    return logging.LogRecord(name, level, __file__, 1, msg, None, exc_info)
+
+
+def test_per_task_chatter_is_dropped_at_info_and_failures_always_pass() -> None:
+    import logging
+
+    from worker.logs import OutageTracebackFilter, TaskChatterFilter
+
+    chatter = TaskChatterFilter()
+    logging.getLogger("celery.app.trace").setLevel(logging.INFO)
+    try:
+        assert not chatter.filter(_record("celery.app.trace", logging.INFO, "Task %(name)s ok"))
+        assert not chatter.filter(
+            _record("celery.beat", logging.INFO, "Scheduler: Sending due task %s (%s)")
+        )
+        assert chatter.filter(_record("celery.beat", logging.INFO, "beat: Starting..."))
+        assert chatter.filter(_record("celery.app.trace", logging.ERROR, "Task %(name)s raised"))
+        logging.getLogger("celery.app.trace").setLevel(logging.DEBUG)
+        assert chatter.filter(_record("celery.app.trace", logging.INFO, "Task %(name)s ok"))
+    finally:
+        logging.getLogger("celery.app.trace").setLevel(logging.NOTSET)
+
+    outage = _record("celery.beat", logging.ERROR, "Couldn't apply", redis.ConnectionError("x"))
+    assert OutageTracebackFilter().filter(outage) and outage.exc_info is None  # one line
+    bug = _record("celery.beat", logging.ERROR, "Couldn't apply", KeyError("x"))
+    assert OutageTracebackFilter().filter(bug) and bug.exc_info is not None  # keeps its traceback
