@@ -302,6 +302,7 @@ def test_memq_up_fails_at_once_on_an_unreachable_configured_redis(
     assert not (tmp_path / "data" / "redis").exists()  # no private Redis was started instead
 
 
+@pytest.mark.integration
 def test_the_private_redis_keeps_its_secrets_off_argv(tmp_path: Path) -> None:
     from memq.stack import Stack, StackOptions
 
