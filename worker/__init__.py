@@ -21,7 +21,9 @@ def __getattr__(name: str) -> Any:
         if built is None:
             from core.settings import load_settings
             from worker.celery_app import create_app
+            from worker.logs import install_quiet_logging
 
             built = create_app(load_settings())
+            install_quiet_logging()  # `celery -A worker.app` processes: no per-tick log lines
             globals()["app"] = built  # later lookups find it without coming back here
     return built

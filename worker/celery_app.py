@@ -39,7 +39,20 @@ def celery_config(settings: MemqSettings) -> dict[str, Any]:
     tick_expires = max(2 * settings.tick_seconds, 1.0)
     return {
         "broker_url": settings.effective_broker_url,
+        # A lost broker is retried for ever (at kombu's 2, 4, 6 … 30 s steps), at start and after
+        # a connection loss: a worker that gives up while Redis restarts helps nobody.
+        "broker_connection_retry": True,
         "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": None,
+        "broker_connection_timeout": 4.0,
+        "broker_transport_options": {
+            # Ping a pooled connection idle this long before use: a socket left over from
+            # before a Redis restart is replaced instead of failing the next command.
+            "health_check_interval": 10,
+            "socket_connect_timeout": 5.0,
+            "socket_keepalive": True,
+            "retry_on_timeout": True,
+        },
         "result_backend": None,
         "task_ignore_result": True,
         "task_serializer": "json",
@@ -47,10 +60,14 @@ def celery_config(settings: MemqSettings) -> dict[str, Any]:
         # One queue per key prefix: two memq deployments (or tests) on one broker never steal
         # each other's tasks.
         "task_default_queue": settings.key_prefix,
-        # A task whose worker dies is redelivered (after the visibility timeout); our lease and
-        # reaper recover the key much sooner, and the late copy finds its token stale.
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
+        # Acked when a run starts. Our claim lease and its reaper recover a context whose worker
+        # died (much sooner than the broker's one-hour visibility timeout), so a late ack buys
+        # nothing, and it costs a worker: kombu 5.7 crashes the consumer ("'NoneType' object has
+        # no attribute 'hostname'") when it must restore unacked messages after a Redis restart.
+        # Acked early, a run in flight during a restart has nothing to restore: it keeps going,
+        # saves when Redis is back, and the consumer reconnects.
+        "task_acks_late": False,
+        # Only acks-late tasks are cancelled; set so Celery's default change can't surprise us.
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "worker_prefetch_multiplier": 1,
         "worker_concurrency": settings.worker_concurrency,

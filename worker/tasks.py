@@ -73,7 +73,9 @@ class WorkerRuntime:
 
     def _base_locked(self) -> tuple[redis.Redis, QueueClient]:
         if self._redis is None or self._queue is None:
-            self._redis = redis_client(self.settings)
+            # Worker-side calls ride out a short Redis restart (a few seconds) instead of failing
+            # the run's settlement and leaving its context to wait for its lease.
+            self._redis = redis_client(self.settings, outage_retries=8)
             self._queue = QueueClient(self.settings, self._redis)
             self._pid = os.getpid()
         return self._redis, self._queue

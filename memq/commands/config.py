@@ -93,6 +93,10 @@ DESCRIPTIONS: dict[str, str] = {
         "data folder of `memq up` (the private Redis and its AOF); a relative path is made "
         "absolute at load"
     ),
+    "redis_appendfsync": (
+        "AOF fsync of the private Redis: `everysec` (may lose the last second on a crash of the "
+        "host) or `always` (fsync per write, slower)"
+    ),
     "flower_address": "address Flower binds to in `memq up`",
     "flower_port": "port of Flower in `memq up`",
     "flower_user": "Flower basic-auth user",

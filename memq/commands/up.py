@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from memq.commands.common import CommandContext, mask_url
 
@@ -14,12 +15,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Run the local stack in the foreground: a private redis-server with AOF in the data "
             "folder (unless MEMQ_REDIS_URL is set), a Celery worker, beat (the ticker) and Flower "
-            "with basic auth on 127.0.0.1. Ctrl-C or SIGTERM stops everything; if one process "
-            "dies, the others are stopped and the exit code is non-zero."
+            "with basic auth on 127.0.0.1. A process that dies is restarted (with back-off); one "
+            "that keeps crashing stops the stack with a non-zero exit. Ctrl-C or SIGTERM stops "
+            "everything, Redis last."
         ),
     )
     parser.add_argument("--no-flower", action="store_true", help="do not start Flower")
     parser.add_argument("--no-beat", action="store_true", help="do not start beat (the ticker)")
+    parser.add_argument(
+        "--no-exporter", action="store_true", help="do not start the Prometheus exporter"
+    )
     parser.add_argument("--loglevel", default="INFO", help="log level of the Celery processes")
     parser.set_defaults(run=run)
 
@@ -28,7 +33,12 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     from memq.stack import Stack, StackOptions, uses_private_redis
 
     settings = context.settings
-    options = StackOptions(flower=not args.no_flower, beat=not args.no_beat, loglevel=args.loglevel)
+    options = StackOptions(
+        flower=not args.no_flower,
+        beat=not args.no_beat,
+        exporter=not args.no_exporter,
+        loglevel=args.loglevel,
+    )
     stack = Stack(settings, options).start()
     where = "private redis-server, AOF in " + str(settings.data_dir / "redis")
     if not uses_private_redis(settings):
@@ -44,9 +54,12 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         if settings.flower_password is None:
             # Generated for this run only and shown once; set MEMQ_FLOWER_PASSWORD to fix it.
             lines.append(f"  Flower password (generated, shown once): {stack.flower_password}")
-    if uses_private_redis(settings) and stack.redis_url != settings.redis_url:
-        # The default port was taken: agents must be told where this Redis is.
-        lines.append(f"  agents: export MEMQ_REDIS_URL={stack.redis_url}")
+    if stack.redis_password_file is not None and stack.redis_server is not None:
+        # The private Redis wants its password: agents read it from the 0600 file, so the
+        # line can be pasted into a shell without the secret landing in the scrollback.
+        secret = f"$(cat {shlex.quote(str(stack.redis_password_file))})"
+        url = f"redis://:{secret}@127.0.0.1:{stack.redis_server.port}/0"
+        lines.append(f'  agents: export MEMQ_REDIS_URL="{url}"')
     lines.append("  Ctrl-C stops everything.")
     print("\n".join(lines), flush=True)
     return stack.supervise()
