@@ -125,6 +125,9 @@ class MemqSettings(BaseSettings):
 
     # --- running it
     data_dir: Path = Path(".memq")
+    # The private Redis of `memq up`: "always" fsyncs every write (a kill -9 or power loss loses no
+    # acknowledged turn, at a throughput cost); "everysec" may lose about the last second.
+    redis_appendfsync: Literal["everysec", "always"] = "everysec"
     flower_address: str = "127.0.0.1"
     flower_port: int = Field(default=5555, ge=0, le=65535)
     flower_user: str = "memq"

@@ -111,7 +111,9 @@ class Stack:
                 # (default) settings find this Redis without being told; else any free port.
                 preferred = port_if_free(urlsplit(self.settings.redis_url).port or 6379)
                 self.redis_server = RedisServer(
-                    Path(self.settings.data_dir) / "redis", port=preferred
+                    Path(self.settings.data_dir) / "redis",
+                    port=preferred,
+                    appendfsync=self.settings.redis_appendfsync,
                 ).start()
                 self.settings = self.settings.model_copy(
                     update={"redis_url": self.redis_server.url, "broker_url": None}

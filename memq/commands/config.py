@@ -76,6 +76,8 @@ DESCRIPTIONS: dict[str, str] = {
     "guaranteed_categories": "categories injected first from their own budget (comma-separated)",
     "guaranteed_token_budget": "that budget, in tokens",
     "data_dir": "data folder of `memq up` (the private Redis and its AOF)",
+    "redis_appendfsync": "AOF fsync of the private Redis of `memq up`: `always` loses no "
+    "acknowledged turn to a crash (slower), `everysec` may lose about the last second",
     "flower_address": "address Flower binds to in `memq up`",
     "flower_port": "port of Flower in `memq up`",
     "flower_user": "Flower basic-auth user",
