@@ -48,6 +48,7 @@ class TurnRecord:
     last_ack_ms: int | None = None
     spooled: bool = False  # the latest hand-over carrying it was spooled
     ever_spooled: bool = False
+    summarised: bool = False  # the agent's history dropped it after a flush (a summary)
 
 
 def now_ms() -> int:
@@ -127,6 +128,10 @@ def turn_once(
         else:
             record.spooled = record.ever_spooled = True
     if flush:
+        for message in conv.messages[:-KEEP_AFTER_SUMMARY]:
+            record = turns.get(message["id"][:-2])
+            if record is not None:
+                record.summarised = True
         del conv.messages[:-KEEP_AFTER_SUMMARY]
 
 

@@ -27,7 +27,15 @@ from pydantic import SecretStr
 from bench.soak.collect import dump_redis, read_dead_letters, read_documents, read_turns
 from bench.soak.faults import Fault, FaultRecord, schedule
 from bench.soak.model import ModelProfile, SoakModel
-from bench.soak.oracle import DocKey, LossWindow, OracleInput, StoredFact, Verdict, judge
+from bench.soak.oracle import (
+    DocKey,
+    LossWindow,
+    OracleInput,
+    StoredFact,
+    Turn,
+    Verdict,
+    judge,
+)
 from core.connection import redis_client
 from core.keys import KeySchema
 from core.settings import MemqSettings
@@ -80,6 +88,7 @@ class SoakResult:
     model_outcomes: dict[str, int]
     drained: bool
     documents: dict[DocKey, list[StoredFact]] = field(default_factory=dict)
+    turns: list[Turn] = field(default_factory=list)
     redis_dump: dict[str, str] = field(default_factory=dict)
     loss_windows: list[LossWindow] = field(default_factory=list)
     started_ms: int = 0
@@ -546,6 +555,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             model_outcomes=dict(stack.model.outcomes),
             drained=drained,
             documents=documents,
+            turns=turns,
             redis_dump=dump,
             loss_windows=list(stack.loss_windows),
             started_ms=stack.started_ms,

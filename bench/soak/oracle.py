@@ -44,7 +44,8 @@ class Turn:
     produced_ms: int  # wall clock when the turn was handed over
     acked: bool  # Redis took a hand-over that carried it (else it was only spooled)
     last_ack_ms: int | None = None  # the last acknowledged hand-over that carried it
-    spooled: bool = False  # at least one hand-over carrying it was spooled
+    spooled: bool = False  # its latest hand-over was spooled (the producer must replay it)
+    summarised: bool = False  # the agent's history then dropped it: only a flush carried it last
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,11 @@ class Verdict:
     unknown_markers: list[tuple[str, DocKey]] = field(default_factory=list)
     invalid_documents: list[tuple[DocKey, str]] = field(default_factory=list)
     forgotten_leaks: list[str] = field(default_factory=list)  # where a forgotten user survives
-    lags_ms: list[int] = field(default_factory=list)  # hand-over -> fact stored, per extraction
+    lag_by_marker: dict[str, int] = field(default_factory=dict)  # hand-over -> fact stored
+
+    @property
+    def lags_ms(self) -> list[int]:
+        return list(self.lag_by_marker.values())
 
     @property
     def failures(self) -> list[str]:
@@ -178,7 +183,8 @@ def judge(data: OracleInput) -> Verdict:
         if copies >= 1:
             verdict.extracted += 1
             if turn.marker in first_stored:
-                verdict.lags_ms.append(max(0, first_stored[turn.marker] - turn.produced_ms))
+                lag = max(0, first_stored[turn.marker] - turn.produced_ms)
+                verdict.lag_by_marker[turn.marker] = lag
         if copies > 1:
             verdict.duplicated[turn.marker] = copies
         if copies == 0:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import platform
+import re
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,6 +39,8 @@ def _nearest_fault(result: SoakResult, ms: int | None) -> str:
 
 def _lost_line(result: SoakResult, turn: Turn) -> str:
     ack = f"acked {_when(result, turn.last_ack_ms)}" if turn.acked else "spooled only"
+    if turn.summarised:
+        ack += ", then summarised away by its agent (its last hand-over was a flush)"
     return (
         f"  - {turn.marker} user={turn.user} agent={turn.agent} thread={turn.thread}, "
         f"produced {_when(result, turn.produced_ms)}, {ack}"
@@ -117,9 +121,25 @@ def render(result: SoakResult) -> list[str]:
                 for _, fact in copies
             )
             lines.append(f"  - {marker} in {copies[0][0] if copies else '?'}: {shown}")
+    if v.lost:
+        summarised = sum(t.summarised for t in v.lost)
+        lines.append(
+            f"  ({summarised} of {len(v.lost)} lost turns were last carried by a flush, then "
+            "dropped from the agent's history by a summary)"
+        )
     if v.forgotten_leaks:
+        lines += ["", "Traces of forgotten users, by kind:"]
+        lines += [f"  - {n} x {kind}" for kind, n in leak_kinds(v.forgotten_leaks).most_common()]
         lines += ["", "Traces of forgotten users (first 10):"]
         lines += [f"  - {leak}" for leak in v.forgotten_leaks[:10]]
+    slowest = sorted(v.lag_by_marker.items(), key=lambda item: -item[1])[:5]
+    if slowest:
+        turns = {t.marker: t for t in result.turns}
+        lines += ["", "Slowest extractions (hand-over -> fact stored):"]
+        for marker, lag in slowest:
+            turn = turns.get(marker)
+            produced = turn.produced_ms if turn else None
+            lines.append(f"  - {marker}: {lag / 1000:.1f} s{_nearest_fault(result, produced)}")
     if v.invalid_documents:
         lines += ["", "Invalid documents (first 5):"]
         lines += [f"  - {key}: {why}" for key, why in v.invalid_documents[:5]]
@@ -127,6 +147,19 @@ def render(result: SoakResult) -> list[str]:
         lines += ["", "Misplaced markers (first 5):"]
         lines += [f"  - {m} in {key}" for m, key in v.misplaced[:5]]
     return lines
+
+
+_USER = re.compile(r"su-[0-9a-f]{8}")
+_THREAD = re.compile(r"th-\d+")
+
+
+def leak_kinds(leaks: list[str]) -> Counter[str]:
+    """Leaks grouped by the shape of the key that holds them (ids replaced by placeholders)."""
+    kinds: Counter[str] = Counter()
+    for leak in leaks:
+        shape = _THREAD.sub("<thread>", _USER.sub("<user>", MARKER.sub("<marker>", leak)))
+        kinds[shape.split(" holds ")[0]] += 1
+    return kinds
 
 
 def _counters(stats: dict[str, object]) -> str:
