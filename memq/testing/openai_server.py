@@ -59,6 +59,19 @@ def completion_body(reply: Reply, model: str) -> dict[str, Any]:
     }
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A client that went away mid-request (a worker killed, a timeout) is not an error here."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
+
+
 class ScriptedOpenAI:
     def __init__(self, responder: Callable[[dict[str, Any]], Reply] | None = None) -> None:
         self.responder = responder or (lambda request: Reply(content=EMPTY_UPDATE))
@@ -125,8 +138,7 @@ class ScriptedOpenAI:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
