@@ -53,7 +53,8 @@ def render(result: SoakResult) -> list[str]:
     v, c = result.verdict, result.config
     stats = result.producer_stats
     extractions = int(result.queue_stats.get("metrics", {}).get("extractions", 0))
-    calls_per = result.model_calls / extractions if extractions else float("nan")
+    answered = int(result.model_outcomes.get("ok", 0))
+    calls_per = result.model_calls / answered if answered else float("nan")
     lags = v.lags_ms
     lines = [
         f"## Soak {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: "
@@ -73,8 +74,9 @@ def render(result: SoakResult) -> list[str]:
         f"- **lost {len(v.lost)}**, lost within a Redis loss window {len(v.lost_in_window)}, "
         f"**duplicated {len(v.duplicated)}**, misplaced {len(v.misplaced)}, invalid documents "
         f"{len(v.invalid_documents)}, traces of forgotten users {len(v.forgotten_leaks)}",
-        f"- LLM calls {result.model_calls} for {extractions} extraction runs "
-        f"({calls_per:.2f} calls per extracted version); model outcomes "
+        f"- LLM calls {result.model_calls}, {answered} answered: {calls_per:.2f} calls per "
+        f"extracted version (retries of faults included); {extractions} completed extraction "
+        f"runs (a run with nothing new calls no model); model outcomes "
         f"{dict(sorted(result.model_outcomes.items()))}",
         f"- extraction lag (hand-over -> fact stored): p50 {_fmt_ms(percentile(lags, 50))}, "
         f"p99 {_fmt_ms(percentile(lags, 99))}, max {_fmt_ms(max(lags) if lags else None)}",
