@@ -82,6 +82,7 @@ class SoakResult:
     config: SoakConfig
     verdict: Verdict
     faults: list[FaultRecord]
+    crashes: list[FaultRecord]
     producer_stats: dict[str, Any]
     queue_stats: dict[str, Any]
     model_calls: int
@@ -161,6 +162,8 @@ class Stack:
         self.started_ms = 0
         self._settings: MemqSettings | None = None
         self._kills = 0
+        self.crashes: list[FaultRecord] = []  # processes that exited on their own
+        self._watching = threading.Event()
         self._first_kill = self.rng.randrange(2)
         self._lock = threading.Lock()
 
@@ -326,7 +329,8 @@ class Stack:
     def perform(self, fault: Fault) -> FaultRecord:
         record = FaultRecord(fault, started_ms=now_ms())
         action = getattr(self, f"_fault_{fault.kind}")
-        action(record)
+        with self._lock:  # the watchdog must not restart what a fault is restarting
+            action(record)
         self.say(f"fault {fault.kind}: {record.detail}")
         return record
 
@@ -465,6 +469,51 @@ class Stack:
 
         threading.Thread(target=watch, daemon=True).start()
 
+    # --- a supervisor for what dies on its own
+    def watch(self) -> None:
+        """Restart, like a supervisor, any worker or beat that exits without being killed by a
+        fault, and record it with the last error line of its log (a finding, not a fault)."""
+        self._watching.set()
+
+        def loop() -> None:
+            while self._watching.is_set():
+                with self._lock:
+                    if not self._watching.is_set():
+                        return
+                    for group in (self.workers, self.beats):
+                        for index, proc in enumerate(group):
+                            if not proc.alive():
+                                self._revive(group, index, proc)
+                time.sleep(0.5)  # wait-ok: the supervisor's polling interval
+
+        threading.Thread(target=loop, name="soak-supervisor", daemon=True).start()
+
+    def unwatch(self) -> None:
+        self._watching.clear()
+        with self._lock:  # a restart in progress finishes first
+            pass
+
+    def _revive(self, group: list[CeleryProcess], index: int, proc: CeleryProcess) -> None:
+        code = proc.process.returncode
+        errors = [
+            line.strip()
+            for line in proc.log_text().splitlines()
+            if "CRITICAL" in line or "Unrecoverable" in line or line.startswith("AttributeError")
+        ]
+        record = FaultRecord(Fault(0.0, f"{proc.role}_crash"), started_ms=now_ms())
+        try:
+            group[index] = self.procs.restart(proc)
+            record.detail = (
+                f"{proc.role} {proc.pid} exited on its own (code {code}): "
+                f"{errors[-1][:200] if errors else 'see its log ' + proc.log_path.name}; "
+                f"restarted as {group[index].pid}"
+            )
+            record.recovered_ms = now_ms()
+        except Exception as exc:
+            record.detail = f"{proc.role} {proc.pid} exited (code {code}); restart failed: {exc!r}"
+        self.crashes.append(record)
+        self.say(f"UNPLANNED: {record.detail}")
+
     # --- the end
     def drain(self) -> bool:
         """Wait until nothing is due or in flight (retries with back-off included)."""
@@ -501,6 +550,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             f"{len(faults)} faults scheduled"
         )
         begin = time.monotonic()
+        stack.watch()
         for fault in faults:
             wait = begin + fault.at_seconds - time.monotonic()
             if wait > 0:
@@ -520,6 +570,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
         stack.say("waiting for the queue to drain")
         drained = stack.drain()
         stack.say("drained" if drained else "NOT drained within the timeout")
+        stack.unwatch()
         turns, producer_stats = read_turns(stack.control)
         client = stack.client()
         try:
@@ -549,6 +600,7 @@ def run_soak(config: SoakConfig) -> SoakResult:
             config=config,
             verdict=verdict,
             faults=records,
+            crashes=list(stack.crashes),
             producer_stats=producer_stats,
             queue_stats=queue_stats,
             model_calls=stack.model.calls,

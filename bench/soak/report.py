@@ -30,7 +30,7 @@ def _where(result: SoakResult, marker: str) -> str:
 def _nearest_fault(result: SoakResult, ms: int | None) -> str:
     if ms is None:
         return ""
-    before = [r for r in result.faults if r.started_ms <= ms]
+    before = [r for r in result.faults if r.started_ms <= ms and "crash" not in r.fault.kind]
     if not before:
         return ""
     last = before[-1]
@@ -101,6 +101,12 @@ def render(result: SoakResult) -> list[str]:
             f"{'not recovered' if took is None else f'{took:.1f} s'} "
             f"{'; '.join(record.notes)} |"
         )
+    if result.crashes:
+        lines += ["", "Processes that exited on their own (restarted by the harness):"]
+        lines += [
+            f"- {_when(result, r.started_ms)} {r.detail}{_nearest_fault(result, r.started_ms)}"
+            for r in result.crashes
+        ]
     if v.failures:
         lines += ["", "Failures:"] + [f"- {line}" for line in v.failures]
     if v.lost:
