@@ -44,7 +44,7 @@ def schedule(duration_seconds: float, lease_seconds: float) -> list[Fault]:
     kill_every = min(60.0, d / 3)
     faults = []
     at = kill_every * 0.5
-    while at < d * 0.95:
+    while at < d:
         faults.append(Fault(at, "worker_kill"))
         at += kill_every
     faults += [
