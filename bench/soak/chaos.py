@@ -42,8 +42,18 @@ def forget_user(settings: MemqSettings, user_id: str) -> str:
                 "redis": client,
                 "client": client,
             }
-            params = inspect.signature(erase).parameters
-            erase(**{name: known[name] for name in params if name in known})
+            signature = inspect.signature(erase)
+            unknown = [
+                name
+                for name, param in signature.parameters.items()
+                if name not in known and param.default is inspect.Parameter.empty
+            ]
+            if unknown:
+                raise TypeError(
+                    f"storage.erasure.erase{signature}: no value for {', '.join(unknown)}; "
+                    "teach bench/soak/chaos.py:forget_user how to call it"
+                )
+            erase(**{name: known[name] for name in signature.parameters if name in known})
         finally:
             client.close()
         return "storage.erasure.erase"
