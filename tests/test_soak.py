@@ -28,7 +28,7 @@ def test_short_soak_holds_the_invariants_under_faults(tmp_path: Path) -> None:
         threads=120,
         users=30,
         agents=3,
-        producers=3,
+        producers=2,
         appendfsync="always",
         prefork_concurrency=2,
         thread_concurrency=4,
