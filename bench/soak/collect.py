@@ -91,9 +91,24 @@ def read_documents(
                 for fact in doc.facts
             ]
             text = client.hget(keys.memory_document(user, agent), "doc")
-            if text is not None:
-                raw[(user, agent)] = _text(text)
+            if text is None:
+                text = _find_raw_document(client, user, agent)
+            raw[(user, agent)] = (
+                _text(text)
+                if text is not None
+                else f"<no stored text found for this document: adapt {__name__} to the key layout>"
+            )
     return documents, raw
+
+
+def _find_raw_document(client: redis.Redis, user: str, agent: str | None) -> Any:
+    """The ``doc`` field of any hash whose name holds the pair (the key layout may have moved)."""
+    for key in client.scan_iter(match=f"*{user}*{agent or ''}*", count=1000):
+        if _text(client.type(key)) == "hash":
+            text = client.hget(key, "doc")
+            if text is not None:
+                return text
+    return None
 
 
 def read_dead_letters(queue: QueueClient) -> list[DeadLetter]:
