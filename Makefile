@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit lint format typecheck bench demo up clean
+.PHONY: setup test unit lint format typecheck bench demo up clean soak
 
 setup: $(VENV)/.installed
 
@@ -43,3 +43,9 @@ up: setup
 
 clean:
 	rm -rf $(VENV) .memq .pytest_cache .mypy_cache .ruff_cache
+
+# The chaos soak (issue 11): the whole stack under load and faults, then the oracle; exit 1 on any
+# lost, duplicated or invalid item. SOAK_ARGS="--minutes 30 --appendfsync always --report".
+SOAK_ARGS ?=
+soak: setup
+	$(PY) -m bench.soak $(SOAK_ARGS)

@@ -137,7 +137,7 @@ def machine_info(env: BenchEnv) -> dict[str, str]:
 @contextmanager
 def scripted_llm(responder: Callable[[dict[str, Any]], Any] | None = None) -> Iterator[Any]:
     """The scripted OpenAI-compatible server of the tests, on loopback, always stopped."""
-    from tests.support.openai_server import ScriptedOpenAI
+    from memq.testing.openai_server import ScriptedOpenAI
 
     server = ScriptedOpenAI(responder).start()
     try:
@@ -169,7 +169,7 @@ def celery_stack(
 ) -> Iterator[Any]:
     """Real ``celery worker`` (threads pool) and ``beat`` processes with ``settings``, started
     with the tests' helper and always stopped (SIGTERM, then SIGKILL), Ctrl-C included."""
-    from tests.support.celery_procs import CeleryProcs, memq_env
+    from memq.testing.celery_procs import CeleryProcs, memq_env
 
     procs = CeleryProcs(env.work_dir / "celery" / settings.key_prefix)
     variables = memq_env(settings)
@@ -184,6 +184,6 @@ def celery_stack(
 
 
 def start_beat(procs: Any, settings: MemqSettings) -> None:
-    from tests.support.celery_procs import memq_env
+    from memq.testing.celery_procs import memq_env
 
     procs.start_beat(memq_env(settings))

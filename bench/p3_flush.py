@@ -8,8 +8,8 @@ import random
 import time
 
 from bench.common import BenchEnv, Result, celery_stack, llm_settings, percentile, scripted_llm
+from memq.testing.waiting import wait_for
 from producer.producer import MemoryProducer
-from tests.support.waiting import wait_for
 
 TICK_SECONDS = 1.0
 

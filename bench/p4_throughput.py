@@ -12,9 +12,9 @@ import time
 from typing import Any
 
 from bench.common import BenchEnv, Result, celery_stack, llm_settings, scripted_llm, start_beat
+from memq.testing.openai_server import Reply
+from memq.testing.waiting import wait_for
 from producer.producer import MemoryProducer
-from tests.support.openai_server import Reply
-from tests.support.waiting import wait_for
 from worker.queue import QueueClient
 
 LLM_SECONDS = 0.2

@@ -4,8 +4,8 @@ Baseline: DeerFlow's per-turn update, one call per turn. Real beat + worker + sc
 from __future__ import annotations
 
 from bench.common import BenchEnv, Result, celery_stack, llm_settings, scripted_llm
+from memq.testing.waiting import wait_for
 from producer.producer import MemoryProducer
-from tests.support.waiting import wait_for
 from worker.queue import QueueClient
 
 TURNS = 10

@@ -30,13 +30,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO, Any
+from typing import IO
 from urllib.parse import urlsplit
 
-from pydantic import SecretStr
-
 from core.errors import MemqError
-from core.settings import MemqSettings
+from core.settings import MemqSettings, settings_env
 from memq.redis_server import (
     RedisServer,
     check_reachable,
@@ -54,26 +52,6 @@ REDIS_CHILD = "redis"
 
 class ChildDied(MemqError, RuntimeError):
     """A process of the stack kept crashing; the stack gave up."""
-
-
-def settings_env(settings: MemqSettings) -> dict[str, str]:
-    """Every setting as a ``MEMQ_*`` variable, so children see exactly the supervisor's settings
-    (including values passed as keyword arguments, e.g. the demo's short debounce)."""
-    env: dict[str, str] = {}
-    for name in type(settings).model_fields:
-        value: Any = getattr(settings, name)
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        elif isinstance(value, tuple):
-            value = ",".join(value)
-        elif isinstance(value, Path):
-            value = str(value.resolve())
-        elif isinstance(value, bool):
-            value = "true" if value else "false"
-        env[f"MEMQ_{name.upper()}"] = str(value)
-    return env
 
 
 def uses_private_redis(settings: MemqSettings) -> bool:

@@ -1,218 +1,27 @@
-"""Real `celery -A worker.app worker` and `celery -A worker.app beat` subprocesses for end-to-end
-and reliability tests.
+"""The ``celery_procs`` fixture; the process helpers live in :mod:`memq.testing.celery_procs`.
 
-    procs = CeleryProcs(log_dir=tmp_path)
-    worker = procs.start_worker(env, concurrency=4, pool="threads")  # returns once it is ready
-    procs.start_beat(env)
-    ...
-    worker.kill()            # SIGKILL a worker mid-task (reliability tests)
-    procs.stop()             # SIGTERM, then SIGKILL after a bounded wait, for everything started
-
-The ``celery_procs`` fixture (registered in conftest.py) stops them at teardown. ``env`` holds the
-MEMQ_* variables (see :func:`memq_env`); the rest of the environment is inherited
-except the developer's own MEMQ_* and OpenAI settings. Each process runs in its own session so
-the whole group (prefork children included) is signalled, never anything we did not start.
+procs = CeleryProcs(log_dir=tmp_path)
+worker = procs.start_worker(env, concurrency=4, pool="threads")  # returns once it is ready
+procs.start_beat(env)
+worker.kill()            # SIGKILL a worker mid-task (reliability tests)
+procs.stop()             # SIGTERM, then SIGKILL after a bounded wait, for everything started
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
-import sys
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from core.settings import MemqSettings
-from tests.support.waiting import wait_for
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-READY_TIMEOUT_SECONDS = 30.0
-STOP_TIMEOUT_SECONDS = 10.0
-
-
-def memq_env(settings: MemqSettings, **extra: str) -> dict[str, str]:
-    """The MEMQ_* variables that make a subprocess build the same settings as ``settings``."""
-    names = (
-        "redis_url",
-        "broker_url",
-        "key_prefix",
-        "shards",
-        "redis_max_connections",
-        "storage",
-        "storage_dir",
-        "data_dir",
-        "debounce_seconds",
-        "max_delay_seconds",
-        "tick_seconds",
-        "lease_seconds",
-        "max_attempts",
-        "claim_batch",
-        "max_inflight",
-        "max_inflight_per_user",
-        "run_time_limit_seconds",
-        "dead_retention_days",
-        "context_retention_days",
-        "retry_backoff_seconds",
-        "retry_backoff_max_seconds",
-        "llm_provider",
-        "llm_base_url",
-        "llm_model",
-        "llm_timeout_seconds",
-        "llm_max_retries",
-        "token_counting",
-    )
-    env: dict[str, str] = {}
-    for name in names:
-        value = getattr(settings, name)
-        if value is not None:
-            env[f"MEMQ_{name.upper()}"] = (
-                str(value).lower() if isinstance(value, bool) else str(value)
-            )
-    if settings.llm_api_key is not None:
-        env["MEMQ_LLM_API_KEY"] = settings.llm_api_key.get_secret_value()
-    env.update(extra)
-    return env
-
-
-class CeleryProcess:
-    """One celery subprocess with its log file."""
-
-    def __init__(self, role: str, args: list[str], env: Mapping[str, str], log_path: Path) -> None:
-        self.role = role
-        self.log_path = log_path
-        full_env = {
-            name: value
-            for name, value in os.environ.items()
-            if not name.startswith("MEMQ_") and name not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")
-        }
-        full_env.update(env)
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
-        )
-        full_env["PYTHONUNBUFFERED"] = "1"
-        self._log = log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "worker.app", *args],
-            cwd=REPO_ROOT,
-            env=full_env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def wait_for_log(self, needle: str, timeout: float = READY_TIMEOUT_SECONDS) -> None:
-        def seen() -> bool:
-            if not self.alive():
-                code = self.process.returncode
-                raise AssertionError(
-                    f"celery {self.role} exited ({code}):\n{self.log_text()[-3000:]}"
-                )
-            return needle in self.log_text()
-
-        wait_for(seen, timeout=timeout, interval=0.05, what=f"celery {self.role}: {needle!r}")
-
-    def signal_group(self, sig: signal.Signals, *, even_if_exited: bool = False) -> None:
-        """Signal the process group this process leads (its prefork children too)."""
-        if self.alive() or even_if_exited:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, sig)
-
-    def kill(self) -> None:
-        """SIGKILL at once (a crashed host): no warm shutdown, no ack of running tasks."""
-        self.signal_group(signal.SIGKILL)
-        self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
-
-    def stop(self, timeout: float = STOP_TIMEOUT_SECONDS) -> None:
-        """SIGTERM (warm shutdown), then SIGKILL if it has not exited within ``timeout``."""
-        self.signal_group(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.signal_group(signal.SIGKILL)
-            self.process.wait(timeout=timeout)
-        # Prefork children may outlive a killed parent for a moment; the group goes with it.
-        self.signal_group(signal.SIGKILL, even_if_exited=True)
-        self._log.close()
-
-
-class CeleryProcs:
-    """Starts and always stops the celery processes of one test."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = Path(log_dir)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.processes: list[CeleryProcess] = []
-
-    def start_worker(
-        self,
-        env: Mapping[str, str],
-        concurrency: int = 2,
-        pool: str = "threads",
-        *,
-        extra_args: tuple[str, ...] = (),
-    ) -> CeleryProcess:
-        """Start a worker and return once it consumes (its "ready." line is logged)."""
-        name = f"memq-test-{uuid.uuid4().hex[:8]}@%h"
-        proc = self._start(
-            "worker",
-            [
-                "worker",
-                f"--pool={pool}",
-                f"--concurrency={concurrency}",
-                "--loglevel=INFO",
-                f"--hostname={name}",
-                # No cluster chatter: mingle alone waits a second for replies at start.
-                "--without-mingle",
-                "--without-gossip",
-                *extra_args,
-            ],
-            env,
-        )
-        proc.wait_for_log(" ready.")
-        return proc
-
-    def start_beat(self, env: Mapping[str, str]) -> CeleryProcess:
-        """Start beat and return once its scheduler runs."""
-        proc = self._start("beat", ["beat", "--loglevel=INFO"], env)
-        proc.wait_for_log("beat: Starting")
-        return proc
-
-    def stop(self) -> None:
-        """Stop everything started, newest first; beat before the workers it feeds."""
-        errors: list[BaseException] = []
-        for proc in reversed(self.processes):
-            try:
-                proc.stop()
-            except BaseException as exc:  # keep stopping the others
-                errors.append(exc)
-        self.processes.clear()
-        if errors:
-            raise errors[0]
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.role} {p.pid}\n{p.log_text()[-4000:]}" for p in self.processes)
-
-    def _start(self, role: str, args: list[str], env: Mapping[str, str]) -> CeleryProcess:
-        index = len(self.processes)
-        proc = CeleryProcess(role, args, env, self.log_dir / f"celery-{role}-{index}.log")
-        self.processes.append(proc)
-        return proc
+from memq.testing.celery_procs import (
+    READY_TIMEOUT_SECONDS,
+    REPO_ROOT,
+    STOP_TIMEOUT_SECONDS,
+    CeleryProcess,
+    CeleryProcs,
+    memq_env,
+)
 
 
 @pytest.fixture
@@ -224,4 +33,12 @@ def celery_procs(tmp_path: Path) -> Iterator[CeleryProcs]:
         procs.stop()
 
 
-__all__ = ["CeleryProcess", "CeleryProcs", "celery_procs", "memq_env"]
+__all__ = [
+    "READY_TIMEOUT_SECONDS",
+    "REPO_ROOT",
+    "STOP_TIMEOUT_SECONDS",
+    "CeleryProcess",
+    "CeleryProcs",
+    "celery_procs",
+    "memq_env",
+]

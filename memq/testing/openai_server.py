@@ -1,0 +1,176 @@
+"""A scripted OpenAI-compatible HTTP server on loopback for tests and benchmarks.
+
+The real `openai` client talks HTTP to it. Each request is recorded; the reply comes from a queue of
+scripted :class:`Reply` objects, else from ``responder(request_json)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Reply:
+    content: str | None = None  # assistant message text (a 200 completion)
+    status: int = 200
+    body: Any = None  # raw JSON body or bytes, overrides content
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_seconds: float = 0.0
+    prompt_tokens: int = 100
+    completion_tokens: int = 20
+
+
+EMPTY_UPDATE = json.dumps(
+    {
+        "user": {},
+        "history": {},
+        "newFacts": [],
+        "factsToRemove": [],
+    }
+)
+
+
+def completion_body(reply: Reply, model: str) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-scripted",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": reply.content},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": reply.prompt_tokens,
+            "completion_tokens": reply.completion_tokens,
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+        },
+    }
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """A client that went away mid-request (a worker killed, a timeout) is not an error here."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
+
+
+class ScriptedOpenAI:
+    def __init__(self, responder: Callable[[dict[str, Any]], Reply] | None = None) -> None:
+        self.responder = responder or (lambda request: Reply(content=EMPTY_UPDATE))
+        self.replies: deque[Reply] = deque()
+        self.requests: list[dict[str, Any]] = []
+        self.request_times: list[float] = []
+        self.lock = threading.Lock()
+        self.auth_headers: list[str | None] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes: without this, Nagle + the client's delayed
+            # ACK add ~40 ms to every reply (a scripted 200 ms LLM answered in 244 ms).
+            disable_nagle_algorithm = True
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:  # /v1/models, used by `memq doctor`
+                body = json.dumps(
+                    {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
+                )
+                self._send(200, body.encode(), {})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                raw = self.rfile.read(length)
+                try:
+                    request = json.loads(raw or b"{}")
+                except ValueError:
+                    request = {}
+                with server.lock:
+                    server.requests.append(request)
+                    server.request_times.append(time.monotonic())
+                    server.auth_headers.append(self.headers.get("Authorization"))
+                    reply = server.replies.popleft() if server.replies else None
+                if reply is None:
+                    reply = server.responder(request)
+                if reply.delay_seconds:
+                    time.sleep(reply.delay_seconds)
+                if isinstance(reply.body, bytes):
+                    payload = reply.body
+                elif reply.body is not None:
+                    payload = json.dumps(reply.body).encode()
+                elif reply.status == 200:
+                    payload = json.dumps(
+                        completion_body(reply, str(request.get("model", "scripted")))
+                    ).encode()
+                else:
+                    payload = json.dumps(
+                        {"error": {"message": f"scripted {reply.status}", "type": "scripted"}}
+                    ).encode()
+                # the client may have given up already (timeout tests)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self._send(reply.status, payload, reply.headers)
+
+            def _send(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(payload)
+
+        self.httpd = _QuietServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> ScriptedOpenAI:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def script(self, *replies: Reply) -> None:
+        with self.lock:
+            self.replies.extend(replies)
+
+    @property
+    def call_count(self) -> int:
+        with self.lock:
+            return len(self.requests)
+
+    def prompts(self) -> list[str]:
+        """The text of every message of every request, joined per request."""
+        with self.lock:
+            return [
+                "\n".join(str(m.get("content", "")) for m in r.get("messages", []))
+                for r in self.requests
+            ]
