@@ -169,7 +169,9 @@ def test_two_beats_make_one_llm_call_per_version(
 
     runs = _EXTRACTED.findall(worker.log_text())
     versions = {(key, version) for key, version, _ in runs}
-    assert len(runs) == len(versions) == contexts * 3 // 2, celery_procs.logs()
+    # Never one version extracted twice. (A loaded machine can split a thread's two quick turns
+    # over two versions when the second comes after the debounce: more versions, never repeats.)
+    assert len(runs) == len(versions) >= contexts * 3 // 2, celery_procs.logs()
     assert openai_server.call_count == len(versions)
     assert queue.stats()["metrics"]["extractions"] == len(versions)
     assert all(facts_of(settings, f"b{n}") == [fact_for(f"item-{n}")] for n in range(contexts))
