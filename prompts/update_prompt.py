@@ -187,34 +187,71 @@ def build_update_prompt(
         count_tokens=count_tokens,
         shrink=False,
     )
-    parts = [f"<current_memory>\n{prompt_json(memory_for_prompt(memory))}\n</current_memory>"]
-    if shown_before.messages:
-        parts.append(
-            f"{EARLIER_NOTE}\n<earlier_messages>\n{shown_before.text}\n</earlier_messages>"
-        )
-    parts.append(f"<conversation>\n{conversation.text}\n</conversation>")
-    hints = [
-        h for h, on in ((CORRECTION_HINT, correction), (REINFORCEMENT_HINT, reinforcement)) if on
-    ]
-    if hints:
-        parts.append("\n".join(hints))
-    stale = stale_candidates(memory, settings, now)
-    if not should_review(stale, settings):
-        stale = []
-    if stale:
-        parts.append(render_staleness_section(stale, settings))
-    groups = qualifying_groups(memory, settings) if settings.consolidation_enabled else []
-    if groups:
-        parts.append(render_consolidation_section(groups, settings))
-    parts.append("Answer with the JSON object only.")
+    reviews = review_sections(memory, settings, now)
+    user = render_user_message(
+        memory,
+        conversation.text,
+        earlier=shown_before.text if shown_before.messages else "",
+        sections=[*signal_hints(correction, reinforcement), *reviews.sections],
+    )
     return UpdatePrompt(
         system=SYSTEM_PROMPT,
-        user="\n\n".join(parts),
+        user=user,
         conversation=conversation.messages,
         correction=correction,
         reinforcement=reinforcement,
         messages_dropped=conversation.dropped,
         earlier_shown=len(shown_before.messages),
-        stale_candidates_shown=len(stale),
-        consolidation_groups_shown=min(len(groups), settings.consolidation_max_groups_per_cycle),
+        stale_candidates_shown=reviews.stale_shown,
+        consolidation_groups_shown=reviews.groups_shown,
     )
+
+
+def signal_hints(correction: bool, reinforcement: bool) -> list[str]:
+    """The signal section (one, or none when neither signal is on)."""
+    hints = [
+        h for h, on in ((CORRECTION_HINT, correction), (REINFORCEMENT_HINT, reinforcement)) if on
+    ]
+    return ["\n".join(hints)] if hints else []
+
+
+@dataclass(frozen=True)
+class Reviews:
+    """The optional review sections of one prompt, and how much each shows."""
+
+    sections: list[str]
+    stale_shown: int = 0
+    groups_shown: int = 0
+
+
+def review_sections(memory: MemoryDocument, settings: MemqSettings, now: datetime) -> Reviews:
+    """The staleness review (when enough facts are old enough) and the consolidation review (when
+    enabled and a category is crowded), in that order."""
+    stale = stale_candidates(memory, settings, now)
+    if not should_review(stale, settings):
+        stale = []
+    groups = qualifying_groups(memory, settings) if settings.consolidation_enabled else []
+    sections = []
+    if stale:
+        sections.append(render_staleness_section(stale, settings))
+    if groups:
+        sections.append(render_consolidation_section(groups, settings))
+    return Reviews(
+        sections,
+        stale_shown=len(stale),
+        groups_shown=min(len(groups), settings.consolidation_max_groups_per_cycle),
+    )
+
+
+def render_user_message(
+    memory: MemoryDocument, conversation: str, *, earlier: str, sections: Sequence[str]
+) -> str:
+    """Memory, earlier messages (if any), the conversation, then ``sections``, then the closing
+    instruction; ``conversation`` and ``earlier`` are already rendered and escaped."""
+    parts = [f"<current_memory>\n{prompt_json(memory_for_prompt(memory))}\n</current_memory>"]
+    if earlier:
+        parts.append(f"{EARLIER_NOTE}\n<earlier_messages>\n{earlier}\n</earlier_messages>")
+    parts.append(f"<conversation>\n{conversation}\n</conversation>")
+    parts.extend(sections)
+    parts.append("Answer with the JSON object only.")
+    return "\n\n".join(parts)

@@ -94,6 +94,42 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> MemoryDocument:
     return document
 
 
+def refuse_duplicate(document: MemoryDocument, fact: Fact) -> None:
+    """Raise :class:`DuplicateFact` when a fact with ``fact``'s content (case-folded) is stored."""
+    key = fact.content.casefold()
+    if any(f.content.strip().casefold() == key for f in document.facts):
+        raise DuplicateFact(f"a fact with this content is already stored: {fact.content!r:.80}")
+
+
+def append_capped(
+    document: MemoryDocument, fact: Fact, max_facts: int | None
+) -> tuple[UpdateResult, bool]:
+    """Append a hand-added ``fact``, then apply the fact cap as an extraction would; the update
+    (an ``add`` change unless the cap evicted ``fact`` itself, an ``evict`` per other fact it
+    evicted) and whether ``fact`` was kept."""
+    document.facts.append(fact)
+    evicted: list[Fact] = []
+    if max_facts is not None:
+        document.facts, evicted = evict_over_cap(document.facts, max_facts)
+    kept = all(f is not fact for f in evicted)
+    changes = (
+        [Change(action="add", fact_id=fact.id, content=fact.content, reason="added by hand")]
+        if kept
+        else []
+    )
+    changes += [
+        Change(
+            action="evict",
+            fact_id=f.id,
+            content=f.content,
+            reason=f"over max_facts={max_facts}, lowest confidence ({f.confidence:.2f})",
+        )
+        for f in evicted
+        if f is not fact
+    ]
+    return UpdateResult(document, changes), kept
+
+
 class MemoryManager:
     """Fact CRUD, search, export/import, clear and forget over a :class:`MemoryStorage`.
 
@@ -174,42 +210,13 @@ class MemoryManager:
             source="manual",
             source_error=source_error,
         )
-
         kept: list[bool] = [True]
 
         def add(document: MemoryDocument) -> UpdateResult:
-            key = fact.content.casefold()
-            if reject_duplicate and any(
-                f.content.strip().casefold() == key for f in document.facts
-            ):
-                raise DuplicateFact(
-                    f"a fact with this content is already stored: {fact.content!r:.80}"
-                )
-            document.facts.append(fact)
-            evicted: list[Fact] = []
-            if max_facts is not None:
-                document.facts, evicted = evict_over_cap(document.facts, max_facts)
-            kept[0] = all(f is not fact for f in evicted)
-            changes = (
-                [
-                    Change(
-                        action="add", fact_id=fact.id, content=fact.content, reason="added by hand"
-                    )
-                ]
-                if kept[0]
-                else []
-            )
-            changes += [
-                Change(
-                    action="evict",
-                    fact_id=f.id,
-                    content=f.content,
-                    reason=f"over max_facts={max_facts}, lowest confidence ({f.confidence:.2f})",
-                )
-                for f in evicted
-                if f is not fact
-            ]
-            return UpdateResult(document, changes)
+            if reject_duplicate:
+                refuse_duplicate(document, fact)
+            result, kept[0] = append_capped(document, fact, max_facts)
+            return result
 
         self.storage.update(user_id, agent_name, add)
         if not kept[0]:

@@ -18,7 +18,7 @@ from core.models import ConversationContext
 from core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
 from worker.queue import Claim, QueueClient, ReapResult, now_ms
-from worker.tasks import WorkerRuntime, backoff_ms, describe_args, extract
+from worker.tasks import WorkerRuntime, backoff_ms, describe_args, extract, retry_delay_ms
 
 pytestmark = pytest.mark.integration
 
@@ -251,6 +251,22 @@ def test_backoff_is_exponential_and_capped(xsettings: MemqSettings) -> None:
         30_000,
     ]
     assert backoff_ms(0, xsettings, retry_after_seconds=12.5) == 12_500
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (PermanentLLMError("401"), None),
+        (TransientLLMError("429", retry_after_seconds=12.5), 12_500),  # Retry-After honoured
+        (TransientLLMError("503"), 4_000),
+        (ResponseParseError("not JSON"), 4_000),
+        (KeyError("oops"), 4_000),  # anything else: retried with backoff
+    ],
+)
+def test_each_error_maps_to_its_retry_policy(
+    xsettings: MemqSettings, error: Exception, expected: int | None
+) -> None:
+    assert retry_delay_ms(error, 1, xsettings) == expected
 
 
 def test_flower_sees_identifiers_not_content() -> None:

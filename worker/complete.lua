@@ -22,6 +22,12 @@
 --   1  done: the version did not move during the run; the hash is deleted
 --   2  rescheduled: an enqueue arrived during the run; back in `due` at the stored deadline_ms
 --      (with ARGV[6] "1": at now_ms, or the stored deadline_ms when that is earlier)
+--
+-- Either way the claim is released last (includes/release_claim.lua), after the hash is deleted or
+-- the id is back in `due`.
+
+--- @include "includes/release_claim"
+--- @include "includes/requeue"
 
 local ctx, inflight, due, wm, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
@@ -32,19 +38,19 @@ end
 if ARGV[4] ~= '' then
   redis.call('SET', wm, ARGV[4], 'PX', ARGV[5])
 end
-redis.call('ZREM', inflight, id)
-redis.call('ZREM', users, id)
 local more = ARGV[6] == '1'
 if not more and redis.call('HGET', ctx, 'version') == redis.call('HGET', ctx, 'claimed_version') then
   redis.call('DEL', ctx)
   redis.call('ZREM', due, id)
+  release_claim(ctx, inflight, users, id)
   return 1
 end
 local deadline = redis.call('HGET', ctx, 'deadline_ms') or ARGV[3]
 if more and tonumber(deadline) > tonumber(ARGV[3]) then
   deadline = ARGV[3]
 end
-redis.call('HSET', ctx, 'attempts', '0', 'deadline_ms', deadline)
-redis.call('HDEL', ctx, 'claim_token', 'last_error')
-redis.call('ZADD', due, deadline, id)
+redis.call('HSET', ctx, 'attempts', '0')
+redis.call('HDEL', ctx, 'last_error')
+requeue(ctx, due, id, deadline)
+release_claim(ctx, inflight, users, id)
 return 2

@@ -11,15 +11,17 @@
 -- Returns the number of contexts moved back to `due` (ids not in `dead` are skipped; a dead id
 -- whose hash vanished is just removed from `dead`).
 
+--- @include "includes/requeue"
+
 local dead, due = KEYS[1], KEYS[2]
 local retried = 0
 for i = 1, #KEYS - 2 do
   local ctx, id = KEYS[2 + i], ARGV[2 + i]
   if redis.call('ZREM', dead, id) == 1 and redis.call('EXISTS', ctx) == 1 then
-    redis.call('HSET', ctx, 'attempts', '0', 'deadline_ms', ARGV[1])
+    redis.call('HSET', ctx, 'attempts', '0')
     redis.call('HDEL', ctx, 'dead_at_ms')
     redis.call('PEXPIRE', ctx, ARGV[2])
-    redis.call('ZADD', due, ARGV[1], id)
+    requeue(ctx, due, id, ARGV[1])
     retried = retried + 1
   end
 end

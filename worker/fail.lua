@@ -25,6 +25,10 @@
 -- after a permanent error, at the deadline that enqueue stored (now when there is none) — code 1.
 -- The id is put in `due` or `dead` before it leaves `inflight`, so it is never in no set.
 
+--- @include "includes/release_claim"
+--- @include "includes/requeue"
+--- @include "includes/dead_letter"
+
 local ctx, inflight, due, dead, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
 
@@ -39,22 +43,17 @@ if f[2] ~= f[3] then
   if retry_at == '-1' then
     retry_at = string.format('%d', math.max(tonumber(f[5]) or 0, tonumber(ARGV[3])))
   end
-  redis.call('HSET', ctx, 'attempts', '0', 'last_error', ARGV[4], 'deadline_ms', retry_at)
-  redis.call('ZADD', due, retry_at, id)
+  redis.call('HSET', ctx, 'attempts', '0', 'last_error', ARGV[4])
+  requeue(ctx, due, id, retry_at)
 else
   local attempts = (tonumber(f[4]) or 0) + 1
   redis.call('HSET', ctx, 'attempts', attempts, 'last_error', ARGV[4])
   if retry_at == '-1' or attempts >= tonumber(ARGV[6]) then
-    redis.call('HSET', ctx, 'dead_at_ms', ARGV[3])
-    redis.call('PEXPIRE', ctx, ARGV[7])
-    redis.call('ZADD', dead, ARGV[3], id)
+    dead_letter(ctx, dead, id, ARGV[3], ARGV[7])
     code = 2
   else
-    redis.call('HSET', ctx, 'deadline_ms', retry_at)
-    redis.call('ZADD', due, retry_at, id)
+    requeue(ctx, due, id, retry_at)
   end
 end
-redis.call('HDEL', ctx, 'claim_token', 'started_token')
-redis.call('ZREM', inflight, id)
-redis.call('ZREM', users, id)
+release_claim(ctx, inflight, users, id)
 return code

@@ -204,28 +204,11 @@ class ExtractionPipeline:
         With ``fence`` (the worker's claim), the save is refused once that claim is no longer
         current: the report is then "stale", the answer discarded, its token usage still counted.
         """
-        started = time.monotonic()
-
-        def elapsed_ms() -> int:
-            return int((time.monotonic() - started) * 1000)
-
+        elapsed_ms = _stopwatch()
         if not context.messages:
             return ExtractionReport("skipped", duration_ms=elapsed_ms(), reason="no messages")
-        selection = split_at_watermark(
-            context.messages,
-            watermark,
-            self._settings.context_messages,
-            chunk_budget(self._settings, self._count_tokens),
-        )
-        if selection.more:
-            log.info(
-                "%s: %d new messages fit the budget of %d tokens; the rest is extracted next",
-                context.key.describe(),
-                len(selection.new),
-                self._settings.conversation_max_tokens,
-            )
+        selection = self._select(context, watermark)
         if not selection.new:
-            log.info("nothing new in %s since its last extraction", context.key.describe())
             return ExtractionReport(
                 "skipped",
                 duration_ms=elapsed_ms(),
@@ -237,10 +220,9 @@ class ExtractionPipeline:
                 self._storage.fence_run(context.user_id, context.agent_name, fence)
             except StaleClaim as exc:
                 return ExtractionReport("stale", duration_ms=elapsed_ms(), reason=str(exc))
-        snapshot = self._storage.load(context.user_id, context.agent_name)
         prompt, answer, usage = propose_update(
             context,
-            snapshot,
+            self._storage.load(context.user_id, context.agent_name),
             self._settings,
             self._model,
             now=self._clock(),
@@ -256,47 +238,33 @@ class ExtractionPipeline:
                 watermark=selection.watermark,
                 more=selection.more,
             )
-        changes: list[Change] = []
-        if not answer.is_noop():
-            try:
-                changes = self._apply(context, answer, fence)
-            except StaleClaim as exc:
-                return ExtractionReport(
-                    "stale",
-                    prompt_tokens=usage.prompt_tokens,
-                    completion_tokens=usage.completion_tokens,
-                    duration_ms=elapsed_ms(),
-                    model=usage.model,
-                    reason=str(exc),
-                )
-        report = ExtractionReport(
-            outcome="updated" if changes else "unchanged",
-            facts_added=_count(changes, "add", "merge"),
-            facts_removed=_count(changes, "remove", "stale", "evict"),
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            duration_ms=elapsed_ms(),
-            changes=changes,
-            model=usage.model,
-            messages_sent=len(prompt.conversation),
-            messages_dropped=prompt.messages_dropped,
-            earlier_shown=prompt.earlier_shown,
-            watermark=selection.watermark,
-            more=selection.more,
-        )
-        # The worker logs the one structured line per extraction; this one is for debugging.
-        log.debug(
-            "extracted %s: %s (+%d -%d facts, %d+%d tokens, %d ms, trace=%s)",
-            context.key.describe(),
-            report.outcome,
-            report.facts_added,
-            report.facts_removed,
-            report.prompt_tokens,
-            report.completion_tokens,
-            report.duration_ms,
-            context.trace_id or "-",
-        )
+        try:
+            changes = [] if answer.is_noop() else self._apply(context, answer, fence)
+        except StaleClaim as exc:
+            return _stale_report(usage, elapsed_ms(), str(exc))
+        report = _saved_report(changes, usage, prompt, selection, elapsed_ms())
+        _log_extracted(context, report)
         return report
+
+    def _select(self, context: ConversationContext, watermark: str | None) -> Selection:
+        """The messages after ``watermark`` this run extracts (the oldest chunk that fits the
+        budget), and the earlier ones shown as context."""
+        selection = split_at_watermark(
+            context.messages,
+            watermark,
+            self._settings.context_messages,
+            chunk_budget(self._settings, self._count_tokens),
+        )
+        if selection.more:
+            log.info(
+                "%s: %d new messages fit the budget of %d tokens; the rest is extracted next",
+                context.key.describe(),
+                len(selection.new),
+                self._settings.conversation_max_tokens,
+            )
+        if not selection.new:
+            log.info("nothing new in %s since its last extraction", context.key.describe())
+        return selection
 
     def _apply(
         self, context: ConversationContext, answer: UpdateAnswer, fence: Fence | None
@@ -317,3 +285,61 @@ class ExtractionPipeline:
 
         self._storage.update(context.user_id, context.agent_name, fn, fence=fence)
         return latest_changes
+
+
+def _stopwatch() -> Callable[[], int]:
+    """Milliseconds since this call, each time the returned function is called."""
+    started = time.monotonic()
+    return lambda: int((time.monotonic() - started) * 1000)
+
+
+def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionReport:
+    """The save was fenced off: the answer is discarded, its tokens were spent all the same."""
+    return ExtractionReport(
+        "stale",
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        duration_ms=duration_ms,
+        model=usage.model,
+        reason=reason,
+    )
+
+
+def _saved_report(
+    changes: list[Change],
+    usage: Usage,
+    prompt: UpdatePrompt,
+    selection: Selection,
+    duration_ms: int,
+) -> ExtractionReport:
+    """The report of a run whose answer was applied (or was a no-op)."""
+    return ExtractionReport(
+        outcome="updated" if changes else "unchanged",
+        facts_added=_count(changes, "add", "merge"),
+        facts_removed=_count(changes, "remove", "stale", "evict"),
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        duration_ms=duration_ms,
+        changes=changes,
+        model=usage.model,
+        messages_sent=len(prompt.conversation),
+        messages_dropped=prompt.messages_dropped,
+        earlier_shown=prompt.earlier_shown,
+        watermark=selection.watermark,
+        more=selection.more,
+    )
+
+
+def _log_extracted(context: ConversationContext, report: ExtractionReport) -> None:
+    # The worker logs the one structured line per extraction; this one is for debugging.
+    log.debug(
+        "extracted %s: %s (+%d -%d facts, %d+%d tokens, %d ms, trace=%s)",
+        context.key.describe(),
+        report.outcome,
+        report.facts_added,
+        report.facts_removed,
+        report.prompt_tokens,
+        report.completion_tokens,
+        report.duration_ms,
+        context.trace_id or "-",
+    )

@@ -1,7 +1,8 @@
 """Every worker-side Redis operation on the queue: claim, reap, complete, fail, renew, dead letters.
 
 Each atomic operation is one Lua script next to this module (see each file's header for its KEYS,
-ARGV and return codes). Scripts return small codes; they are mapped to Enums here, once.
+ARGV and return codes), assembled with its shared fragments (``includes/``) by
+:mod:`worker.scripts`. Scripts return small codes; they are mapped to Enums here, once.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from importlib import resources
 from typing import Any, Literal, cast
 
 import redis
@@ -21,6 +21,7 @@ from core.errors import InvalidIdentifier
 from core.identity import user_id_of
 from core.keys import KeySchema, QueueKeys
 from core.settings import MemqSettings
+from worker.scripts import assemble
 
 _SCRIPTS = (
     "claim_due",
@@ -96,12 +97,8 @@ class QueueClient:
         self.settings = settings
         self.redis = redis_client
         self.keys = KeySchema(settings.key_prefix, settings.shards)
-        package = resources.files("worker")
         self._scripts: dict[str, Script] = {
-            name: redis_client.register_script(
-                package.joinpath(f"{name}.lua").read_text(encoding="utf-8")
-            )
-            for name in _SCRIPTS
+            name: redis_client.register_script(assemble("worker", name)) for name in _SCRIPTS
         }
 
     # --- claim and reap (the ticker)

@@ -24,6 +24,10 @@
 --     complete.lua does when it reschedules.
 -- The id is put in `due` or `dead` before it leaves `inflight`, so it is never in no set.
 
+--- @include "includes/release_claim"
+--- @include "includes/requeue"
+--- @include "includes/dead_letter"
+
 local inflight, due, dead = KEYS[1], KEYS[2], KEYS[3]
 local now = tonumber(ARGV[1])
 local max_attempts = tonumber(ARGV[2])
@@ -48,20 +52,15 @@ for i = 1, (#KEYS - 3) / 2 do
         redis.call('HSET', ctx, 'last_error', 'lease expired')
       end
       redis.call('HSET', ctx, 'attempts', attempts)
-      redis.call('HDEL', ctx, 'claim_token', 'started_token')
       if counted and attempts >= max_attempts then
-        redis.call('HSET', ctx, 'dead_at_ms', ARGV[1])
-        redis.call('PEXPIRE', ctx, ARGV[3])
-        redis.call('ZADD', dead, ARGV[1], id)
+        dead_letter(ctx, dead, id, ARGV[1], ARGV[3])
         died = died + 1
       else
-        redis.call('HSET', ctx, 'deadline_ms', ARGV[1])
-        redis.call('ZADD', due, ARGV[1], id)
+        requeue(ctx, due, id, ARGV[1])
         requeued = requeued + 1
       end
     end
-    redis.call('ZREM', inflight, id)
-    redis.call('ZREM', users, id)
+    release_claim(ctx, inflight, users, id)
   end
 end
 return {requeued, died}

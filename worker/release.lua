@@ -11,18 +11,18 @@
 --
 -- Returns 1 released, 0 stale (the token does not match; nothing done).
 
+--- @include "includes/release_claim"
+--- @include "includes/requeue"
+
 local ctx, inflight, due, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
 
 if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
   return 0
 end
-redis.call('ZREM', inflight, id)
-redis.call('ZREM', users, id)
-redis.call('HDEL', ctx, 'claim_token')
 -- An enqueue during the claim stored its own deadline; keep the earlier of the two.
 local deadline = tonumber(redis.call('HGET', ctx, 'deadline_ms')) or tonumber(ARGV[3])
 deadline = string.format('%d', math.min(deadline, tonumber(ARGV[3])))
-redis.call('HSET', ctx, 'deadline_ms', deadline)
-redis.call('ZADD', due, deadline, id)
+requeue(ctx, due, id, deadline)
+release_claim(ctx, inflight, users, id)
 return 1

@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -124,6 +125,50 @@ def describe_args(context_id: str, version: int) -> str:
     return f"{key.describe()} version={version}"
 
 
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a failed run is tried again."""
+
+    retry: bool  # False: permanent, the context is dead at once
+    honour_retry_after: bool = False  # wait at least the server's Retry-After
+
+
+# The first entry the error is an instance of applies (most specific first).
+RETRY_POLICIES: tuple[tuple[type[Exception], RetryPolicy], ...] = (
+    (PermanentLLMError, RetryPolicy(retry=False)),
+    (TransientLLMError, RetryPolicy(retry=True, honour_retry_after=True)),
+    # LLMs are nondeterministic: the next answer may parse.
+    (ResponseParseError, RetryPolicy(retry=True)),
+    # Never lose the key: anything else is retried until max_attempts.
+    (Exception, RetryPolicy(retry=True)),
+)
+
+
+def retry_delay_ms(exc: Exception, attempts: int, settings: MemqSettings) -> int | None:
+    """Milliseconds until the next try after ``exc`` and ``attempts`` earlier failures; None when
+    the error is permanent."""
+    policy = next(policy for kind, policy in RETRY_POLICIES if isinstance(exc, kind))
+    if not policy.retry:
+        return None
+    retry_after = getattr(exc, "retry_after_seconds", None) if policy.honour_retry_after else None
+    return backoff_ms(attempts, settings, retry_after)
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One claimed run: what its settlement and its log line name."""
+
+    queue: QueueClient
+    context_id: str
+    token: str
+    version: int
+    started: int  # epoch ms
+    clock: Callable[[], int]
+
+    def log_extra(self, outcome: str) -> dict[str, Any]:
+        return {"memq_key": self.context_id, "memq_version": self.version, "memq_outcome": outcome}
+
+
 def extract(
     runtime: WorkerRuntime,
     context_id: str,
@@ -133,58 +178,72 @@ def extract(
     clock: Callable[[], int] = now_ms,
 ) -> dict[str, Any]:
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
-    queue = runtime.queue
-    started = clock()
-    data, watermark = queue.load_run(context_id)
-    # This first renew also marks the claim as started: from here on, a lease that expires counts
-    # as an attempt (a task that never got this far, e.g. dropped by Celery past its `expires`,
-    # is requeued by the reaper without one).
-    if data.get("claim_token") != token or not queue.renew(context_id, token, started):
-        log.info(
-            "extraction key=%s version=%d outcome=stale (claim gone before start)",
-            context_id,
-            version,
-        )
-        queue.add_metrics(stale_runs=1)
+    run = _Run(runtime.queue, context_id, token, version, clock(), clock)
+    data, watermark = run.queue.load_run(context_id)
+    if not _start(run, data):
         return {"outcome": "stale"}
     attempts = int(data.get("attempts") or 0)
     try:
         context = ConversationContext.from_hash(data)
-    except MemqError as exc:
-        return _failed(queue, context_id, token, version, exc, None, started, clock)
+    except MemqError as exc:  # a context that does not decode never will: dead at once
+        return _failed(run, exc, None)
     try:
-        with LeaseKeeper(
-            queue,
-            context_id,
-            token,
-            lease_seconds=runtime.settings.lease_seconds,
-            renew_until_ms=started + int(runtime.settings.run_hard_limit_seconds * 1000),
-            clock=clock,
-        ):
-            report = runtime.pipeline.run(
-                context, watermark=watermark, fence=Fence(context_id, token)
-            )
-    except PermanentLLMError as exc:
-        return _failed(queue, context_id, token, version, exc, None, started, clock)
-    except TransientLLMError as exc:
-        retry_at = clock() + backoff_ms(attempts, runtime.settings, exc.retry_after_seconds)
-        return _failed(queue, context_id, token, version, exc, retry_at, started, clock)
-    except ResponseParseError as exc:  # LLMs are nondeterministic: the next answer may parse
-        retry_at = clock() + backoff_ms(attempts, runtime.settings)
-        return _failed(queue, context_id, token, version, exc, retry_at, started, clock)
-    except Exception as exc:  # never lose the key: anything else is retried until max_attempts
-        retry_at = clock() + backoff_ms(attempts, runtime.settings)
-        return _failed(queue, context_id, token, version, exc, retry_at, started, clock)
-
+        report = _run_pipeline(runtime, run, context, watermark)
+    except Exception as exc:
+        delay = retry_delay_ms(exc, attempts, runtime.settings)
+        return _failed(run, exc, None if delay is None else clock() + delay)
     if report.outcome == "stale":
-        return _discarded(queue, context_id, version, report, started, clock)
+        return _discarded(run, report)
+    return _completed(run, context, report)
+
+
+def _start(run: _Run, data: dict[str, Any]) -> bool:
+    """Renew the lease at once; False (logged, counted) when the claim is already gone.
+
+    This first renew also marks the claim as started: from here on, a lease that expires counts
+    as an attempt (a task that never got this far, e.g. dropped by Celery past its `expires`, is
+    requeued by the reaper without one).
+    """
+    if data.get("claim_token") == run.token and run.queue.renew(
+        run.context_id, run.token, run.started
+    ):
+        return True
+    log.info(
+        "extraction key=%s version=%d outcome=stale (claim gone before start)",
+        run.context_id,
+        run.version,
+    )
+    run.queue.add_metrics(stale_runs=1)
+    return False
+
+
+def _run_pipeline(
+    runtime: WorkerRuntime, run: _Run, context: ConversationContext, watermark: str | None
+) -> ExtractionReport:
+    """The pipeline, with the lease renewed in the background while it runs."""
+    settings = runtime.settings
+    with LeaseKeeper(
+        run.queue,
+        run.context_id,
+        run.token,
+        lease_seconds=settings.lease_seconds,
+        renew_until_ms=run.started + int(settings.run_hard_limit_seconds * 1000),
+        clock=run.clock,
+    ):
+        return runtime.pipeline.run(
+            context, watermark=watermark, fence=Fence(run.context_id, run.token)
+        )
+
+
+def _completed(run: _Run, context: ConversationContext, report: ExtractionReport) -> dict[str, Any]:
+    """Settle a run that saved (or had nothing to save)."""
     # The watermark advances with the settlement, never before: a run that fails or lost its
     # claim leaves it where it was, so its messages are sent again.
-    settled = queue.complete(
-        context_id, token, clock(), watermark=report.watermark, more=report.more
+    settled = run.queue.complete(
+        run.context_id, run.token, run.clock(), watermark=report.watermark, more=report.more
     )
-    duration = clock() - started
-    queue.add_metrics(
+    duration = run.clock() - run.started
+    run.queue.add_metrics(
         extractions=1,
         prompt_tokens=report.prompt_tokens,
         completion_tokens=report.completion_tokens,
@@ -192,8 +251,8 @@ def extract(
     log.info(
         "extraction key=%s version=%d outcome=%s facts_added=%d facts_removed=%d "
         "prompt_tokens=%d completion_tokens=%d duration_ms=%d queue=%s",
-        context_id,
-        version,
+        run.context_id,
+        run.version,
         report.outcome,
         report.facts_added,
         report.facts_removed,
@@ -201,12 +260,7 @@ def extract(
         report.completion_tokens,
         duration,
         settled.name.lower(),
-        extra={
-            "memq_key": context_id,
-            "memq_version": version,
-            "memq_outcome": report.outcome,
-            "memq_trace_id": context.trace_id,
-        },
+        extra={**run.log_extra(report.outcome), "memq_trace_id": context.trace_id},
     )
     return {
         "outcome": report.outcome,
@@ -216,17 +270,10 @@ def extract(
     }
 
 
-def _discarded(
-    queue: QueueClient,
-    context_id: str,
-    version: int,
-    report: ExtractionReport,
-    started: int,
-    clock: Callable[[], int],
-) -> dict[str, Any]:
+def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
     """A run whose claim was lost before it could save: its answer is dropped (the current claim
     extracts the same messages), its tokens were spent all the same."""
-    queue.add_metrics(
+    run.queue.add_metrics(
         stale_runs=1,
         prompt_tokens=report.prompt_tokens,
         completion_tokens=report.completion_tokens,
@@ -234,40 +281,31 @@ def _discarded(
     log.warning(
         "extraction key=%s version=%d outcome=stale answer discarded: %s prompt_tokens=%d "
         "completion_tokens=%d duration_ms=%d",
-        context_id,
-        version,
+        run.context_id,
+        run.version,
         report.reason,
         report.prompt_tokens,
         report.completion_tokens,
-        clock() - started,
-        extra={"memq_key": context_id, "memq_version": version, "memq_outcome": "stale"},
+        run.clock() - run.started,
+        extra=run.log_extra("stale"),
     )
     return {"outcome": "stale", "queue": "stale"}
 
 
-def _failed(
-    queue: QueueClient,
-    context_id: str,
-    token: str,
-    version: int,
-    exc: BaseException,
-    retry_at_ms: int | None,
-    started: int,
-    clock: Callable[[], int],
-) -> dict[str, Any]:
+def _failed(run: _Run, exc: BaseException, retry_at_ms: int | None) -> dict[str, Any]:
     """Settle a failed run: retry at ``retry_at_ms`` or, when None, dead at once."""
     reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, MemqError) else repr(exc)
     reason = reason[:500]
-    settled = queue.fail(context_id, token, reason, retry_at_ms, clock())
+    settled = run.queue.fail(run.context_id, run.token, reason, retry_at_ms, run.clock())
     if settled is not FailResult.STALE:
-        queue.add_metrics(failures=1, dead=int(settled is FailResult.DEAD))
+        run.queue.add_metrics(failures=1, dead=int(settled is FailResult.DEAD))
     log.warning(
         "extraction key=%s version=%d outcome=%s error=%s duration_ms=%d",
-        context_id,
-        version,
+        run.context_id,
+        run.version,
         settled.name.lower(),
         type(exc).__name__,
-        clock() - started,
-        extra={"memq_key": context_id, "memq_version": version, "memq_outcome": "failed"},
+        run.clock() - run.started,
+        extra=run.log_extra("failed"),
     )
     return {"outcome": "failed", "queue": settled.name.lower(), "error": type(exc).__name__}

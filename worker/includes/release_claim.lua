@@ -1,0 +1,16 @@
+-- release_claim — end the run's claim on a context.
+--
+-- The id leaves `inflight` and its user's in-flight set (the per-user cap), and the claim and
+-- started tokens are cleared, so a late renew, complete, fail or fenced save of that run is a stale
+-- no-op. Call it last, once the id is in `due` or `dead` (or its hash is deleted): a failing
+-- script keeps what it already wrote, and the id must never be in no set.
+--
+--   ctx       ctx:<id> hash of the context (HDEL on a deleted hash does nothing)
+--   inflight  zset  context id -> lease expiry (epoch ms)
+--   users     uinflight:<user> zset  the user's in-flight contexts -> lease expiry
+--   id        context id
+local function release_claim(ctx, inflight, users, id)
+  redis.call('HDEL', ctx, 'claim_token', 'started_token')
+  redis.call('ZREM', inflight, id)
+  redis.call('ZREM', users, id)
+end
