@@ -1,10 +1,38 @@
-"""The Redis connection factory: one place that turns settings into a client."""
+"""The Redis connection factory: one place that turns settings into a client.
+
+Three URL forms reach three kinds of deployment, behind one client type:
+
+* ``redis://`` / ``rediss://`` / ``unix://``: one Redis (``redis.Redis``);
+* ``redis+cluster://host:port[,host:port…][/0]`` (``rediss+cluster://`` with TLS): Redis Cluster
+  (``RedisCluster``; any node is enough to discover the rest);
+* ``redis+sentinel://host:port[,host:port…]/master_name[/db]`` (``rediss+sentinel://`` with TLS
+  to the master): the master a set of Sentinels names, rediscovered after a failover.
+"""
 
 from __future__ import annotations
 
-import redis
+from typing import Any, TypeAlias
 
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from core.redis_urls import RedisTarget, parse_redis_url
 from core.settings import MemqSettings
+
+# What every part of memq talks to. Both share the commands memq uses (Lua scripts included:
+# each script's keys sit in one hash slot) and pipelines without MULTI.
+RedisClient: TypeAlias = "redis.Redis | RedisCluster"
+
+
+def _failover_retry(socket_timeout: float | None) -> Retry:
+    """Workers (timeouts of seconds) retry long enough to ride out a replica promotion; a
+    producer (a sub-second timeout) tries once more and then spools: it must never wait."""
+    if socket_timeout is not None and socket_timeout < 1.0:
+        return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.05), retries=1)
+    return Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), retries=8)
 
 
 def redis_client(
@@ -13,19 +41,66 @@ def redis_client(
     url: str | None = None,
     socket_timeout: float | None = 5.0,
     max_connections: int | None = None,
-) -> redis.Redis:
-    """A client with string replies.
+) -> RedisClient:
+    """A client with string replies, for one Redis, a Redis Cluster or a Sentinel-managed master.
 
     The pool is sized from the settings (redis-py caps a default pool at 100 connections, too few
     for a worker with many threads), and blocks briefly for a free connection instead of failing.
     """
+    target = parse_redis_url(url or settings.redis_url)
+    pool_size = max_connections or settings.redis_max_connections
+    common: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": socket_timeout,
+        "health_check_interval": 30,
+    }
+    if target.kind == "cluster":
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in target.hosts],  # type: ignore[no-untyped-call]
+            username=target.username,
+            password=target.password,
+            ssl=target.tls,
+            max_connections=pool_size,
+            connection_pool_class=redis.BlockingConnectionPool,
+            retry=_failover_retry(socket_timeout),
+            timeout=socket_timeout if socket_timeout is not None else 20,
+            **common,
+        )
+    if target.kind == "sentinel":
+        return _sentinel_master(target, pool_size, socket_timeout, common)
     pool = redis.BlockingConnectionPool.from_url(
-        url or settings.redis_url,
-        decode_responses=True,
-        max_connections=max_connections or settings.redis_max_connections,
+        target.url,
+        max_connections=pool_size,
         timeout=socket_timeout if socket_timeout is not None else 20,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=socket_timeout,
-        health_check_interval=30,
+        **common,
     )
     return redis.Redis(connection_pool=pool)
+
+
+def _sentinel_master(
+    target: RedisTarget, pool_size: int, socket_timeout: float | None, common: dict[str, Any]
+) -> redis.Redis:
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(target.hosts),
+        sentinel_kwargs={
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_timeout,
+        },
+    )
+    assert target.master_name is not None  # parse_redis_url requires it
+    # Every new connection asks the Sentinels where the master is, and a connection to a
+    # demoted master fails with READONLY (redis-py then disconnects it): after a failover the
+    # retries land on the promoted replica.
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        target.master_name,
+        connection_pool_class=SentinelConnectionPool,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        ssl=target.tls,
+        max_connections=pool_size,
+        retry=_failover_retry(socket_timeout),
+        **common,
+    )
+    return master

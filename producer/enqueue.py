@@ -19,6 +19,7 @@ from importlib import resources
 
 import redis
 
+from core.connection import RedisClient
 from core.errors import InvalidIdentifier, RedisUnavailable
 from core.identity import ContextKey
 from core.keys import KeySchema
@@ -143,7 +144,7 @@ class Enqueuer:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         keys: KeySchema,
         *,
         debounce_ms: int,

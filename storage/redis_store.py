@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from core.connection import redis_client
+from core.connection import RedisClient, redis_client
 from core.errors import CorruptMemoryFile, LockTimeout, RedisUnavailable, StaleClaim, StorageError
 from core.identity import validate_agent_name, validate_user_id
 from core.keys import KeySchema
@@ -59,7 +59,7 @@ def _redis_errors(what: str) -> Iterator[None]:
 class RedisMemoryStorage:
     """:class:`storage.base.MemoryStorage` in Redis."""
 
-    def __init__(self, settings: MemqSettings, redis_client_: redis.Redis | None = None) -> None:
+    def __init__(self, settings: MemqSettings, redis_client_: RedisClient | None = None) -> None:
         self._owns_client = redis_client_ is None
         self.redis = redis_client_ if redis_client_ is not None else redis_client(settings)
         self.keys = KeySchema(settings.key_prefix, settings.shards)

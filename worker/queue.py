@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from importlib import resources
 from typing import Any, Literal, cast
 
-import redis
 from redis.commands.core import Script
 
+from core.connection import RedisClient
 from core.errors import InvalidIdentifier
 from core.identity import user_id_of
 from core.keys import KeySchema, QueueKeys
@@ -92,7 +92,7 @@ def _text(value: Any) -> str:
 class QueueClient:
     """The worker side of the Redis contract, on one client (its scripts registered once)."""
 
-    def __init__(self, settings: MemqSettings, redis_client: redis.Redis) -> None:
+    def __init__(self, settings: MemqSettings, redis_client: RedisClient) -> None:
         self.settings = settings
         self.redis = redis_client
         self.keys = KeySchema(settings.key_prefix, settings.shards)
@@ -122,8 +122,12 @@ class QueueClient:
         claims: list[Claim] = []
         examined = deferred = 0
         full = False
-        for shard in self.keys.all_shards():
-            ids = self._range(shard.due, now, limit)
+        shards = self.keys.all_shards()
+        # Every shard's candidates in one pipelined read (on a cluster, one round trip per
+        # master): the scripts then run only for shards that have due work.
+        for shard, ids in zip(
+            shards, self._ranges([s.due for s in shards], now, limit), strict=True
+        ):
             if not ids:
                 continue
             keys = [shard.due, shard.inflight, shard.epoch]
@@ -145,11 +149,18 @@ class QueueClient:
         now = now_ms() if now is None else now
         requeued = dead = 0
         expired_before = now - self.settings.dead_retention_ms
-        for shard in self.keys.all_shards():
-            # Dead letters past their retention: their hashes already expired (fail and reap set
-            # the TTL when they die); the ids go too.
-            self.redis.zremrangebyscore(shard.dead, "-inf", expired_before)
-            ids = self._range(shard.inflight, now, limit)
+        shards = self.keys.all_shards()
+        # Dead letters past their retention: their hashes already expired (fail and reap set the
+        # TTL when they die); the ids go too. Pipelined with the expired-lease reads below.
+        found = self._ranges(
+            [s.inflight for s in shards],
+            now,
+            limit,
+            also=lambda pipe: [
+                pipe.zremrangebyscore(s.dead, "-inf", expired_before) for s in shards
+            ],
+        )
+        for shard, ids in zip(shards, found, strict=True):
             for start in range(0, len(ids), _SCRIPT_BATCH):  # bounded script size and run time
                 batch = ids[start : start + _SCRIPT_BATCH]
                 keys = [shard.inflight, shard.due, shard.dead]
@@ -374,9 +385,24 @@ class QueueClient:
             user_id = ""
         return q.user_inflight(user_id)
 
-    def _range(self, zset: str, now: int, limit: int) -> list[str]:
-        found = self.redis.zrangebyscore(zset, "-inf", now, start=0, num=limit)
-        return [_text(member) for member in found]
+    def _ranges(
+        self,
+        zsets: Sequence[str],
+        now: int,
+        limit: int,
+        *,
+        also: Callable[[Any], object] | None = None,
+    ) -> list[list[str]]:
+        """The members scored up to ``now`` (at most ``limit``) of each zset, in one pipeline
+        without MULTI (the zsets sit in different slots; a cluster groups the reads by node).
+        ``also`` queues more commands after them, whose replies are dropped."""
+        pipe = self.redis.pipeline(transaction=False)
+        for zset in zsets:
+            pipe.zrangebyscore(zset, "-inf", now, start=0, num=limit)
+        if also is not None:
+            also(pipe)
+        replies = pipe.execute()
+        return [[_text(member) for member in found] for found in replies[: len(zsets)]]
 
     def _dead_batches(
         self, ids: Iterable[str] | Literal["all"]

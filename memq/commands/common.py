@@ -16,8 +16,7 @@ from core.errors import MemqError
 from core.settings import MemqSettings, load_settings
 
 if TYPE_CHECKING:
-    import redis
-
+    from core.connection import RedisClient
     from storage.base import MemoryStorage
 
 Runner = Callable[[argparse.Namespace, "CommandContext"], int]
@@ -54,7 +53,7 @@ class CommandContext:
 
     def __init__(self, settings: MemqSettings | None = None) -> None:
         self._settings = settings
-        self._redis: redis.Redis | None = None
+        self._redis: RedisClient | None = None
         self._storage: MemoryStorage | None = None
 
     @property
@@ -64,7 +63,7 @@ class CommandContext:
         return self._settings
 
     @property
-    def redis(self) -> redis.Redis:
+    def redis(self) -> RedisClient:
         if self._redis is None:
             from core.connection import redis_client
 

@@ -16,6 +16,8 @@ from typing import Literal
 
 import redis
 
+from core.connection import RedisClient
+from core.errors import ConfigError
 from core.settings import MemqSettings
 from memq.commands.common import CommandContext, mask_url
 
@@ -70,7 +72,7 @@ def _guard(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
         return [Check("fail", name, f"check crashed: {type(exc).__name__}: {exc}")]
 
 
-def check_redis(client: redis.Redis, settings: MemqSettings) -> list[Check]:
+def check_redis(client: RedisClient, settings: MemqSettings) -> list[Check]:
     url = mask_url(settings.redis_url)
     try:
         info = client.info()
@@ -124,7 +126,7 @@ def check_redis(client: redis.Redis, settings: MemqSettings) -> list[Check]:
     return checks
 
 
-def _rdb_enabled(client: redis.Redis) -> bool:
+def _rdb_enabled(client: RedisClient) -> bool:
     try:
         save = client.config_get("save").get("save", "")
     except redis.ResponseError:  # CONFIG disabled on many hosted Redis: they persist anyway
@@ -133,14 +135,22 @@ def _rdb_enabled(client: redis.Redis) -> bool:
 
 
 def check_broker(settings: MemqSettings, *, redis_ok: bool) -> list[Check]:
-    url = settings.effective_broker_url
+    try:
+        broker = settings.broker
+    except ConfigError as exc:
+        return [
+            Check("fail", "broker", str(exc), "e.g. MEMQ_BROKER_URL=redis://broker-host:6379/0")
+        ]
+    url = broker.url
     if url == settings.redis_url:
         status: Status = "ok" if redis_ok else "fail"
         return [Check(status, "broker", "the Celery broker is the same Redis as above")]
     import kombu
 
     try:
-        with kombu.Connection(url, connect_timeout=3) as conn:  # type: ignore[attr-defined,no-untyped-call]
+        with kombu.Connection(  # type: ignore[attr-defined,no-untyped-call]
+            url, connect_timeout=3, transport_options=broker.transport_options
+        ) as conn:
             conn.ensure_connection(max_retries=1, timeout=3)
     except Exception as exc:
         return [
