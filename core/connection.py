@@ -62,9 +62,7 @@ def redis_client(
             password=target.password,
             ssl=target.tls,
             max_connections=pool_size,
-            connection_pool_class=redis.BlockingConnectionPool,
             retry=_failover_retry(socket_timeout),
-            timeout=socket_timeout if socket_timeout is not None else 20,
             **common,
         )
     if target.kind == "sentinel":

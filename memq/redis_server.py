@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -55,10 +56,18 @@ def free_port() -> int:
 class RedisServer:
     """A redis-server child process bound to 127.0.0.1."""
 
-    def __init__(self, data_dir: Path, port: int | None = None, *, appendonly: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        appendonly: bool = True,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.extra_args = tuple(extra_args)  # e.g. --cluster-enabled yes, --replicaof host port
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -87,6 +96,7 @@ class RedisServer:
             "yes",
             "--logfile",
             str((self.data_dir / "redis.log").resolve()),
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
@@ -107,6 +117,12 @@ class RedisServer:
                 time.sleep(0.02)
         finally:
             client.close()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crashed host: no AOF fsync, no goodbye to replicas or the cluster."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         """Graceful stop (SIGTERM lets Redis fsync its AOF)."""

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import redis
+from redis.cluster import RedisCluster
 
 from core.connection import RedisClient
 from core.errors import ConfigError
+from core.keys import CLUSTER_SLOTS
 from core.settings import MemqSettings
 from memq.commands.common import CommandContext, mask_url
 
@@ -73,7 +75,39 @@ def _guard(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
 
 
 def check_redis(client: RedisClient, settings: MemqSettings) -> list[Check]:
-    url = mask_url(settings.redis_url)
+    """One Redis or Sentinel master: its version and persistence. A cluster: every master's,
+    and whether every slot is served."""
+    if isinstance(client, RedisCluster):
+        return _check_cluster(client, settings)
+    return _check_node(client, mask_url(settings.redis_url))
+
+
+def _check_cluster(client: RedisCluster, settings: MemqSettings) -> list[Check]:
+    primaries = client.get_primaries()  # type: ignore[no-untyped-call]
+    info = client.cluster_info()
+    state = str(info.get("cluster_state", "?"))
+    slots = int(info.get("cluster_slots_ok", 0))
+    checks = [
+        Check(
+            "ok" if state == "ok" and slots == CLUSTER_SLOTS else "fail",
+            "cluster",
+            f"{len(primaries)} master(s), state {state}, {slots}/{CLUSTER_SLOTS} slots served; "
+            f"{settings.shards} shard(s)",
+            ""
+            if settings.shards >= 16 * len(primaries)
+            else "set MEMQ_SHARDS to 64-256 so the queue spreads over every master",
+        )
+    ]
+    for node in primaries:
+        node_client = client.get_redis_connection(node)
+        checks += [
+            Check(c.status, f"{c.name} {node.name}", c.detail, c.fix)
+            for c in _check_node(node_client, node.name)
+        ]
+    return checks
+
+
+def _check_node(client: redis.Redis, url: str) -> list[Check]:
     try:
         info = client.info()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -126,7 +160,7 @@ def check_redis(client: RedisClient, settings: MemqSettings) -> list[Check]:
     return checks
 
 
-def _rdb_enabled(client: RedisClient) -> bool:
+def _rdb_enabled(client: redis.Redis) -> bool:
     try:
         save = client.config_get("save").get("save", "")
     except redis.ResponseError:  # CONFIG disabled on many hosted Redis: they persist anyway

@@ -40,6 +40,7 @@ def memq_env(settings: MemqSettings, **extra: str) -> dict[str, str]:
     names = (
         "redis_url",
         "broker_url",
+        "broker_master_name",
         "key_prefix",
         "shards",
         "redis_max_connections",
