@@ -16,11 +16,22 @@ from typing import Any, TypeAlias
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from core.redis_urls import RedisTarget, parse_redis_url
 from core.settings import MemqSettings
+
+# What a failed Redis call raises: redis-py's own errors, plus RedisCluster's "no node answers"
+# (RedisClusterException is not a RedisError).
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+# Unreachable rather than refusing: worth a retry or the spool.
+UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    RedisClusterException,
+)
 
 # What every part of memq talks to. Both share the commands memq uses (Lua scripts included:
 # each script's keys sit in one hash slot) and pipelines without MULTI.

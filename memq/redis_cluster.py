@@ -151,6 +151,10 @@ class LocalCluster:
             info = c.execute_command("CLUSTER INFO")  # parsed into a dict by redis-py
         return str(info.get("cluster_state")) == "ok"
 
+    def is_master(self, server: RedisServer) -> bool:
+        with _client(server.port) as c:
+            return str(c.info("replication").get("role")) == "master"
+
     def keys_per_master(self) -> dict[int, int]:
         """DBSIZE of every live master, by port (the shard balance)."""
         sizes: dict[int, int] = {}

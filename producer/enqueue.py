@@ -17,9 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 
-import redis
-
-from core.connection import RedisClient
+from core.connection import REDIS_ERRORS, RedisClient
 from core.errors import InvalidIdentifier, RedisUnavailable
 from core.identity import ContextKey
 from core.keys import KeySchema
@@ -189,7 +187,7 @@ class Enqueuer:
                     self._retention,
                 ),
             )
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             # Connection loss, timeout, but also OOM or READONLY: either way the context did not
             # get in, and the caller (the fail-open producer) spools it.
             raise RedisUnavailable(f"enqueue of {key.describe()} failed: {exc}") from exc

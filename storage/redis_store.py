@@ -17,9 +17,7 @@ from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
-import redis
-
-from core.connection import RedisClient, redis_client
+from core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS, RedisClient, redis_client
 from core.errors import CorruptMemoryFile, LockTimeout, RedisUnavailable, StaleClaim, StorageError
 from core.identity import validate_agent_name, validate_user_id
 from core.keys import KeySchema
@@ -50,9 +48,9 @@ def _text(value: Any) -> str:
 def _redis_errors(what: str) -> Iterator[None]:
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except UNREACHABLE_ERRORS as exc:
         raise RedisUnavailable(f"{what}: Redis did not answer: {exc}") from exc
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise StorageError(f"{what}: {exc}") from exc
 
 
