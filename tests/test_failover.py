@@ -112,13 +112,16 @@ class Load:
         self.done_rounds: list[int] = []
         self.errors: list[BaseException] = []
         self.failed_over = threading.Event()
+        self.longest_call = 0.0  # reported, not asserted: timings belong to bench/
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         try:
             for r in range(self.rounds):
                 for u in range(self.users):
+                    started = time.monotonic()
                     self.producer.after_agent(f"t{u}", f"s{u}", None, conversation(u, r))
+                    self.longest_call = max(self.longest_call, time.monotonic() - started)
                 self.done_rounds.append(r)
                 if r == self.rounds - 5:
                     self.failed_over.wait(30)  # the last rounds go to the promoted replica
@@ -135,6 +138,7 @@ class Load:
         self.thread.join(60)
         assert not self.thread.is_alive() and not self.errors, self.errors
         assert self.done_rounds == list(range(self.rounds))
+        print(f"longest producer call: {self.longest_call:.3f} s; {self.producer.stats}")
 
     def check_everything_extracted(self, settings: MemqSettings) -> None:
         """Every item of every thread ends up a fact, once; nothing dropped, nothing dead."""
