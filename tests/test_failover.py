@@ -237,3 +237,37 @@ def test_a_cluster_master_failover_under_load_loses_nothing(
         wait_for(lambda: cluster.state_ok(heir.port), timeout=30, what="the cluster healed")
         load.finish()
         load.check_everything_extracted(settings)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_broker_follows_a_sentinel_managed_data_redis_across_a_failover(
+    tmp_path: Path,
+    make_settings: Any,
+    openai_server: ScriptedOpenAI,
+    celery_procs: CeleryProcs,
+    producer_for: Any,
+) -> None:
+    """No MEMQ_BROKER_URL with `redis+sentinel://`: Celery uses the same master through its
+    sentinel:// transport, and finds the promoted replica after the primary dies."""
+    openai_server.responder = learn_items
+    with LocalSentinel(tmp_path / "sentinel") as deployment:
+        assert deployment.primary is not None
+        settings = failover_settings(make_settings, openai_server, deployment.url, "")
+        settings = settings.model_copy(update={"broker_url": None})
+        assert settings.broker.url.startswith("sentinel://127.0.0.1:")
+        env = memq_env(settings)
+        celery_procs.start_worker(env, concurrency=4)
+        celery_procs.start_beat(env)
+        load = Load(producer_for(settings))
+        load.start()
+        old_port = deployment.primary.port
+        deployment.primary.kill()
+        wait_for(
+            lambda: deployment.master_port() != old_port,
+            timeout=30,
+            interval=0.1,
+            what="the Sentinels promoting the replica",
+        )
+        load.finish()
+        load.check_everything_extracted(settings)
