@@ -90,3 +90,25 @@ def test_shard_tags_sit_on_evenly_spaced_slots(shards: int) -> None:
         shares[key_slot(shard_tag("memq", shards, index)) * 3 // CLUSTER_SLOTS] += 1
     assert max(shares) - min(shares) <= 1
     assert KeySchema("memq", 1).shard(0).tag == "memq:{memq:0}"
+
+
+def test_multi_host_urls_are_masked_for_display() -> None:
+    from memq.commands.common import mask_url
+
+    assert mask_url("redis+cluster://:pw@h1:1,h2:2/0") == "redis+cluster://:***@h1:1,h2:2/0"
+    assert mask_url("redis+sentinel://u:p@s1:1,s2:2/m/0") == "redis+sentinel://u:***@s1:1,s2:2/m/0"
+    assert mask_url("sentinel://:pw@h:1;sentinel://:pw@h:2/0") == (
+        "sentinel://:***@h:1;sentinel://:***@h:2/0"
+    )
+    assert mask_url("redis+cluster://h1:1,h2:2") == "redis+cluster://h1:1,h2:2"
+
+
+def test_memq_up_refuses_a_cluster_without_a_broker(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memq.cli import main
+
+    monkeypatch.setenv("MEMQ_REDIS_URL", "redis+cluster://127.0.0.1:1")
+    assert main(["up"]) != 0
+    err = capsys.readouterr().err
+    assert "the broker cannot be a Redis Cluster" in err and "Traceback" not in err
