@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import redis
 
+from core.connection import redis_client
 from core.errors import StaleClaim
 from core.identity import ContextKey
 from core.keys import KeySchema
@@ -271,3 +272,50 @@ def test_the_broker_follows_a_sentinel_managed_data_redis_across_a_failover(
         )
         load.finish()
         load.check_everything_extracted(settings)
+
+
+def test_while_a_master_fails_over_the_other_masters_shards_are_still_claimed(
+    tmp_path: Path, make_settings: Any
+) -> None:
+    with LocalCluster(tmp_path / "cluster", masters=3, replicas=1) as cluster:
+        settings: MemqSettings = make_settings(redis_url=cluster.url, shards=12)
+        client = redis_client(settings)
+        queue = QueueClient(settings, client)
+        enqueue = Enqueuer(
+            client, KeySchema(settings.key_prefix, 12), debounce_ms=0, max_delay_ms=1000
+        )
+        ids = []
+        for n in range(60):
+            key = ContextKey.create("t", f"w{n}", None)
+            enqueue(EnqueueRequest(key=key, messages_json="[]", flush=True), now_ms())
+            ids.append(key.id)
+        assert queue.claim(limit=1).claims  # a running ticker: its scripts are loaded everywhere
+        ids = [i for i in ids if queue.load(i).get("claim_token") is None]
+        victim, [heir] = cluster.masters[0], cluster.replicas_of[0]
+        victim_id = cluster.node_id(victim)
+        down = {
+            i
+            for i in ids
+            if client.get_node_from_key(queue.keys.for_context(i).due).name
+            == f"127.0.0.1:{victim.port}"
+        }
+        assert down and len(down) < len(ids)
+        victim.kill()
+
+        during = {c.context_id for c in queue.claim().claims}  # no exception: others served
+
+        assert during == set(ids) - down or during == set(ids)  # (promoted already: all)
+        wait_for(lambda: cluster.is_master(heir), timeout=30, what="the replica promoted")
+        wait_for(lambda: cluster.state_ok(heir.port), timeout=30, what="the cluster healed")
+        after = (
+            wait_for(
+                lambda: {c.context_id for c in queue.claim().claims} or None,
+                timeout=30,
+                what="the failed-over shards claimed",
+            )
+            if during != set(ids)
+            else set()
+        )
+        assert during | after == set(ids) and not during & after
+        assert victim_id != cluster.node_id(heir)
+        client.close()

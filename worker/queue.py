@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from importlib import resources
@@ -21,6 +21,7 @@ from core.errors import InvalidIdentifier
 from core.identity import user_id_of
 from core.keys import KeySchema, QueueKeys
 from core.settings import MemqSettings
+from worker.shard_reads import due_members
 
 _SCRIPTS = (
     "claim_due",
@@ -126,7 +127,7 @@ class QueueClient:
         # Every shard's candidates in one pipelined read (on a cluster, one round trip per
         # master): the scripts then run only for shards that have due work.
         for shard, ids in zip(
-            shards, self._ranges([s.due for s in shards], now, limit), strict=True
+            shards, due_members(self.redis, [s.due for s in shards], now, limit), strict=True
         ):
             if not ids:
                 continue
@@ -152,13 +153,12 @@ class QueueClient:
         shards = self.keys.all_shards()
         # Dead letters past their retention: their hashes already expired (fail and reap set the
         # TTL when they die); the ids go too. Pipelined with the expired-lease reads below.
-        found = self._ranges(
+        found = due_members(
+            self.redis,
             [s.inflight for s in shards],
             now,
             limit,
-            also=lambda pipe: [
-                pipe.zremrangebyscore(s.dead, "-inf", expired_before) for s in shards
-            ],
+            also=lambda pipe, i: pipe.zremrangebyscore(shards[i].dead, "-inf", expired_before),
         )
         for shard, ids in zip(shards, found, strict=True):
             for start in range(0, len(ids), _SCRIPT_BATCH):  # bounded script size and run time
@@ -384,25 +384,6 @@ class QueueClient:
             # malformed member can still be claimed, dropped or reaped, never crash the batch.
             user_id = ""
         return q.user_inflight(user_id)
-
-    def _ranges(
-        self,
-        zsets: Sequence[str],
-        now: int,
-        limit: int,
-        *,
-        also: Callable[[Any], object] | None = None,
-    ) -> list[list[str]]:
-        """The members scored up to ``now`` (at most ``limit``) of each zset, in one pipeline
-        without MULTI (the zsets sit in different slots; a cluster groups the reads by node).
-        ``also`` queues more commands after them, whose replies are dropped."""
-        pipe = self.redis.pipeline(transaction=False)
-        for zset in zsets:
-            pipe.zrangebyscore(zset, "-inf", now, start=0, num=limit)
-        if also is not None:
-            also(pipe)
-        replies = pipe.execute()
-        return [[_text(member) for member in found] for found in replies[: len(zsets)]]
 
     def _dead_batches(
         self, ids: Iterable[str] | Literal["all"]
