@@ -259,3 +259,36 @@ def test_doctor_checks_every_master_and_refuses_the_cluster_as_broker(
         "FAIL  broker: the broker cannot be a Redis Cluster (kombu has no cluster transport): "
         "set MEMQ_BROKER_URL to a plain or sentinel:// Redis"
     ) in out
+
+
+def test_the_cli_works_on_the_cluster(
+    make_cluster_settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Any,
+) -> None:
+    from memq.cli import main
+
+    settings: MemqSettings = make_cluster_settings()
+    for name in ("redis_url", "broker_url", "key_prefix", "shards", "storage"):
+        monkeypatch.setenv(f"MEMQ_{name.upper()}", str(getattr(settings, name)))
+    conversation = tmp_path / "c.json"
+    conversation.write_text(
+        json.dumps(
+            [
+                {"role": "user", "content": "I am Gil and I write Rust."},
+                {"role": "assistant", "content": "Nice."},
+            ]
+        ),
+        encoding="utf-8",
+    )
+    assert main(["enqueue", str(conversation), "--thread", "t1", "--user", "gil"]) == 0
+    assert main(["facts", "add", "gil", "Gil writes Rust"]) == 0
+    capsys.readouterr()
+    assert main(["stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["due"] == 1
+    assert main(["inject", "gil"]) == 0
+    assert "Gil writes Rust" in capsys.readouterr().out
+    assert main(["forget", "gil", "--json"]) == 0
+    removed = json.loads(capsys.readouterr().out)["removed"]
+    assert (removed["documents"], removed["pending"]) == (1, 1)
