@@ -319,3 +319,27 @@ def test_while_a_master_fails_over_the_other_masters_shards_are_still_claimed(
         assert during | after == set(ids) and not during & after
         assert victim_id != cluster.node_id(heir)
         client.close()
+
+
+def test_a_planned_sentinel_failover_is_followed_by_the_same_client(
+    tmp_path: Path, make_settings: Any
+) -> None:
+    """SENTINEL FAILOVER (maintenance): the old primary becomes a read-only replica; a client
+    that still holds connections to it moves to the new primary instead of failing on READONLY."""
+    with LocalSentinel(tmp_path / "sentinel") as deployment:
+        settings: MemqSettings = make_settings(redis_url=deployment.url, storage="redis")
+        client = redis_client(settings)
+        storage = get_storage(settings, redis=client)
+        storage.save("eve", None, MemoryDocument(facts=[Fact(content="before")]))
+        old_port = deployment.master_port()
+        with redis.Redis(port=deployment.sentinels[0].port, decode_responses=True) as sentinel:
+            sentinel.execute_command("SENTINEL", "FAILOVER", deployment.master_name)
+        wait_for(lambda: deployment.master_port() != old_port, timeout=30, what="the switch")
+        wait_for(lambda: replica_in_sync(old_port), timeout=30, what="the old primary as a replica")
+
+        storage.update(
+            "eve", None, lambda d: MemoryDocument(facts=[*d.facts, Fact(content="after")])
+        )
+
+        assert [f.content for f in storage.load("eve").facts] == ["before", "after"]
+        client.close()
