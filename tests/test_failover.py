@@ -343,3 +343,29 @@ def test_a_planned_sentinel_failover_is_followed_by_the_same_client(
 
         assert [f.content for f in storage.load("eve").facts] == ["before", "after"]
         client.close()
+
+
+def test_a_planned_cluster_failover_is_followed_by_the_same_client(
+    tmp_path: Path, make_settings: Any
+) -> None:
+    with LocalCluster(tmp_path / "cluster", masters=3, replicas=1) as cluster:
+        settings: MemqSettings = make_settings(redis_url=cluster.url, storage="redis", shards=6)
+        client = redis_client(settings)
+        storage = get_storage(settings, redis=client)
+        users = [f"v{n}" for n in range(12)]  # some on every master
+        for user in users:
+            storage.save(user, None, MemoryDocument(facts=[Fact(content="before")]))
+        for replicas in cluster.replicas_of.values():
+            with redis.Redis(port=replicas[0].port) as replica:
+                replica.execute_command("CLUSTER FAILOVER")
+        for replicas in cluster.replicas_of.values():
+            wait_for(lambda r=replicas[0]: cluster.is_master(r), timeout=30, what="the switch")
+
+        for user in users:
+            storage.update(
+                user, None, lambda d: MemoryDocument(facts=[*d.facts, Fact(content="after")])
+            )
+
+        for user in users:
+            assert [f.content for f in storage.load(user).facts] == ["before", "after"]
+        client.close()
