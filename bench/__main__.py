@@ -29,6 +29,8 @@ BENCHMARKS = {
     "P3": "bench.p3_flush",
     "BURST": "bench.p8_burst",
     "P4": "bench.p4_throughput",
+    # Starts its own 3-master Redis Cluster beside the one Redis; skips when it cannot.
+    "CLUSTER": "bench.p9_cluster",
 }
 DOC = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 MARKER = "<!-- analysis -->"

@@ -1,12 +1,67 @@
-"""The Redis connection factory: one place that turns settings into a client."""
+"""The Redis connection factory: one place that turns settings into a client.
+
+Three URL forms reach three kinds of deployment, behind one client type:
+
+* ``redis://`` / ``rediss://`` / ``unix://``: one Redis (``redis.Redis``);
+* ``redis+cluster://host:port[,host:port…][/0]`` (``rediss+cluster://`` with TLS): Redis Cluster
+  (``RedisCluster``; any node is enough to discover the rest);
+* ``redis+sentinel://host:port[,host:port…]/master_name[/db]`` (``rediss+sentinel://`` with TLS
+  to the master): the master a set of Sentinels names, rediscovered after a failover.
+"""
 
 from __future__ import annotations
 
+from typing import Any, TypeAlias
+
 import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from core.redis_urls import RedisTarget, parse_redis_url
 from core.settings import MemqSettings
+
+# What a failed Redis call raises: redis-py's own errors, plus RedisCluster's "no node answers"
+# (RedisClusterException is not a RedisError).
+REDIS_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, RedisClusterException)
+# Unreachable rather than refusing: worth a retry or the spool.
+UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    RedisClusterException,
+)
+
+# What every part of memq talks to. Both share the commands memq uses (Lua scripts included:
+# each script's keys sit in one hash slot) and pipelines without MULTI.
+RedisClient: TypeAlias = "redis.Redis | RedisCluster"
+
+
+def _failover_retry(socket_timeout: float | None) -> Retry:
+    """Workers (timeouts of seconds) retry long enough to ride out a replica promotion; a
+    producer (a sub-second timeout) tries once more and then spools: it must never wait."""
+    if socket_timeout is not None and socket_timeout < 1.0:
+        return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.05), retries=1)
+    return Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), retries=8)
+
+
+def _retry(target: RedisTarget, socket_timeout: float | None, outage_retries: int | None) -> Retry:
+    """``outage_retries`` given: that many retries of a refused or dropped connection, with
+    jittered backoff (workers ride out a Redis restart of a few seconds). Not given: none on one
+    Redis (a producer spools, a command fails at once), and on a cluster or behind Sentinels just
+    enough to follow a failover (see :func:`_failover_retry`)."""
+    if outage_retries is not None:
+        if outage_retries <= 0:
+            return Retry(NoBackoff(), 0)
+        return Retry(
+            ExponentialWithJitterBackoff(base=0.1, cap=2.0),
+            outage_retries,
+            supported_errors=(redis.ConnectionError,),
+        )
+    if target.kind in ("cluster", "sentinel"):
+        return _failover_retry(socket_timeout)
+    return Retry(NoBackoff(), 0)
 
 
 def redis_client(
@@ -15,9 +70,9 @@ def redis_client(
     url: str | None = None,
     socket_timeout: float | None = 5.0,
     max_connections: int | None = None,
-    outage_retries: int = 0,
-) -> redis.Redis:
-    """A client with string replies.
+    outage_retries: int | None = None,
+) -> RedisClient:
+    """A client with string replies, for one Redis, a Redis Cluster or a Sentinel-managed master.
 
     The pool is sized from the settings (redis-py caps a default pool at 100 connections, too few
     for a worker with many threads), and blocks briefly for a free connection instead of failing.
@@ -25,26 +80,61 @@ def redis_client(
     ``outage_retries`` > 0 retries a command that meets a refused or dropped connection, with
     jittered exponential back-off (0.1 s doubling to 2 s: 8 retries ride out ~5-10 s), so a
     long-running worker's run that ends while Redis restarts still settles its claim. Leave it
-    at 0 wherever a caller must not wait (the producer in an agent, the CLI): timeouts are never
-    retried either way.
+    unset wherever a caller must not wait (the producer in an agent, the CLI): on one Redis that
+    means no retry, on a cluster or behind Sentinels just enough to follow a failover.
     """
-    retry = (
-        Retry(
-            ExponentialWithJitterBackoff(base=0.1, cap=2.0),
-            outage_retries,
-            supported_errors=(redis.ConnectionError,),
+    target = parse_redis_url(url or settings.redis_url)
+    pool_size = max_connections or settings.redis_max_connections
+    common: dict[str, Any] = {
+        "decode_responses": True,
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": socket_timeout,
+        "health_check_interval": 30,
+        "retry": _retry(target, socket_timeout, outage_retries),
+    }
+    if target.kind == "cluster":
+        return RedisCluster(
+            startup_nodes=[ClusterNode(host, port) for host, port in target.hosts],  # type: ignore[no-untyped-call]
+            username=target.username,
+            password=target.password,
+            ssl=target.tls,
+            max_connections=pool_size,
+            **common,
         )
-        if outage_retries > 0
-        else Retry(NoBackoff(), 0)
-    )
+    if target.kind == "sentinel":
+        return _sentinel_master(target, pool_size, socket_timeout, common)
     pool = redis.BlockingConnectionPool.from_url(
-        url or settings.redis_url,
-        decode_responses=True,
-        max_connections=max_connections or settings.redis_max_connections,
+        target.url,
+        max_connections=pool_size,
         timeout=socket_timeout if socket_timeout is not None else 20,
-        socket_timeout=socket_timeout,
-        socket_connect_timeout=socket_timeout,
-        health_check_interval=30,
-        retry=retry,
+        **common,
     )
     return redis.Redis(connection_pool=pool)
+
+
+def _sentinel_master(
+    target: RedisTarget, pool_size: int, socket_timeout: float | None, common: dict[str, Any]
+) -> redis.Redis:
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(target.hosts),
+        sentinel_kwargs={
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_timeout,
+        },
+    )
+    assert target.master_name is not None  # parse_redis_url requires it
+    # Every new connection asks the Sentinels where the master is, and a connection to a
+    # demoted master fails with READONLY (redis-py then disconnects it): after a failover the
+    # retries land on the promoted replica.
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        target.master_name,
+        connection_pool_class=SentinelConnectionPool,
+        db=target.db,
+        username=target.username,
+        password=target.password,
+        ssl=target.tls,
+        max_connections=pool_size,
+        retry=_failover_retry(socket_timeout),
+        **common,
+    )
+    return master

@@ -30,6 +30,7 @@ from pydantic_settings import (
 )
 
 from core.errors import ConfigError
+from core.redis_urls import BrokerTarget, broker_target, parse_redis_url
 
 # DeerFlow's `memory:` field names that differ from ours; values converted where the type differs.
 _DEERFLOW_RENAMES: dict[str, str] = {
@@ -85,6 +86,8 @@ class MemqSettings(BaseSettings):
     # --- Redis and Celery
     redis_url: str = "redis://127.0.0.1:6379/0"
     broker_url: str | None = None
+    # A sentinel:// broker: the master name its Sentinels monitor (Celery's `master_name`).
+    broker_master_name: str | None = None
     key_prefix: str = Field(default="memq", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     shards: int = Field(default=1, ge=1, le=1024)
     redis_max_connections: int = Field(default=256, ge=1)
@@ -202,6 +205,13 @@ class MemqSettings(BaseSettings):
             return value.strip().lower() == "tiktoken"
         return value
 
+    @field_validator("redis_url", "broker_url")
+    @classmethod
+    def _redis_url_form(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_redis_url(value)  # a malformed cluster/Sentinel URL: one clear line now
+        return value
+
     @model_validator(mode="after")
     def _coherent(self) -> MemqSettings:
         if self.max_delay_seconds < self.debounce_seconds:
@@ -245,8 +255,14 @@ class MemqSettings(BaseSettings):
 
     # --- derived values
     @property
+    def broker(self) -> BrokerTarget:
+        """The Celery broker: raises :class:`ConfigError` when none can work (a Redis Cluster
+        cannot be one); only Celery's side asks, so producers on a cluster need no broker."""
+        return broker_target(self.broker_url, self.redis_url, self.broker_master_name)
+
+    @property
     def effective_broker_url(self) -> str:
-        return self.broker_url or self.redis_url
+        return self.broker.url
 
     @property
     def debounce_ms(self) -> int:

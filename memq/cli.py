@@ -11,8 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import redis
-
+from core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
 from core.errors import ConfigError, MemqError
 from memq.commands import config, doctor, exporter, memory, queue, up
 from memq.commands import demo as demo_command
@@ -58,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _explain(exc: Exception, context: CommandContext) -> str:
     """One line that says what went wrong, never a password, never a traceback."""
-    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+    if isinstance(exc, UNREACHABLE_ERRORS):
         return f"cannot reach Redis at {_redis_url(context)} ({_first_line(exc)})"
     if isinstance(exc, ConfigError):  # pydantic lists each bad field on its own line
         return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
@@ -68,7 +67,7 @@ def _explain(exc: Exception, context: CommandContext) -> str:
         return f"no such file: {exc.filename}"
     if isinstance(exc, OSError):
         return f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")
-    if isinstance(exc, redis.RedisError):
+    if isinstance(exc, REDIS_ERRORS):
         return f"Redis error at {_redis_url(context)}: {_first_line(exc)}"
     return f"unexpected {type(exc).__name__}: {_first_line(exc)} (run with --debug for details)"
 

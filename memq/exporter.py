@@ -26,7 +26,7 @@ from worker.metrics import EXTRACTION_OUTCOMES, MetricsSnapshot, read_metrics, r
 from worker.queue import now_ms
 
 if TYPE_CHECKING:
-    import redis
+    from core.connection import RedisClient
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class MemqCollector(Collector):
     """Collects memq's figures from Redis on each scrape; ``memq_up`` 0 when Redis is out."""
 
     def __init__(
-        self, settings: MemqSettings, client: redis.Redis, clock: Callable[[], int] = now_ms
+        self, settings: MemqSettings, client: RedisClient, clock: Callable[[], int] = now_ms
     ) -> None:
         self._settings = settings
         self._client = client
@@ -141,7 +141,7 @@ class MemqCollector(Collector):
             yield counter
 
 
-def build_registry(settings: MemqSettings, client: redis.Redis) -> CollectorRegistry:
+def build_registry(settings: MemqSettings, client: RedisClient) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MemqCollector(settings, client))
     return registry
@@ -149,7 +149,7 @@ def build_registry(settings: MemqSettings, client: redis.Redis) -> CollectorRegi
 
 def serve(
     settings: MemqSettings,
-    client: redis.Redis,
+    client: RedisClient,
     address: str,
     port: int,
     stop: threading.Event,

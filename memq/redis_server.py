@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
@@ -147,6 +148,7 @@ class RedisServer:
         password: str | None = None,
         appendfsync: str = "everysec",
         stop_with_parent: bool = False,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
@@ -154,6 +156,7 @@ class RedisServer:
         self.password = password
         self.appendfsync = appendfsync
         self.stop_with_parent = stop_with_parent
+        self.extra_args = tuple(extra_args)  # e.g. --cluster-enabled yes, --replicaof host port
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -187,7 +190,7 @@ class RedisServer:
         config = self.data_dir / "redis.conf"
         write_private(config, self.config_text())
         self.process = subprocess.Popen(
-            [find_redis_server(), str(config.resolve())],
+            [find_redis_server(), str(config.resolve()), *self.extra_args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
@@ -219,6 +222,12 @@ class RedisServer:
                 time.sleep(0.02)
         finally:
             client.close()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crashed host: no AOF fsync, no goodbye to replicas or the cluster."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def stop(self, timeout_seconds: float = 10.0) -> None:
         """Graceful stop (SIGTERM lets Redis fsync its AOF)."""

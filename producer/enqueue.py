@@ -21,8 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 
-import redis
-
+from core.connection import REDIS_ERRORS, RedisClient
 from core.errors import InvalidIdentifier, RedisUnavailable
 from core.identity import ContextKey
 from core.keys import KeySchema
@@ -150,7 +149,7 @@ class Enqueuer:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: RedisClient,
         keys: KeySchema,
         *,
         debounce_ms: int,
@@ -198,7 +197,7 @@ class Enqueuer:
                     self._pending_max,
                 ),
             )
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             # Connection loss, timeout, but also OOM or READONLY: either way the context did not
             # get in, and the caller (the fail-open producer) spools it.
             raise RedisUnavailable(f"enqueue of {key.describe()} failed: {exc}") from exc

@@ -16,9 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
-import redis
-
-from core.connection import redis_client
+from core.connection import RedisClient, redis_client
 from core.errors import MemqError, RedisUnavailable
 from core.identity import ContextKey
 from core.keys import KeySchema
@@ -62,7 +60,7 @@ class MemoryProducer:
     def __init__(
         self,
         settings: MemqSettings | None = None,
-        redis: redis.Redis | None = None,
+        redis: RedisClient | None = None,
         *,
         clock_ms: Callable[[], int] | None = None,
     ) -> None:

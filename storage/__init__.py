@@ -9,7 +9,7 @@ from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import Fact, MemoryDocument
 
 if TYPE_CHECKING:
-    import redis
+    from core.connection import RedisClient
 
 __all__ = [
     "Change",
@@ -23,7 +23,7 @@ __all__ = [
 
 
 def get_storage(
-    settings: MemqSettings | None = None, *, redis: redis.Redis | None = None
+    settings: MemqSettings | None = None, *, redis: RedisClient | None = None
 ) -> MemoryStorage:
     """The backend ``settings.storage`` names (``redis``, the default, or ``file``).
 

@@ -22,7 +22,7 @@ from core.settings import MemqSettings
 from storage.base import MemoryStorage
 
 if TYPE_CHECKING:
-    import redis
+    from core.connection import RedisClient
 
 log = logging.getLogger("memq.erasure")
 
@@ -83,7 +83,7 @@ def _agent_of(context_id: str) -> str | None:
 
 def erase(
     settings: MemqSettings,
-    client: redis.Redis,
+    client: RedisClient,
     storage: MemoryStorage,
     user_id: str,
     *,

@@ -14,13 +14,13 @@ from core.settings import MemqSettings
 from storage.base import Fence
 
 if TYPE_CHECKING:
-    import redis
+    from core.connection import RedisClient
 
 
 class RedisClaimCheck:
     """``check(fence)`` → True while ``fence.token`` is the context's claim token."""
 
-    def __init__(self, settings: MemqSettings, client: redis.Redis) -> None:
+    def __init__(self, settings: MemqSettings, client: RedisClient) -> None:
         self._keys = KeySchema(settings.key_prefix, settings.shards)
         self._redis = client
 

@@ -17,9 +17,7 @@ from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
-import redis
-
-from core.connection import redis_client
+from core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS, RedisClient, redis_client
 from core.errors import CorruptMemoryFile, LockTimeout, RedisUnavailable, StaleClaim, StorageError
 from core.identity import validate_agent_name, validate_user_id
 from core.keys import KeySchema
@@ -50,16 +48,16 @@ def _text(value: Any) -> str:
 def _redis_errors(what: str) -> Iterator[None]:
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except UNREACHABLE_ERRORS as exc:
         raise RedisUnavailable(f"{what}: Redis did not answer: {exc}") from exc
-    except redis.RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise StorageError(f"{what}: {exc}") from exc
 
 
 class RedisMemoryStorage:
     """:class:`storage.base.MemoryStorage` in Redis."""
 
-    def __init__(self, settings: MemqSettings, redis_client_: redis.Redis | None = None) -> None:
+    def __init__(self, settings: MemqSettings, redis_client_: RedisClient | None = None) -> None:
         self._owns_client = redis_client_ is None
         self.redis = redis_client_ if redis_client_ is not None else redis_client(settings)
         self.keys = KeySchema(settings.key_prefix, settings.shards)

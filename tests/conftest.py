@@ -17,7 +17,11 @@ from memq.redis_server import RedisServer
 from tests.support.openai_server import ScriptedOpenAI
 
 # Fixtures shared by the end-to-end and reliability tests (real celery worker/beat subprocesses).
-pytest_plugins = ["tests.support.celery_procs", "tests.support.scenarios"]
+pytest_plugins = [
+    "tests.support.celery_procs",
+    "tests.support.scenarios",
+    "tests.support.cluster",
+]
 
 
 @pytest.fixture(autouse=True)

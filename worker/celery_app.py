@@ -37,8 +37,7 @@ _SEND_RETRY_POLICY = {
 def celery_config(settings: MemqSettings) -> dict[str, Any]:
     """Celery settings derived from ours (a pure function, so it is testable without a broker)."""
     tick_expires = max(2 * settings.tick_seconds, 1.0)
-    return {
-        "broker_url": settings.effective_broker_url,
+    config: dict[str, Any] = {
         # A lost broker is retried for ever (at kombu's 2, 4, 6 … 30 s steps), at start and after
         # a connection loss: a worker that gives up while Redis restarts helps nobody.
         "broker_connection_retry": True,
@@ -86,6 +85,23 @@ def celery_config(settings: MemqSettings) -> dict[str, Any]:
             }
         },
     }
+    _add_broker(config, settings)
+    return config
+
+
+# --- the broker (Redis Cluster / Sentinel deployments) -------------------------------------------
+def _add_broker(config: dict[str, Any], settings: MemqSettings) -> None:
+    """The broker URL and, for a Sentinel-managed broker, its master name (merged into any other
+    transport options the config already holds).
+
+    kombu has no Redis Cluster transport: a cluster data Redis needs MEMQ_BROKER_URL set to a plain
+    or sentinel:// Redis, and this raises ConfigError (one line) when it is not."""
+    broker = settings.broker
+    config["broker_url"] = broker.url
+    if broker.transport_options:
+        options = dict(config.get("broker_transport_options") or {})
+        options.update(broker.transport_options)
+        config["broker_transport_options"] = options
 
 
 def create_app(settings: MemqSettings) -> Celery:

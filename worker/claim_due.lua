@@ -5,7 +5,8 @@
 --
 -- KEYS[1]      due        zset  context id -> deadline (epoch ms)
 -- KEYS[2]      inflight   zset  context id -> lease expiry (epoch ms)
--- KEYS[3]      epoch      string  the shard's claim counter: each claim token is its next value
+-- KEYS[3]      epoch      string  the shard's claim counter: each claim token is its next value,
+--                                 and at least ARGV[1] * 1000 (see next_token)
 -- KEYS[2+2i]   ctx:<id>   hash of candidate i (i = 1..n)
 -- KEYS[3+2i]   uinflight:<user>  zset  the in-flight contexts of candidate i's user -> lease expiry
 --
@@ -34,6 +35,21 @@
 -- claimed id is in `inflight` before it leaves `due`: a failure can never leave it in no set.
 
 local due, inflight, epoch = KEYS[1], KEYS[2], KEYS[3]
+
+-- A replica promoted after its primary died may have missed the last INCRs of the counter (the
+-- replication is asynchronous), and would hand out again a token that a run of the dead primary
+-- still holds. So the counter never falls below now_ms * 1000: a failover takes seconds, and the
+-- floor has passed every token issued before it (unless one shard made a million claims in
+-- that time). Tokens stay integers below 2^53, exact in Lua's numbers.
+local token_floor = tonumber(ARGV[1]) * 1000
+local function next_token()
+  local n = redis.call('INCR', epoch)
+  if n < token_floor then
+    n = token_floor
+    redis.call('SET', epoch, string.format('%d', n))
+  end
+  return string.format('%d', n)
+end
 local now = tonumber(ARGV[1])
 local lease_until = string.format('%d', now + tonumber(ARGV[2]))
 local cap = tonumber(ARGV[3])
@@ -104,7 +120,7 @@ for i = 1, n do
         -- The shard's counter never goes back, even when a hash is deleted and re-created, so a
         -- token is unique and a newer claim of a context always has a larger one: the storage
         -- fences saves with it (a run from an earlier claim can never match, nor outrank).
-        local token = tostring(redis.call('INCR', epoch))
+        local token = next_token()
         local version = fields[1]
         redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
           'claimed_at_ms', ARGV[1])

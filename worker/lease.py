@@ -16,8 +16,7 @@ import threading
 from collections.abc import Callable
 from types import TracebackType
 
-import redis
-
+from core.connection import REDIS_ERRORS
 from worker.queue import QueueClient
 
 log = logging.getLogger("memq.extract")
@@ -70,7 +69,7 @@ class LeaseKeeper:
             try:
                 if not self._queue.renew(self._context_id, self._token, self._clock()):
                     return  # the claim is gone (reaped, purged): nothing left to keep
-            except redis.RedisError as exc:  # Redis may come back before the lease runs out
+            except REDIS_ERRORS as exc:  # Redis may come back before the lease runs out
                 log.warning("lease renewal of key=%s failed: %s", self._context_id, exc)
                 continue
             self.renewals += 1

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import redis
 
+from core.connection import RedisClient
 from core.keys import KeySchema
 from core.settings import MemqSettings
 
@@ -72,12 +73,12 @@ def latency_bucket(seconds: float) -> str:
 class MetricsRecorder:
     """Adds to the shared metrics hash; one round trip per call, errors logged, never raised."""
 
-    def __init__(self, client: redis.Redis, key: str) -> None:
+    def __init__(self, client: RedisClient, key: str) -> None:
         self._client = client
         self._key = key
 
     @classmethod
-    def for_settings(cls, settings: MemqSettings, client: redis.Redis) -> MetricsRecorder:
+    def for_settings(cls, settings: MemqSettings, client: RedisClient) -> MetricsRecorder:
         return cls(client, KeySchema(settings.key_prefix, settings.shards).metrics())
 
     def extraction(self, outcome: str) -> None:
@@ -198,7 +199,7 @@ class ShardGauges:
     oldest_due_lag_ms: int  # how far the oldest due context is past its deadline (0: none due)
 
 
-def read_shards(client: redis.Redis, settings: MemqSettings, now_ms: int) -> list[ShardGauges]:
+def read_shards(client: RedisClient, settings: MemqSettings, now_ms: int) -> list[ShardGauges]:
     """Depths and lag of every shard, in one round trip."""
     schema = KeySchema(settings.key_prefix, settings.shards)
     shards = schema.all_shards()
@@ -217,6 +218,6 @@ def read_shards(client: redis.Redis, settings: MemqSettings, now_ms: int) -> lis
     return gauges
 
 
-def read_metrics(client: redis.Redis, settings: MemqSettings) -> MetricsSnapshot:
+def read_metrics(client: RedisClient, settings: MemqSettings) -> MetricsSnapshot:
     schema = KeySchema(settings.key_prefix, settings.shards)
     return parse_metrics(client.hgetall(schema.metrics()))  # type: ignore[arg-type]

@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, cast
 
-import redis
 from redis.commands.core import Script
 
+from core.connection import RedisClient
 from core.errors import InvalidIdentifier
 from core.identity import user_id_of
 from core.keys import KeySchema, QueueKeys
 from core.settings import MemqSettings
 from worker.scripts import assemble
+from worker.shard_reads import due_members
 
 _SCRIPTS = (
     "claim_due",
@@ -93,7 +94,7 @@ def _text(value: Any) -> str:
 class QueueClient:
     """The worker side of the Redis contract, on one client (its scripts registered once)."""
 
-    def __init__(self, settings: MemqSettings, redis_client: redis.Redis) -> None:
+    def __init__(self, settings: MemqSettings, redis_client: RedisClient) -> None:
         self.settings = settings
         self.redis = redis_client
         self.keys = KeySchema(settings.key_prefix, settings.shards)
@@ -119,8 +120,12 @@ class QueueClient:
         claims: list[Claim] = []
         examined = deferred = 0
         full = False
-        for shard in self.keys.all_shards():
-            ids = self._range(shard.due, now, limit)
+        shards = self.keys.all_shards()
+        # Every shard's candidates in one pipelined read (on a cluster, one round trip per
+        # master): the scripts then run only for shards that have due work.
+        for shard, ids in zip(
+            shards, due_members(self.redis, [s.due for s in shards], now, limit), strict=True
+        ):
             if not ids:
                 continue
             keys = [shard.due, shard.inflight, shard.epoch]
@@ -142,11 +147,17 @@ class QueueClient:
         now = now_ms() if now is None else now
         requeued = dead = 0
         expired_before = now - self.settings.dead_retention_ms
-        for shard in self.keys.all_shards():
-            # Dead letters past their retention: their hashes already expired (fail and reap set
-            # the TTL when they die); the ids go too.
-            self.redis.zremrangebyscore(shard.dead, "-inf", expired_before)
-            ids = self._range(shard.inflight, now, limit)
+        shards = self.keys.all_shards()
+        # Dead letters past their retention: their hashes already expired (fail and reap set the
+        # TTL when they die); the ids go too. Pipelined with the expired-lease reads below.
+        found = due_members(
+            self.redis,
+            [s.inflight for s in shards],
+            now,
+            limit,
+            also=lambda pipe, i: pipe.zremrangebyscore(shards[i].dead, "-inf", expired_before),
+        )
+        for shard, ids in zip(shards, found, strict=True):
             for start in range(0, len(ids), _SCRIPT_BATCH):  # bounded script size and run time
                 batch = ids[start : start + _SCRIPT_BATCH]
                 keys = [shard.inflight, shard.due, shard.dead]
@@ -374,10 +385,6 @@ class QueueClient:
             # malformed member can still be claimed, dropped or reaped, never crash the batch.
             user_id = ""
         return q.user_inflight(user_id)
-
-    def _range(self, zset: str, now: int, limit: int) -> list[str]:
-        found = self.redis.zrangebyscore(zset, "-inf", now, start=0, num=limit)
-        return [_text(member) for member in found]
 
     def _dead_batches(
         self, ids: Iterable[str] | Literal["all"]

@@ -11,9 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis
-
-from core.connection import redis_client
+from core.connection import RedisClient, redis_client
 from core.errors import MemqError, PermanentLLMError, ResponseParseError, TransientLLMError
 from core.identity import ContextKey
 from core.models import ConversationContext
@@ -41,18 +39,18 @@ class WorkerRuntime:
         self,
         settings: MemqSettings,
         *,
-        pipeline_factory: Callable[[MemqSettings, redis.Redis], ExtractionPipeline] | None = None,
+        pipeline_factory: Callable[[MemqSettings, RedisClient], ExtractionPipeline] | None = None,
     ) -> None:
         self.settings = settings
         self._pipeline_factory = pipeline_factory or build_pipeline
         self._lock = threading.Lock()
         self._pid: int | None = None
-        self._redis: redis.Redis | None = None
+        self._redis: RedisClient | None = None
         self._queue: QueueClient | None = None
         self._pipeline: ExtractionPipeline | None = None
 
     @property
-    def client(self) -> redis.Redis:
+    def client(self) -> RedisClient:
         return self._base()[0]
 
     @property
@@ -67,12 +65,12 @@ class WorkerRuntime:
                 self._pipeline = self._pipeline_factory(self.settings, self._base_locked()[0])
             return self._pipeline
 
-    def _base(self) -> tuple[redis.Redis, QueueClient]:
+    def _base(self) -> tuple[RedisClient, QueueClient]:
         with self._lock:
             self._check_fork()
             return self._base_locked()
 
-    def _base_locked(self) -> tuple[redis.Redis, QueueClient]:
+    def _base_locked(self) -> tuple[RedisClient, QueueClient]:
         if self._redis is None or self._queue is None:
             # Worker-side calls ride out a short Redis restart (a few seconds) instead of failing
             # the run's settlement and leaving its context to wait for its lease.
@@ -87,7 +85,7 @@ class WorkerRuntime:
             self._pid = None
 
 
-def build_pipeline(settings: MemqSettings, client: redis.Redis) -> ExtractionPipeline:
+def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPipeline:
     """The production pipeline: configured storage and LLM (imported here, not at module load,
     so the ticker and the app factory never load the LLM client)."""
     from storage import get_storage

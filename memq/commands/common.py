@@ -16,8 +16,7 @@ from core.errors import MemqError
 from core.settings import MemqSettings, load_settings
 
 if TYPE_CHECKING:
-    import redis
-
+    from core.connection import RedisClient
     from storage.base import MemoryStorage
 
 Runner = Callable[[argparse.Namespace, "CommandContext"], int]
@@ -27,12 +26,19 @@ class CommandError(MemqError):
     """Bad input to a command (unknown user, unusable file): one line for the operator."""
 
 
+_USERINFO = re.compile(r"(://[^:@/;,]*):[^@/;,]*@")
 _SECRET_QUERY = re.compile(r"(?i)((?:^|&)(?:password|pass|pwd|token|api_key|key|secret)=)[^&]*")
 
 
 def mask_url(url: str) -> str:
     """The URL with its password (in the user part or a ``password=``-like query parameter)
     replaced by ``***``; user names stay, they help debugging."""
+    if any(sep in url.partition("://")[2].partition("/")[0] for sep in ",;"):
+        # Several hosts (a cluster, Sentinels, kombu's `sentinel://a;sentinel://b`): urlsplit
+        # cannot read their ports; mask each `user:password@` in place.
+        masked = _USERINFO.sub(r"\1:***@", url)
+        head, question, query = masked.partition("?")
+        return head + question + _SECRET_QUERY.sub(r"\1***", query)
     try:
         parts = urlsplit(url)
         password, port = parts.password, parts.port
@@ -54,7 +60,7 @@ class CommandContext:
 
     def __init__(self, settings: MemqSettings | None = None) -> None:
         self._settings = settings
-        self._redis: redis.Redis | None = None
+        self._redis: RedisClient | None = None
         self._storage: MemoryStorage | None = None
 
     @property
@@ -64,7 +70,7 @@ class CommandContext:
         return self._settings
 
     @property
-    def redis(self) -> redis.Redis:
+    def redis(self) -> RedisClient:
         if self._redis is None:
             from core.connection import redis_client
 

@@ -20,12 +20,19 @@ DESCRIPTIONS: dict[str, str] = {
     "enabled": "master switch: producers enqueue nothing when off",
     "injection_enabled": "MemoryInjector returns an empty block when off",
     "redis_url": (
-        "Redis holding the queue and (with the default `storage=redis`) the memory; "
+        "Redis holding the queue and (with the default `storage=redis`) the memory: `redis://`, "
+        "`redis+cluster://h:p,h:p` (Redis Cluster), `redis+sentinel://h:p,h:p/master`; "
         "unset → `memq up`/`demo` start a private one"
     ),
-    "broker_url": "Celery broker; defaults to `redis_url`",
+    "broker_url": (
+        "Celery broker: plain Redis or `sentinel://h:p;sentinel://h:p` (never a cluster); "
+        "defaults to `redis_url` (its Sentinels for `redis+sentinel://`)"
+    ),
+    "broker_master_name": "master name of a `sentinel://` broker",
     "key_prefix": "prefix of every Redis key (one prefix per memq deployment)",
-    "shards": "due/inflight sets spread over this many hash tags (Redis Cluster)",
+    "shards": (
+        "queue shards, each one hash tag (on a cluster 64-256, spread evenly over the masters)"
+    ),
     "redis_max_connections": "connection pool size per process",
     "debounce_seconds": "quiet time after the last enqueue before a context is extracted",
     "max_delay_seconds": "a busy thread waits at most this long after its first pending turn",

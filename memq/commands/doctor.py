@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import redis
+from redis.cluster import RedisCluster
 
+from core.connection import RedisClient
+from core.errors import ConfigError
+from core.keys import CLUSTER_SLOTS
 from core.settings import MemqSettings
 from memq.commands.common import CommandContext, mask_url
 
@@ -73,8 +77,40 @@ def _guard(name: str, fn: Callable[[], list[Check]]) -> list[Check]:
         return [Check("fail", name, f"check crashed: {type(exc).__name__}: {exc}")]
 
 
-def check_redis(client: redis.Redis, settings: MemqSettings) -> list[Check]:
-    url = mask_url(settings.redis_url)
+def check_redis(client: RedisClient, settings: MemqSettings) -> list[Check]:
+    """One Redis or Sentinel master: its version and persistence. A cluster: every master's,
+    and whether every slot is served."""
+    if isinstance(client, RedisCluster):
+        return _check_cluster(client, settings)
+    return _check_node(client, mask_url(settings.redis_url))
+
+
+def _check_cluster(client: RedisCluster, settings: MemqSettings) -> list[Check]:
+    primaries = client.get_primaries()  # type: ignore[no-untyped-call]
+    info = client.cluster_info()
+    state = str(info.get("cluster_state", "?"))
+    slots = int(info.get("cluster_slots_ok", 0))
+    checks = [
+        Check(
+            "ok" if state == "ok" and slots == CLUSTER_SLOTS else "fail",
+            "cluster",
+            f"{len(primaries)} master(s), state {state}, {slots}/{CLUSTER_SLOTS} slots served; "
+            f"{settings.shards} shard(s)",
+            ""
+            if settings.shards >= 16 * len(primaries)
+            else "set MEMQ_SHARDS to 64-256 so the queue spreads over every master",
+        )
+    ]
+    for node in primaries:
+        node_client = client.get_redis_connection(node)
+        checks += [
+            Check(c.status, f"{c.name} {node.name}", c.detail, c.fix)
+            for c in _check_node(node_client, node.name)
+        ]
+    return checks
+
+
+def _check_node(client: redis.Redis, url: str) -> list[Check]:
     try:
         info = client.info()
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -136,14 +172,22 @@ def _rdb_enabled(client: redis.Redis) -> bool:
 
 
 def check_broker(settings: MemqSettings, *, redis_ok: bool) -> list[Check]:
-    url = settings.effective_broker_url
+    try:
+        broker = settings.broker
+    except ConfigError as exc:
+        return [
+            Check("fail", "broker", str(exc), "e.g. MEMQ_BROKER_URL=redis://broker-host:6379/0")
+        ]
+    url = broker.url
     if url == settings.redis_url:
         status: Status = "ok" if redis_ok else "fail"
         return [Check(status, "broker", "the Celery broker is the same Redis as above")]
     import kombu
 
     try:
-        with kombu.Connection(url, connect_timeout=3) as conn:  # type: ignore[attr-defined,no-untyped-call]
+        with kombu.Connection(  # type: ignore[attr-defined,no-untyped-call]
+            url, connect_timeout=3, transport_options=broker.transport_options
+        ) as conn:
             conn.ensure_connection(max_retries=1, timeout=3)
     except Exception as exc:
         return [
@@ -256,7 +300,7 @@ def check_storage(settings: MemqSettings) -> list[Check]:
 
 
 def check_ticker(
-    client: redis.Redis, settings: MemqSettings, now_ms: int | None = None
+    client: RedisClient, settings: MemqSettings, now_ms: int | None = None
 ) -> list[Check]:
     """Whether beat ticks: its heartbeat is the time of the last tick, kept in Redis."""
     from worker.metrics import read_metrics

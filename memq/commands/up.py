@@ -33,6 +33,8 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     from memq.stack import Stack, StackOptions, uses_private_redis
 
     settings = context.settings
+    if not uses_private_redis(settings):
+        settings.broker  # noqa: B018 - a cluster without MEMQ_BROKER_URL: one line, before any child
     options = StackOptions(
         flower=not args.no_flower,
         beat=not args.no_beat,
