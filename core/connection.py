@@ -51,17 +51,18 @@ def _retry(target: RedisTarget, socket_timeout: float | None, outage_retries: in
     jittered backoff (workers ride out a Redis restart of a few seconds). Not given: none on one
     Redis (a producer spools, a command fails at once), and on a cluster or behind Sentinels just
     enough to follow a failover (see :func:`_failover_retry`)."""
-    if outage_retries is not None:
-        if outage_retries <= 0:
-            return Retry(NoBackoff(), 0)
-        return Retry(
-            ExponentialWithJitterBackoff(base=0.1, cap=2.0),
-            outage_retries,
-            supported_errors=(redis.ConnectionError,),
-        )
     if target.kind in ("cluster", "sentinel"):
-        return _failover_retry(socket_timeout)
-    return Retry(NoBackoff(), 0)
+        if outage_retries is None:
+            return _failover_retry(socket_timeout)
+        # A failover also shows as a timeout to a demoted node: redis-py's default errors.
+        return Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), max(outage_retries, 1))
+    if outage_retries is None or outage_retries <= 0:
+        return Retry(NoBackoff(), 0)
+    return Retry(
+        ExponentialWithJitterBackoff(base=0.1, cap=2.0),
+        outage_retries,
+        supported_errors=(redis.ConnectionError,),
+    )
 
 
 def redis_client(
@@ -134,7 +135,6 @@ def _sentinel_master(
         password=target.password,
         ssl=target.tls,
         max_connections=pool_size,
-        retry=_failover_retry(socket_timeout),
         **common,
     )
     return master

@@ -69,6 +69,10 @@ def celery_config(settings: MemqSettings) -> dict[str, Any]:
         # Only acks-late tasks are cancelled; set so Celery's default change can't surprise us.
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         "worker_prefetch_multiplier": 1,
+        # Take a message only when a pool slot is free: a message fetched but not yet started is
+        # unacked, and restoring unacked messages after a Redis restart is where kombu 5.7 crashes
+        # the consumer. The claim's lease recovers anything a dead worker held either way.
+        "worker_disable_prefetch": True,
         "worker_concurrency": settings.worker_concurrency,
         # Flower needs both.
         "worker_send_task_events": True,
