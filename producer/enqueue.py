@@ -27,9 +27,9 @@ from core.errors import InvalidIdentifier, RedisUnavailable
 from core.identity import ContextKey
 from core.keys import KeySchema
 from core.models import Message, messages_to_json
+from memory.signals import detect_signals
 from producer.accumulate import merge_messages_json
 from producer.messages import filter_messages_for_memory, has_minimum_dialogue, keep_newest_within
-from producer.signals import detect_signals
 
 MAX_TRACE_ID_LENGTH = 256
 

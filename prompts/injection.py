@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from prompts.tokens import make_token_counter
-from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument
+from storage.document import CORRECTION, DEFAULT_CATEGORY, Fact, MemoryDocument
 from storage.search import rank_by_relevance
 
 USER_LINES = (
@@ -52,7 +52,7 @@ def escape(text: str) -> str:
 def render_fact(fact: Fact) -> str:
     category = fact.category.strip() or DEFAULT_CATEGORY
     line = f"- [{escape(category)} | {fact.confidence:.2f}] {escape(fact.content)}"
-    if category == "correction" and fact.source_error:
+    if category == CORRECTION and fact.source_error:
         line += f" (avoid: {escape(fact.source_error)})"
     return line
 
@@ -119,7 +119,7 @@ def format_memory_for_injection(
     max_tokens: int = 2000,
     *,
     token_counting: bool = True,
-    guaranteed_categories: Iterable[str] | None = ("correction",),
+    guaranteed_categories: Iterable[str] | None = (CORRECTION,),
     guaranteed_token_budget: int = 500,
     count_tokens: Callable[[str], int] | None = None,
     query: str | None = None,

@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "memq/1"
 DEFAULT_CATEGORY = "context"
-CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", "correction")
+# What the user said the agent got wrong: kept before any other category (cap, injection budget).
+CORRECTION = "correction"
+CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", CORRECTION)
 FactSource = Literal["conversation", "manual", "consolidation", "import"]
 FACT_SOURCES = ("conversation", "manual", "consolidation", "import")
 MAX_FACT_ID_LENGTH = 128

@@ -18,12 +18,6 @@ from core.identity import ContextKey
 from core.models import ConversationContext, Message
 from core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
-from prompts.conversation import (
-    WATERMARK_DEPTH,
-    message_identity,
-    select_messages,
-    split_at_watermark,
-)
 from prompts.update_prompt import CORRECTION_HINT
 from tests.support.memory_storage import InMemoryStorage
 from tests.support.openai_server import EMPTY_UPDATE, Reply, ScriptedOpenAI
@@ -31,6 +25,12 @@ from worker.llm import OpenAIUpdateModel
 from worker.pipeline import ExtractionPipeline
 from worker.queue import CompleteResult, QueueClient
 from worker.tasks import WorkerRuntime, extract
+from worker.watermark import (
+    WATERMARK_DEPTH,
+    message_identity,
+    select_messages,
+    split_at_watermark,
+)
 
 T0 = 1_700_000_000_000
 

@@ -23,17 +23,18 @@ from datetime import datetime
 from typing import Literal
 
 from core.errors import StaleClaim
-from core.models import ConversationContext, Message
+from core.models import ConversationContext
 from core.settings import MemqSettings
-from producer.signals import detect_correction, detect_reinforcement
-from prompts.answer import UpdateAnswer, parse_update_response
-from prompts.apply import apply_update
-from prompts.conversation import ChunkBudget, Selection, TokenCounter, split_at_watermark
-from prompts.tokens import make_token_counter
+from memory.apply import apply_update
+from memory.signals import signals_in
+from memory.update import UpdateAnswer
+from prompts.answer import parse_update_response
+from prompts.tokens import TokenCounter, make_token_counter
 from prompts.update_prompt import UpdatePrompt, build_update_prompt
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import MemoryDocument, utc_now
-from worker.llm import UpdateModel
+from worker.model import UpdateModel
+from worker.watermark import ChunkBudget, Selection, split_at_watermark
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +70,6 @@ class ExtractionReport:
 
 def _count(changes: list[Change], *actions: str) -> int:
     return sum(1 for c in changes if c.action in actions)
-
-
-def signals_in(messages: tuple[Message, ...]) -> tuple[bool, bool]:
-    """``(correction, reinforcement)`` anywhere in the new messages.
-
-    Not the producer's flags: they are OR-merged from windows that reach back into turns already
-    extracted, so an old "that's wrong" would flag every later run. The producer's detectors only
-    look at the last few messages of what they get, hence one message at a time; a correction
-    suppresses a reinforcement, as in the producer.
-    """
-    user = [(m,) for m in messages if m.role == "user"]
-    correction = any(detect_correction(one) for one in user)
-    return correction, (not correction) and any(detect_reinforcement(one) for one in user)
 
 
 def chunk_budget(settings: MemqSettings, count_tokens: TokenCounter) -> ChunkBudget:
