@@ -117,8 +117,3 @@ def signals_in(messages: Sequence[Message]) -> tuple[bool, bool]:
     user = [m.content for m in messages if m.role == "user"]
     correction = any(is_correction(text) for text in user)
     return correction, (not correction) and any(is_reinforcement(text) for text in user)
-
-
-def detect_signals(messages: Sequence[Message]) -> tuple[bool, bool]:
-    """The producer's flags: :func:`signals_in` over the last six messages it hands over."""
-    return signals_in(messages[-6:])

@@ -23,7 +23,13 @@ from memory.update import (
     StaleRemoval,
     UpdateAnswer,
 )
-from storage.document import CATEGORIES, DEFAULT_CATEGORY, HISTORY_SECTIONS, USER_SECTIONS
+from storage.document import (
+    CATEGORIES,
+    DEFAULT_CATEGORY,
+    HISTORY_SECTIONS,
+    SECTION_KEYS,
+    USER_SECTIONS,
+)
 
 REQUIRED_KEYS = ("user", "history", "newFacts")
 # Bounds the decoding work on a long answer full of braces, in characters the decoder reads per
@@ -36,16 +42,6 @@ _REASONING_BLOCK = re.compile(
     r"<(think|thinking|reasoning|reflection)>[\s\S]*?</\1>", re.IGNORECASE
 )
 _TRUE_STRINGS = {"true", "yes", "1"}
-
-# Our section names and the camelCase names the model answers with.
-SECTION_KEYS: dict[str, str] = {
-    "work_context": "workContext",
-    "personal_context": "personalContext",
-    "top_of_mind": "topOfMind",
-    "recent_months": "recentMonths",
-    "earlier_context": "earlierContext",
-    "long_term_background": "longTermBackground",
-}
 
 
 def response_text(content: Any) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.models import Message
-from prompts.escaping import neutralise_tags
+from prompts.escaping import indented
 from prompts.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
@@ -45,11 +45,7 @@ def message_text(message: Message) -> str:
 def render_line(message: Message) -> str:
     """``User: …`` / ``Assistant: …``; continuation lines are indented, so a line that starts
     with a role label can only be ours — a message cannot forge another turn."""
-    text = _CONTINUATION.sub("\n  ", neutralise_tags(message.content))
-    return f"{_ROLE_LABEL[message.role]}: {text}"
-
-
-_CONTINUATION = re.compile(r"\r\n|[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]")
+    return f"{_ROLE_LABEL[message.role]}: {indented(message.content)}"
 
 
 @dataclass(frozen=True, slots=True)

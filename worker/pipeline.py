@@ -1,10 +1,9 @@
 """Everything the worker does with one claimed conversation, from prompt to updated memory.
 
-``extract_update`` is the whole algorithm on plain data (context + memory in, memory + changes +
-usage out) for callers without storage. ``ExtractionPipeline`` adds storage: it builds the prompt
-from a snapshot, calls the model with no lock held (the call takes seconds and other threads of the
-same user would queue behind it), and applies the answer to the *latest* document inside the
-storage's atomic ``update``, so a concurrent extraction of another thread is never overwritten.
+``ExtractionPipeline`` builds the prompt from a snapshot of the memory, calls the model with no
+lock held (the call takes seconds and other threads of the same user would queue behind it), and
+applies the answer to the *latest* document inside the storage's atomic ``update``, so a
+concurrent extraction of another thread is never overwritten.
 
 Extraction is incremental: only the messages after the thread's watermark are sent (with a few
 earlier ones as context), the correction/reinforcement signals are detected on that new part, and
@@ -101,62 +100,24 @@ def prompt_for(
 
 
 def propose_update(
-    context: ConversationContext,
+    selection: Selection,
     memory: MemoryDocument,
     settings: MemqSettings,
     model: UpdateModel,
     *,
     now: datetime,
     count_tokens: TokenCounter,
-    selection: Selection | None = None,
 ) -> tuple[UpdatePrompt | None, UpdateAnswer | None, Usage]:
     """Prompt → model → parsed answer; (None, None, empty usage) when there is nothing to send.
 
-    ``selection`` defaults to the whole conversation as new (no watermark).
     Raises TransientLLMError / PermanentLLMError from the model, ResponseParseError from parsing.
     """
-    if selection is None:
-        selection = split_at_watermark(
-            context.messages, None, settings.context_messages, chunk_budget(settings, count_tokens)
-        )
     prompt = prompt_for(selection, memory, settings, now=now, count_tokens=count_tokens)
     if prompt is None:
         return None, None, Usage()
     answer = model.propose(prompt)
     usage = Usage(answer.prompt_tokens, answer.completion_tokens, answer.model, answer.attempts)
     return prompt, parse_update_response(answer.text), usage
-
-
-def extract_update(
-    context: ConversationContext,
-    memory: MemoryDocument,
-    settings: MemqSettings,
-    model: UpdateModel,
-    *,
-    now: datetime,
-    count_tokens: TokenCounter,
-    watermark: str | None = None,
-) -> tuple[MemoryDocument, list[Change], Usage]:
-    """The updated memory, what changed and what it cost; ``memory`` itself is never modified.
-
-    Only the messages after ``watermark`` are extracted (see :func:`split_at_watermark`), and of
-    those only the oldest chunk that fits the conversation budget.
-    """
-    selection = split_at_watermark(
-        context.messages,
-        watermark,
-        settings.context_messages,
-        chunk_budget(settings, count_tokens),
-    )
-    if not selection.new:
-        return memory, [], Usage()
-    _prompt, answer, usage = propose_update(
-        context, memory, settings, model, now=now, count_tokens=count_tokens, selection=selection
-    )
-    if answer is None:
-        return memory, [], usage
-    result = apply_update(memory, answer, settings=settings, now=now, thread_id=context.thread_id)
-    return result.document, result.changes, usage
 
 
 class ExtractionPipeline:
@@ -227,13 +188,12 @@ class ExtractionPipeline:
                 return ExtractionReport("stale", duration_ms=elapsed_ms(), reason=str(exc))
         snapshot = self._storage.load(context.user_id, context.agent_name)
         prompt, answer, usage = propose_update(
-            context,
+            selection,
             snapshot,
             self._settings,
             self._model,
             now=self._clock(),
             count_tokens=self._count_tokens,
-            selection=selection,
         )
         if prompt is None or answer is None:
             # The new part is blank: nothing to learn from it, and nothing to send again.

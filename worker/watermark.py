@@ -41,16 +41,17 @@ def encode_watermark(identities: Sequence[str]) -> str | None:
 
 
 def decode_watermark(raw: str | None) -> tuple[str, ...]:
-    """The remembered identities; a plain string (an older single-id watermark) is one identity."""
+    """The remembered identities; anything but a JSON list of strings remembers nothing (then
+    everything is sent again: a few tokens, where a wrong boundary would lose messages)."""
     if not raw:
         return ()
     try:
         data = json.loads(raw)
     except ValueError:
-        return (raw,)
+        return ()
     if isinstance(data, list) and all(isinstance(item, str) for item in data):
         return tuple(data)
-    return (raw,)
+    return ()
 
 
 def find_boundary(identities: Sequence[str], remembered: Sequence[str]) -> int:
@@ -160,14 +161,3 @@ def split_at_watermark(
     context = tuple(messages[start : boundary + 1]) if new else ()
     covered = encode_watermark(identities[:end]) or watermark
     return Selection(context, new, covered, more=end < len(messages))
-
-
-def select_messages(
-    messages: Sequence[Message], watermark: str | None, context_messages: int
-) -> tuple[tuple[Message, ...], str | None]:
-    """The messages to send (context then new; empty when nothing is new) and the watermark to
-    remember after a success. :func:`split_at_watermark` keeps the two parts apart."""
-    selection = split_at_watermark(messages, watermark, context_messages)
-    if not selection.new:
-        return (), selection.watermark
-    return selection.context + selection.new, selection.watermark
