@@ -9,6 +9,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY core ./core
 COPY storage ./storage
+COPY memory ./memory
 COPY prompts ./prompts
 COPY producer ./producer
 COPY worker ./worker

@@ -13,7 +13,7 @@ from core.models import ConversationContext, Message
 from storage import get_storage
 from storage.base import UpdateResult
 from storage.document import MemoryDocument
-from worker.llm import ModelAnswer
+from worker.model import ModelAnswer
 from worker.pipeline import ExtractionPipeline
 
 USERS = 50

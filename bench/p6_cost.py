@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 from bench.common import BenchEnv, Result
 from bench.p7_injection import memory_with_facts
 from core.models import Message
-from prompts.conversation import split_at_watermark
 from prompts.tokens import make_token_counter
 from prompts.update_prompt import build_update_prompt
 from worker.pipeline import prompt_for
+from worker.watermark import split_at_watermark
 
 TURNS = 50
 SHOWN = (1, 5, 10, 25, 50)

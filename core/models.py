@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from core.errors import InvalidMessages
@@ -66,21 +66,13 @@ def messages_from_json(raw: str) -> tuple[Message, ...]:
 
 @dataclass(frozen=True, slots=True)
 class ConversationContext:
-    """What the worker receives for one claimed (thread, user, agent): the messages pending and
-    the merged signals, plus the bookkeeping the queue keeps beside them."""
+    """What the worker reads of one claimed (thread, user, agent): the messages pending and the
+    trace id of the latest hand-off. The queue's bookkeeping (version, claim token, attempts)
+    travels with the claim, not here."""
 
     key: ContextKey
     messages: tuple[Message, ...]
-    correction: bool = False
-    reinforcement: bool = False
-    version: int = 1
-    flush: bool = False
     trace_id: str | None = None
-    first_enqueued_ms: int = 0
-    last_enqueued_ms: int = 0
-    attempts: int = 0
-    claim_token: str | None = None
-    extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def thread_id(self) -> str:
@@ -104,16 +96,7 @@ class ConversationContext:
             return cls(
                 key=key,
                 messages=messages_from_json(data.get("messages", "[]")),
-                correction=data.get("correction") == "1",
-                reinforcement=data.get("reinforcement") == "1",
-                version=int(data.get("version", "1")),
-                flush=data.get("flush") == "1",
                 trace_id=data.get("trace_id") or None,
-                first_enqueued_ms=int(data.get("first_enqueued_ms", "0")),
-                last_enqueued_ms=int(data.get("last_enqueued_ms", "0")),
-                attempts=int(data.get("attempts", "0")),
-                claim_token=data.get("claim_token") or None,
-                extra=dict(data),
             )
         except (KeyError, ValueError) as exc:
             raise InvalidMessages(f"context hash is malformed: {exc}") from exc

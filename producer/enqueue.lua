@@ -12,22 +12,20 @@
 -- ARGV[3]  max_delay_ms    cap counted from pending_since_ms, milliseconds
 -- ARGV[4]  flush           "1": due now (zero delay); "0": debounced
 -- ARGV[5]  messages_json   JSON list of filtered messages, merged with the stored list (below)
--- ARGV[6]  correction      "0"/"1", OR-merged into the stored flag
--- ARGV[7]  reinforcement   "0"/"1", OR-merged into the stored flag
--- ARGV[8]  thread_id
--- ARGV[9]  user_id
--- ARGV[10] agent_name      "" for the user-global memory
--- ARGV[11] trace_id        "" when none; replaced together with captured_ms
--- ARGV[12] context_id      the member name in due / inflight / dead
--- ARGV[13] captured_ms     when the agent handed these messages over, epoch milliseconds
+-- ARGV[6]  thread_id
+-- ARGV[7]  user_id
+-- ARGV[8]  agent_name      "" for the user-global memory
+-- ARGV[9]  trace_id        "" when none; replaced together with captured_ms
+-- ARGV[10] context_id      the member name in due / inflight / dead
+-- ARGV[11] captured_ms     when the agent handed these messages over, epoch milliseconds
 --                          (absent or "": now_ms). A spool replay or another replica can deliver
 --                          an older capture after a newer one: then the stored list is the newer
 --                          view and the older one only adds what it lacks; trace id and
---                          captured_ms stay, while flags, version and deadline still apply.
--- ARGV[14] retention_ms    time to live of KEYS[1] and KEYS[5] from this enqueue, milliseconds:
+--                          captured_ms stay, while version and deadline still apply.
+-- ARGV[12] retention_ms    time to live of KEYS[1] and KEYS[5] from this enqueue, milliseconds:
 --                          a context nobody extracts (no worker for that long) does not keep the
 --                          user's text forever
--- ARGV[15] pending_max_bytes  when the merged messages JSON is longer than this (bytes), the
+-- ARGV[13] pending_max_bytes  when the merged messages JSON is longer than this (bytes), the
 --                          context is due now instead of debounced (absent or "": no cap)
 --
 -- Messages accumulate until a worker extracts them: the later-captured list is the agent's view
@@ -47,7 +45,7 @@
 
 local ctx, due, inflight, dead, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local now = tonumber(ARGV[1])
-local id = ARGV[12]
+local id = ARGV[10]
 
 -- Whether the encoded list `newer` starts with every message of the encoded list `older`.
 local function extends(older, newer)
@@ -152,24 +150,24 @@ end
 
 -- One read and one write of the hash: this runs on every agent turn.
 local stored = redis.call('HMGET', ctx, 'pending_since_ms', 'deadline_ms', 'first_enqueued_ms',
-  'flush', 'correction', 'reinforcement', 'captured_ms', 'messages')
-local fields = {'thread_id', ARGV[8], 'user_id', ARGV[9], 'agent_name', ARGV[10],
+  'captured_ms', 'messages')
+local fields = {'thread_id', ARGV[6], 'user_id', ARGV[7], 'agent_name', ARGV[8],
   'last_enqueued_ms', ARGV[1]}
 local n = #fields
 
 -- The later capture is the agent's current view; a tie is a re-send.
-local captured = tonumber(ARGV[13]) or now
-local stored_captured = tonumber(stored[7])
+local captured = tonumber(ARGV[11]) or now
+local stored_captured = tonumber(stored[4])
 local messages
 if not stored_captured or captured >= stored_captured then
-  messages = merge(stored[8], ARGV[5])
-  fields[n + 1], fields[n + 2] = 'trace_id', ARGV[11]
+  messages = merge(stored[5], ARGV[5])
+  fields[n + 1], fields[n + 2] = 'trace_id', ARGV[9]
   fields[n + 3], fields[n + 4] = 'captured_ms', string.format('%d', captured)
   n = n + 4
 else
-  messages = merge(ARGV[5], stored[8] or ARGV[5])
+  messages = merge(ARGV[5], stored[5] or ARGV[5])
 end
-if messages ~= stored[8] then
+if messages ~= stored[5] then
   fields[n + 1], fields[n + 2] = 'messages', messages
   n = n + 2
 end
@@ -182,7 +180,7 @@ if not pending_since then
 end
 
 local deadline
-local max_bytes = tonumber(ARGV[15])
+local max_bytes = tonumber(ARGV[13])
 if ARGV[4] == '1' or (max_bytes and #messages > max_bytes) then
   -- Too much pending text to wait for more: due now rather than cut (the worker splits it).
   deadline = now
@@ -202,23 +200,11 @@ if not stored[3] then
   fields[n + 1], fields[n + 2] = 'first_enqueued_ms', ARGV[1]
   n = n + 2
 end
--- Flags are OR-merged: a "1" overwrites, a "0" only fills a missing field.
-local flags = {{'flush', ARGV[4], stored[4]}, {'correction', ARGV[6], stored[5]},
-  {'reinforcement', ARGV[7], stored[6]}}
-for _, flag in ipairs(flags) do
-  if flag[2] == '1' then
-    fields[n + 1], fields[n + 2] = flag[1], '1'
-    n = n + 2
-  elseif not flag[3] then
-    fields[n + 1], fields[n + 2] = flag[1], '0'
-    n = n + 2
-  end
-end
 redis.call('HSET', ctx, unpack(fields))
 local version = redis.call('HINCRBY', ctx, 'version', 1)
-redis.call('PEXPIRE', ctx, ARGV[14])
+redis.call('PEXPIRE', ctx, ARGV[12])
 redis.call('SADD', users, id)
-redis.call('PEXPIRE', users, ARGV[14])
+redis.call('PEXPIRE', users, ARGV[12])
 
 -- New messages deserve a new try: a dead context comes back with its attempts reset.
 if redis.call('ZREM', dead, id) == 1 then

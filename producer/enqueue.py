@@ -11,7 +11,7 @@ drops what was handed over and not yet extracted. Every request carries its capt
 agent handed the messages over). A request can reach Redis after a newer one of the same context —
 a spool replay racing the agent's next turn, or a replica replaying what it spooled during an
 outage only it saw — and then only adds what the newer list lacks; its trace id does not replace
-the newer one's, and it still merges its flags and bumps the version.
+the newer one's, and it still bumps the version (and a flush still makes the context due now).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from core.keys import KeySchema
 from core.models import Message, messages_to_json
 from producer.accumulate import merge_messages_json
 from producer.messages import filter_messages_for_memory, has_minimum_dialogue, keep_newest_within
-from producer.signals import detect_signals
 
 MAX_TRACE_ID_LENGTH = 256
 
@@ -49,8 +48,6 @@ class EnqueueRequest:
 
     key: ContextKey
     messages_json: str
-    correction: bool = False
-    reinforcement: bool = False
     flush: bool = False
     trace_id: str | None = None
     captured_ms: int | None = None
@@ -60,7 +57,7 @@ class EnqueueRequest:
         return self.key.id
 
     def merged_under(self, newer: EnqueueRequest) -> EnqueueRequest:
-        """``newer`` with this request's flags OR-ed in and both message lists merged, as the
+        """``newer`` with both message lists merged (and a flush of either kept), as the
         script merges them: the list captured later (``newer``'s on a tie) is the agent's view,
         the other adds what it lacks; trace id and capture time are the later one's."""
         latest, earlier = newer, self
@@ -72,8 +69,6 @@ class EnqueueRequest:
         return EnqueueRequest(
             key=newer.key,
             messages_json=merge_messages_json(earlier.messages_json, latest.messages_json),
-            correction=self.correction or newer.correction,
-            reinforcement=self.reinforcement or newer.reinforcement,
             flush=self.flush or newer.flush,
             trace_id=latest.trace_id,
             captured_ms=latest.captured_ms,
@@ -97,7 +92,7 @@ def build_request(
     max_chars: int = 200_000,
     captured_ms: int | None = None,
 ) -> EnqueueRequest | None:
-    """Filter, check the minimum dialogue, detect signals and encode; ``None`` when nothing is
+    """Filter, check the minimum dialogue and encode; ``None`` when nothing is
     worth sending. Raises :class:`InvalidMessages` on shapes it does not understand."""
     if trace_id is not None and (
         not isinstance(trace_id, str) or len(trace_id) > MAX_TRACE_ID_LENGTH
@@ -106,12 +101,9 @@ def build_request(
     messages: list[Message] = filter_messages_for_memory(raw_messages)
     if not has_minimum_dialogue(messages):
         return None
-    correction, reinforcement = detect_signals(messages)
     return EnqueueRequest(
         key=key,
         messages_json=messages_to_json(keep_newest_within(messages, max_chars)),
-        correction=correction,
-        reinforcement=reinforcement,
         flush=flush,
         trace_id=trace_id,
         captured_ms=captured_ms,
@@ -185,8 +177,6 @@ class Enqueuer:
                     self._max_delay,
                     "1" if request.flush else "0",
                     request.messages_json,
-                    "1" if request.correction else "0",
-                    "1" if request.reinforcement else "0",
                     key.thread_id,
                     key.user_id,
                     key.agent_name or "",

@@ -1,10 +1,10 @@
 """A bounded, in-process spool for contexts the producer could not send while Redis was away.
 
 The spool keeps one entry per context id, oldest first, and drops the oldest context when full. Two
-hand-offs of one context coalesce as the queue would merge them: flags OR-ed, message lists merged
-(:mod:`producer.accumulate`), so a turn replaced by a summarised one before the replay keeps the
-messages the summary dropped. It lives in the agent's memory, so a process that dies during an
-outage loses it.
+hand-offs of one context coalesce as the queue would merge them: a flush stays a flush, message
+lists are merged (:mod:`producer.accumulate`), so a turn replaced by a summarised one before the
+replay keeps the messages the summary dropped. It lives in the agent's memory, so a process that
+dies during an outage loses it.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Spool:
 
     def put_back(self, request: EnqueueRequest) -> int:
         """Return a request whose replay failed. A newer request of the same context that was
-        spooled meanwhile leads the merge of the two lists; the flags of both survive."""
+        spooled meanwhile leads the merge of the two lists; a flush of either survives."""
         if self._max == 0:
             return 1
         context_id = request.context_id

@@ -1,4 +1,5 @@
-"""The update prompt and its answer model, token counting, and the injected memory block."""
+"""Text in and out of the update model: the update prompt, conversation rendering, escaping, the
+answer schema and its tolerant parser, token counting, and the injected memory block."""
 
 from __future__ import annotations
 

@@ -15,10 +15,21 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from core.errors import ResponseParseError
-from storage.document import CATEGORIES, DEFAULT_CATEGORY, HISTORY_SECTIONS, USER_SECTIONS
+from memory.update import (
+    ConsolidationProposal,
+    NewFact,
+    SectionUpdate,
+    StaleRemoval,
+    UpdateAnswer,
+)
+from storage.document import (
+    CATEGORIES,
+    DEFAULT_CATEGORY,
+    HISTORY_SECTIONS,
+    SECTION_KEYS,
+    USER_SECTIONS,
+)
 
 REQUIRED_KEYS = ("user", "history", "newFacts")
 # Bounds the decoding work on a long answer full of braces, in characters the decoder reads per
@@ -31,70 +42,6 @@ _REASONING_BLOCK = re.compile(
     r"<(think|thinking|reasoning|reflection)>[\s\S]*?</\1>", re.IGNORECASE
 )
 _TRUE_STRINGS = {"true", "yes", "1"}
-
-# Our section names and the camelCase names the model answers with.
-SECTION_KEYS: dict[str, str] = {
-    "work_context": "workContext",
-    "personal_context": "personalContext",
-    "top_of_mind": "topOfMind",
-    "recent_months": "recentMonths",
-    "earlier_context": "earlierContext",
-    "long_term_background": "longTermBackground",
-}
-
-
-class SectionUpdate(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    summary: str
-    should_update: bool
-
-
-class NewFact(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    content: str = Field(min_length=1)
-    category: str = DEFAULT_CATEGORY
-    confidence: float = Field(ge=0.0, le=1.0)
-    source_error: str | None = None
-
-
-class StaleRemoval(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    id: str
-    reason: str = ""
-
-
-class ConsolidationProposal(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    source_ids: tuple[str, ...]
-    content: str
-    category: str | None = None
-    confidence: float | None = None  # None: the merged fact takes its best source's confidence
-
-
-class UpdateAnswer(BaseModel):
-    """A parsed, normalised answer; section keys are ours (``work_context``, …)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    sections: dict[str, SectionUpdate] = Field(default_factory=dict)
-    new_facts: tuple[NewFact, ...] = ()
-    facts_to_remove: tuple[str, ...] = ()
-    stale_facts_to_remove: tuple[StaleRemoval, ...] = ()
-    facts_to_consolidate: tuple[ConsolidationProposal, ...] = ()
-    dropped_facts: int = 0
-
-    def is_noop(self) -> bool:
-        return not (
-            any(s.should_update and s.summary for s in self.sections.values())
-            or self.new_facts
-            or self.facts_to_remove
-            or self.stale_facts_to_remove
-            or self.facts_to_consolidate
-        )
 
 
 def response_text(content: Any) -> str:

@@ -7,21 +7,20 @@ budget is tight — and taken greedily in strict order (a shorter, lower-ranked 
 past a skipped one); facts of the guaranteed categories (corrections by default) draw from their own
 budget first, and are never cut: when the text overflows, only the leading sections are shortened.
 
-Every slot that came from a conversation (summaries, content, category, the corrected mistake) is
-escaped for ``<``, ``>`` and ``&`` and kept on one line, so nothing can close the
-``<user_memory>`` block around it or forge a section or a fact line; quotes and everything else
-stay byte-identical.
+Every slot that came from a conversation (summaries, content, category, the corrected mistake) goes
+through :func:`prompts.escaping.one_line`, the update prompt's own rule: nothing can close the
+``<user_memory>`` block around it or forge a section or a fact line, and everything else (quotes,
+``a < b``, ``R&D``) stays byte-identical.
 """
 
 from __future__ import annotations
 
-import html
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from prompts.escaping import one_line
 from prompts.tokens import make_token_counter
-from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument
+from storage.document import CORRECTION, DEFAULT_CATEGORY, Fact, MemoryDocument
 from storage.search import rank_by_relevance
 
 USER_LINES = (
@@ -39,21 +38,11 @@ SECTION_SEPARATOR = "\n\n"
 CUT_MARKER = "\n..."
 
 
-_LINE_BREAKS = re.compile(r"\s*[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+\s*")
-
-
-def escape(text: str) -> str:
-    """``<``, ``>`` and ``&`` escaped and line breaks folded to a space: every slot renders on its
-    own line, so no stored text can close the block or forge a ``Facts:`` header or a fact line.
-    Benign one-line text (quotes included) renders as written."""
-    return html.escape(_LINE_BREAKS.sub(" ", text), quote=False)
-
-
 def render_fact(fact: Fact) -> str:
     category = fact.category.strip() or DEFAULT_CATEGORY
-    line = f"- [{escape(category)} | {fact.confidence:.2f}] {escape(fact.content)}"
-    if category == "correction" and fact.source_error:
-        line += f" (avoid: {escape(fact.source_error)})"
+    line = f"- [{one_line(category)} | {fact.confidence:.2f}] {one_line(fact.content)}"
+    if category == CORRECTION and fact.source_error:
+        line += f" (avoid: {one_line(fact.source_error)})"
     return line
 
 
@@ -91,7 +80,7 @@ def guaranteed_set(categories: Iterable[str] | None) -> frozenset[str]:
 
 def _section(title: str, lines: Sequence[tuple[str, str]], summaries: Any) -> str:
     rendered = [
-        f"- {label}: {escape(getattr(summaries, name).summary)}"
+        f"- {label}: {one_line(getattr(summaries, name).summary)}"
         for name, label in lines
         if getattr(summaries, name).summary.strip()
     ]
@@ -119,7 +108,7 @@ def format_memory_for_injection(
     max_tokens: int = 2000,
     *,
     token_counting: bool = True,
-    guaranteed_categories: Iterable[str] | None = ("correction",),
+    guaranteed_categories: Iterable[str] | None = (CORRECTION,),
     guaranteed_token_budget: int = 500,
     count_tokens: Callable[[str], int] | None = None,
     query: str | None = None,

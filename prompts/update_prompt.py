@@ -16,12 +16,13 @@ from typing import Any
 
 from core.models import Message
 from core.settings import MemqSettings
-from prompts.answer import SECTION_KEYS
-from prompts.consolidation import qualifying_groups, render_consolidation_section
-from prompts.conversation import TokenCounter, budget_conversation
+from memory.consolidation import qualifying_groups
+from memory.staleness import should_review, stale_candidates
+from prompts.conversation import budget_conversation
 from prompts.escaping import prompt_json
-from prompts.staleness import render_staleness_section, should_review, stale_candidates
-from storage.document import HISTORY_SECTIONS, USER_SECTIONS, MemoryDocument
+from prompts.review import render_consolidation_section, render_staleness_section
+from prompts.tokens import TokenCounter
+from storage.document import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS, MemoryDocument
 
 SYSTEM_PROMPT = """\
 You maintain the long-term memory of one user of an AI assistant. You receive the memory as it is \

@@ -6,9 +6,7 @@ added by hand is held to the same cap (and the same eviction order) as one an ex
 
 from __future__ import annotations
 
-from storage.document import Fact
-
-CORRECTION = "correction"
+from storage.document import CORRECTION, Fact
 
 
 def evict_over_cap(facts: list[Fact], max_facts: int) -> tuple[list[Fact], list[Fact]]:

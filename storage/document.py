@@ -30,13 +30,24 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "memq/1"
 DEFAULT_CATEGORY = "context"
-CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", "correction")
+# What the user said the agent got wrong: kept before any other category (cap, injection budget).
+CORRECTION = "correction"
+CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", CORRECTION)
 FactSource = Literal["conversation", "manual", "consolidation", "import"]
 FACT_SOURCES = ("conversation", "manual", "consolidation", "import")
 MAX_FACT_ID_LENGTH = 128
 
 USER_SECTIONS = ("work_context", "personal_context", "top_of_mind")
 HISTORY_SECTIONS = ("recent_months", "earlier_context", "long_term_background")
+# Our section names and DeerFlow's camelCase spelling, which its files and the model's answer use.
+SECTION_KEYS: dict[str, str] = {
+    "work_context": "workContext",
+    "personal_context": "personalContext",
+    "top_of_mind": "topOfMind",
+    "recent_months": "recentMonths",
+    "earlier_context": "earlierContext",
+    "long_term_background": "longTermBackground",
+}
 
 
 def utc_now() -> datetime:
@@ -73,10 +84,6 @@ def coerce_confidence(value: Any, default: float = 0.5) -> float:
     if not math.isfinite(number):
         return default
     return min(1.0, max(0.0, number))
-
-
-def _alias(snake: str, camel: str) -> Any:
-    return Field(validation_alias=AliasChoices(snake, camel))
 
 
 def _object_or_empty(data: Any) -> Any:

@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from core.settings import MemqSettings
-from prompts.answer import NewFact, SectionUpdate, UpdateAnswer
-from prompts.apply import apply_update, evict_over_cap
+from memory.apply import apply_update
+from memory.update import NewFact, SectionUpdate, UpdateAnswer
+from storage.cap import evict_over_cap
 from storage.document import Fact, MemoryDocument, Section, UserContext
 
 NOW = datetime(2026, 7, 15, 12, 0, tzinfo=UTC)

@@ -14,7 +14,6 @@ from core.keys import KeySchema
 from core.models import Message, messages_to_json
 from core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
-from prompts.conversation import WATERMARK_DEPTH, ChunkBudget, split_at_watermark
 from tests.support.memory_storage import InMemoryStorage
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import ITEM, conversation_of, learn_items
@@ -22,6 +21,7 @@ from worker.llm import OpenAIUpdateModel
 from worker.pipeline import ExtractionPipeline
 from worker.queue import CompleteResult, QueueClient
 from worker.tasks import WorkerRuntime, extract
+from worker.watermark import WATERMARK_DEPTH, ChunkBudget, split_at_watermark
 
 T0 = 1_700_000_000_000
 KEY = ContextKey.create("thread-1", "alice", None)

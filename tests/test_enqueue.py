@@ -73,20 +73,21 @@ def test_compute_deadline(
 
 
 @pytest.mark.integration
-def test_merge_accumulates_messages_ors_flags_and_counts_versions(
+def test_merge_accumulates_messages_and_counts_versions(
     enqueue: Enqueuer, redis_client: redis.Redis, q: QueueKeys
 ) -> None:
-    first = enqueue(request("old", correction=True, trace_id="tr-1"), T0)
-    second = enqueue(request("new", reinforcement=True), T0 + 1_000)
+    first = enqueue(request("old", trace_id="tr-1"), T0)
+    second = enqueue(request("new"), T0 + 1_000)
     assert (first.version, second.version) == (1, 2)
     assert second.code is EnqueueCode.SCHEDULED
     stored: dict[str, str] = redis_client.hgetall(q.context(KEY.id))  # type: ignore[assignment]
     ctx = ConversationContext.from_hash(stored)
     # "old" is no longer in the new list but was never extracted: it stays, before it.
     assert [m.content for m in ctx.messages] == ["old", "new", "ok"]
-    assert (ctx.correction, ctx.reinforcement, ctx.flush) == (True, True, False)
     assert ctx.trace_id is None  # replaced by the latest call
-    assert (ctx.first_enqueued_ms, ctx.last_enqueued_ms) == (T0, T0 + 1_000)
+    assert (stored["first_enqueued_ms"], stored["last_enqueued_ms"]) == (str(T0), str(T0 + 1_000))
+    # No signal flags travel with a hand-off: the worker detects them on what is new.
+    assert not {"correction", "reinforcement", "flush"} & stored.keys()
     assert (ctx.thread_id, ctx.user_id, ctx.agent_name) == ("thread-1", "alice", None)
 
 
@@ -96,16 +97,14 @@ def test_an_older_capture_only_adds_what_the_newer_messages_lack(
 ) -> None:
     # A spool replay (or another replica's) delivers turn 1 after turn 1+2 was stored.
     enqueue(request("turn 1 and 2", trace_id="new", captured_ms=T0 + 500), T0 + 1_000)
-    late = enqueue(
-        request("turn 1", trace_id="old", correction=True, flush=True, captured_ms=T0), T0 + 2_000
-    )
+    late = enqueue(request("turn 1", trace_id="old", flush=True, captured_ms=T0), T0 + 2_000)
     stored: dict[str, str] = redis_client.hgetall(q.context(KEY.id))  # type: ignore[assignment]
     ctx = ConversationContext.from_hash(stored)
     # The newer list leads; the older one adds only what it lacks (its "ok" is already there).
     assert [m.content for m in ctx.messages] == ["turn 1", "turn 1 and 2", "ok"]
     assert (ctx.trace_id, stored["captured_ms"]) == ("new", str(T0 + 500))
-    # Everything else still applies: flags merge, the version moves, a flush is due now.
-    assert (ctx.correction, ctx.flush, late.version) == (True, True, 2)
+    # Everything else still applies: the version moves, a flush is due now.
+    assert late.version == 2
     assert late.deadline_ms == T0 + 2_000 == redis_client.zscore(q.due, KEY.id)
     # A later capture (or a re-send of the same one) leads the merge.
     enqueue(request("turn 3", captured_ms=T0 + 500), T0 + 3_000)
@@ -121,12 +120,12 @@ def test_an_older_capture_only_adds_what_the_newer_messages_lack(
 def test_replaces_messages_and_the_spool_merge_follow_the_later_capture() -> None:
     assert replaces_messages(T0, None) and replaces_messages(T0, T0)
     assert not replaces_messages(T0 - 1, T0)
-    older = request("older", correction=True, captured_ms=T0)
+    older = request("older", captured_ms=T0)
     newer = request("newer", flush=True, captured_ms=T0 + 1)
     for merged in (older.merged_under(newer), newer.merged_under(older)):
         contents = [m["content"] for m in json.loads(merged.messages_json)]
         assert (contents, merged.captured_ms) == (["older", "newer", "ok"], T0 + 1)
-        assert (merged.correction, merged.flush) == (True, True)
+        assert merged.flush
 
 
 @pytest.mark.integration
@@ -161,7 +160,7 @@ def test_flush_is_due_now_and_a_later_add_does_not_postpone_it(
     later = enqueue(request("more"), T0 + 2_000)
     assert later.deadline_ms == T0 + 1_000
     assert redis_client.zscore(q.due, KEY.id) == T0 + 1_000
-    assert redis_client.hget(q.context(KEY.id), "flush") == "1"
+    assert redis_client.hget(q.context(KEY.id), "deadline_ms") == str(T0 + 1_000)
 
 
 @pytest.mark.integration
@@ -224,7 +223,7 @@ def test_thread_user_agent_triples_are_separate_contexts(
 
 
 @pytest.mark.integration
-def test_producer_sends_filtered_messages_and_signals(
+def test_producer_sends_filtered_messages(
     settings: MemqSettings, redis_client: redis.Redis, key_prefix: str
 ) -> None:
     raw = [
@@ -244,7 +243,8 @@ def test_producer_sends_filtered_messages_and_signals(
         {"role": "assistant", "content": "Sorry, Lyon it is. Perfect!"},
     ]
     assert (stored["user_id"], stored["trace_id"]) == ("default", "trace-9")
-    assert (stored["correction"], stored["reinforcement"]) == ("1", "0")
+    # The signals ("That's wrong") are the worker's to detect, on what it has not extracted yet.
+    assert not {"correction", "reinforcement"} & stored.keys()
 
 
 @pytest.mark.integration

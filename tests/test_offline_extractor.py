@@ -13,10 +13,10 @@ from core.models import ConversationContext, Message
 from core.settings import MemqSettings
 from prompts.answer import parse_update_response
 from prompts.update_prompt import UpdatePrompt
-from storage.document import MemoryDocument
+from tests.support.memory_storage import InMemoryStorage
 from worker import offline
 from worker.offline import RulesUpdateModel, extract_facts
-from worker.pipeline import extract_update
+from worker.pipeline import ExtractionPipeline
 
 EXTRACTED = [
     # (user sentence, category, content, sourceError)
@@ -166,18 +166,19 @@ def test_it_reads_only_the_user_and_feeds_the_normal_pipeline() -> None:
         ),
     )
     settings = MemqSettings(llm_provider="rules")
-    memory, changes, usage = extract_update(
-        context,
-        MemoryDocument(),
+    storage = InMemoryStorage()
+    report = ExtractionPipeline(
         settings,
+        storage,
         RulesUpdateModel(count_tokens=len),
-        now=datetime(2026, 7, 15, tzinfo=UTC),
         count_tokens=len,
-    )
+        clock=lambda: datetime(2026, 7, 15, tzinfo=UTC),
+    ).run(context)
+    memory = storage.load("alice", None)
     assert [f.content for f in memory.facts] == ["User prefers tabs"]
     assert memory.facts[0].source_thread_id == "t1"
-    assert [c.action for c in changes] == ["add"]
-    assert usage.model == "memq-rules" and usage.prompt_tokens > 0
+    assert [c.action for c in report.changes] == ["add"]
+    assert report.model == "memq-rules" and report.prompt_tokens > 0
 
 
 def test_it_says_it_is_not_an_llm(caplog: pytest.LogCaptureFixture) -> None:

@@ -39,9 +39,7 @@ def update_json(*facts: dict[str, Any], remove: tuple[str, ...] = ()) -> str:
 RUST = {"content": "Writes Rust at work", "category": "knowledge", "confidence": 0.9}
 
 
-def context(
-    *, correction: bool = False, reinforcement: bool = False, **kw: Any
-) -> ConversationContext:
+def context(**kw: Any) -> ConversationContext:
     messages = kw.pop(
         "messages",
         (Message("user", "I write Rust at work."), Message("assistant", "Great, noted.")),
@@ -49,8 +47,6 @@ def context(
     return ConversationContext(
         key=ContextKey.create("thread-1", USER, AGENT),
         messages=messages,
-        correction=correction,
-        reinforcement=reinforcement,
         trace_id="trace-1",
         **kw,
     )
@@ -175,15 +171,12 @@ def test_timeouts_retried_then_a_typed_error(openai_server: ScriptedOpenAI) -> N
 def test_signal_hints_follow_what_the_new_messages_say(
     harness: Harness, said: str, correction: bool, reinforcement: bool
 ) -> None:
-    # The producer's merged flags are deliberately contradicted: the hints come from the text.
     messages = (
         Message("user", "I write Rust at work."),
         Message("assistant", "Noted."),
         Message("user", said),
     )
-    harness.pipeline.run(
-        context(messages=messages, correction=not correction, reinforcement=not reinforcement)
-    )
+    harness.pipeline.run(context(messages=messages))
     (prompt,) = harness.server.prompts()
     assert (CORRECTION_HINT in prompt) is correction
     assert (REINFORCEMENT_HINT in prompt) is reinforcement

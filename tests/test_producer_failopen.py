@@ -36,22 +36,22 @@ def req(thread: str, text: str = "m", **flags: Any) -> EnqueueRequest:
 # --- the spool on its own
 def test_spool_coalesces_per_context_and_drops_the_oldest() -> None:
     spool = Spool(2)
-    assert spool.put(req("a", "a1", correction=True)) == 0
+    assert spool.put(req("a", "a1", flush=True)) == 0
     assert spool.put(req("b")) == 0
-    assert spool.put(req("a", "a2", flush=True)) == 0  # coalesced: still two contexts
+    assert spool.put(req("a", "a2")) == 0  # coalesced: still two contexts
     assert spool.put(req("c")) == 1  # full: "b", now the oldest, goes
     batch = spool.pop_batch(10)
     assert [(r.key.thread_id, r.messages_json) for r in batch] == [("a", "a2"), ("c", "m")]
-    assert (batch[0].correction, batch[0].flush) == (True, True)
+    assert batch[0].flush  # the earlier hand-off was a flush: the merged one still is
     assert len(spool) == 0
 
 
 def test_put_back_never_overrides_newer_messages() -> None:
     spool = Spool(5)
     spool.put(req("a", "newer"))
-    assert spool.put_back(req("a", "older", reinforcement=True)) == 0
+    assert spool.put_back(req("a", "older", flush=True)) == 0
     (only,) = spool.pop_batch(5)
-    assert (only.messages_json, only.reinforcement) == ("newer", True)
+    assert (only.messages_json, only.flush) == ("newer", True)
     assert Spool(0).put(req("a")) == 1
 
 
@@ -105,9 +105,8 @@ def test_outage_spools_then_replays_after_restart(
         "I live in Lyon",
         "ok",
     ]
-    assert t1["correction"] == "1"  # OR-ed in from the earlier spooled call
-    assert t2["flush"] == "1" and t2["reinforcement"] == "1"
-    assert due_t2 == int(t2["deadline_ms"])
+    # The spooled flush is due as soon as it is replayed.
+    assert due_t2 == int(t2["deadline_ms"]) == int(t2["last_enqueued_ms"])
     assert producer.spool_size == 0
     outages = [r for r in caplog.records if "unavailable" in r.getMessage()]
     recoveries = [r for r in caplog.records if "reachable again" in r.getMessage()]
@@ -200,7 +199,7 @@ def test_a_late_replay_never_overwrites_a_newer_turn(
         "Paris",
         "ok",
     ]
-    assert (stored["version"], stored["correction"]) == ("2", "1")
+    assert stored["version"] == "2"
 
 
 # A real client that fails in a way memq does not expect (not a Redis error) for one turn only:

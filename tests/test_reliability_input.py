@@ -25,16 +25,17 @@ from core.identity import ContextKey
 from core.keys import KeySchema
 from core.models import ConversationContext, Message
 from core.settings import MemqSettings
+from memory.apply import apply_update
 from producer import MemoryProducer
 from producer.injector import CLOSE_TAG, OPEN_TAG, MemoryInjector
 from prompts.answer import parse_update_response
-from prompts.apply import apply_update
 from storage import get_storage
 from storage.document import MemoryDocument
 from tests.support.memory_storage import InMemoryStorage
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import conversation_of
-from worker.llm import ModelAnswer, OpenAIUpdateModel
+from worker.llm import OpenAIUpdateModel
+from worker.model import ModelAnswer
 from worker.pipeline import ExtractionPipeline
 
 pytestmark = pytest.mark.reliability

@@ -10,14 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.models import Message
-from producer.signals import (
+from memory.signals import (
     CORRECTION_PATTERNS_EN,
     CORRECTION_PATTERNS_ZH,
     REINFORCEMENT_PATTERNS_EN,
     REINFORCEMENT_PATTERNS_ZH,
-    detect_correction,
-    detect_reinforcement,
-    detect_signals,
+    is_correction,
+    is_reinforcement,
+    signals_in,
 )
 
 
@@ -60,9 +60,9 @@ DEVIATIONS = [
 
 @pytest.mark.parametrize(("text", "correction", "reinforcement"), SECTION_2_2 + DEVIATIONS)
 def test_verified_examples(text: str, correction: bool, reinforcement: bool) -> None:
-    messages = turn(text)
-    assert detect_correction(messages) is correction
-    assert detect_reinforcement(messages) is reinforcement
+    assert is_correction(text) is correction
+    assert is_reinforcement(text) is reinforcement
+    assert signals_in(turn(text)) == (correction, reinforcement and not correction)
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_verified_examples(text: str, correction: bool, reinforcement: bool) -> 
     ],
 )
 def test_every_correction_pattern_fires(text: str) -> None:
-    assert detect_correction(turn(text)) is True
+    assert is_correction(text) is True
 
 
 @pytest.mark.parametrize(
@@ -93,7 +93,7 @@ def test_every_correction_pattern_fires(text: str) -> None:
     ["it was redone yesterday", "the retry worked", "the asymmetric 不对等 terms", "hello"],
 )
 def test_no_correction(text: str) -> None:
-    assert detect_correction(turn(text)) is False
+    assert is_correction(text) is False
 
 
 @pytest.mark.parametrize(
@@ -120,26 +120,24 @@ def test_no_correction(text: str) -> None:
     ],
 )
 def test_every_reinforcement_pattern_fires(text: str) -> None:
-    assert detect_reinforcement(turn(text)) is True
+    assert is_reinforcement(text) is True
 
 
-def test_only_the_last_six_messages_count() -> None:
-    recent = turn("that's wrong") + turn("a") + turn("b")
-    assert detect_correction(recent) is True  # three turns: the correction is inside the window
-    assert detect_correction(recent + turn("c")) is False
+def test_every_new_user_message_counts() -> None:
+    """The new part of a conversation is searched whole, however long: no window."""
+    assert signals_in(turn("that's wrong", *"abcdefgh")) == (True, False)
+    assert signals_in(turn("perfect!", *"abcdefgh")) == (False, True)
 
 
 def test_assistant_messages_are_not_searched() -> None:
     messages = [Message("user", "hi"), Message("assistant", "That's wrong, try again")]
-    assert detect_correction(messages) is False
+    assert signals_in(messages) == (False, False)
 
 
-def test_correction_suppresses_reinforcement_at_enqueue() -> None:
-    messages = turn("perfect!", "no, that's wrong")
-    assert detect_reinforcement(messages) is True
-    assert detect_signals(messages) == (True, False)
-    assert detect_signals(turn("perfect!")) == (False, True)
-    assert detect_signals(turn("hello")) == (False, False)
+def test_correction_suppresses_reinforcement() -> None:
+    assert signals_in(turn("perfect!", "no, that's wrong")) == (True, False)
+    assert signals_in(turn("perfect!")) == (False, True)
+    assert signals_in(turn("hello")) == (False, False)
 
 
 WORDS = [
@@ -153,7 +151,6 @@ WORDS = [
 @given(st.lists(st.sampled_from(WORDS), max_size=8).map(" ".join))
 def test_trigger_prefilter_never_hides_a_match(text: str) -> None:
     """The cheap substring pre-check must agree with searching every pattern."""
-    messages = turn(text)
     text = text.strip()  # the detectors search the stripped text
     full_correction = any(
         re.search(p, text, re.IGNORECASE) for p in CORRECTION_PATTERNS_EN + CORRECTION_PATTERNS_ZH
@@ -163,5 +160,5 @@ def test_trigger_prefilter_never_hides_a_match(text: str) -> None:
         for p in REINFORCEMENT_PATTERNS_EN + REINFORCEMENT_PATTERNS_ZH
     )
     if text:
-        assert detect_correction(messages) is full_correction
-        assert detect_reinforcement(messages) is full_reinforcement
+        assert is_correction(text) is full_correction
+        assert is_reinforcement(text) is full_reinforcement

@@ -6,10 +6,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from core.settings import MemqSettings
-from prompts.answer import ConsolidationProposal, StaleRemoval, UpdateAnswer
-from prompts.apply import apply_update
-from prompts.consolidation import qualifying_groups
-from prompts.staleness import render_staleness_section, stale_candidates
+from memory.apply import apply_update
+from memory.consolidation import qualifying_groups
+from memory.staleness import stale_candidates
+from memory.update import ConsolidationProposal, StaleRemoval, UpdateAnswer
+from prompts.review import render_staleness_section
 from storage.document import Fact, MemoryDocument
 
 NOW = datetime(2026, 7, 15, tzinfo=UTC)

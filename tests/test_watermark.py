@@ -18,12 +18,6 @@ from core.identity import ContextKey
 from core.models import ConversationContext, Message
 from core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
-from prompts.conversation import (
-    WATERMARK_DEPTH,
-    message_identity,
-    select_messages,
-    split_at_watermark,
-)
 from prompts.update_prompt import CORRECTION_HINT
 from tests.support.memory_storage import InMemoryStorage
 from tests.support.openai_server import EMPTY_UPDATE, Reply, ScriptedOpenAI
@@ -31,6 +25,11 @@ from worker.llm import OpenAIUpdateModel
 from worker.pipeline import ExtractionPipeline
 from worker.queue import CompleteResult, QueueClient
 from worker.tasks import WorkerRuntime, extract
+from worker.watermark import (
+    WATERMARK_DEPTH,
+    message_identity,
+    split_at_watermark,
+)
 
 T0 = 1_700_000_000_000
 
@@ -60,9 +59,6 @@ def test_a_growing_thread_sends_only_what_is_new_plus_context(ids: bool) -> None
     second = split_at_watermark(turns(1, 3, ids=ids), first.watermark, 2)
     assert contents(second.context) == ["question 2", "answer 2"]
     assert contents(second.new) == ["question 3", "answer 3"]
-    sent, watermark = select_messages(turns(1, 3, ids=ids), first.watermark, 2)
-    assert contents(sent) == ["question 2", "answer 2", "question 3", "answer 3"]
-    assert watermark == second.watermark
 
 
 def test_identity_is_the_id_when_there_is_one_else_a_content_fingerprint() -> None:
@@ -146,15 +142,10 @@ def test_a_repeat_of_the_oldest_remembered_messages_is_not_the_boundary() -> Non
 
 def test_nothing_recognised_means_everything_is_new() -> None:
     elsewhere = split_at_watermark(turns(10, 12), None, 2).watermark
-    for watermark in (None, elsewhere, "not json", json.dumps({"odd": 1})):
+    # A bare id ("a1") is not a watermark either: only a JSON list of identities is.
+    for watermark in (None, elsewhere, "not json", json.dumps({"odd": 1}), "a1"):
         selection = split_at_watermark(turns(1, 2), watermark, 2)
         assert len(selection.new) == 4 and selection.context == ()
-
-
-def test_an_older_single_id_watermark_is_understood() -> None:
-    selection = split_at_watermark(turns(1, 2), "a1", 1)
-    assert contents(selection.context) == ["answer 1"]
-    assert contents(selection.new) == ["question 2", "answer 2"]
 
 
 def test_the_stored_watermark_stays_small_however_long_the_thread() -> None:
@@ -181,35 +172,30 @@ class Pipeline:
             self.settings, InMemoryStorage(), OpenAIUpdateModel(self.settings)
         )
 
-    def run(
-        self, messages: Sequence[Message], watermark: str | None, *, flush: bool = False
-    ) -> Any:
+    def run(self, messages: Sequence[Message], watermark: str | None) -> Any:
         context = ConversationContext(
-            key=ContextKey.create("thread-1", "alice", "coder"),
-            messages=tuple(messages),
-            flush=flush,
+            key=ContextKey.create("thread-1", "alice", "coder"), messages=tuple(messages)
         )
         return self.pipeline.run(context, watermark=watermark)
 
 
-@pytest.mark.parametrize("flush", [False, True], ids=["turn", "flush"])
 def test_nothing_new_skips_the_model_and_keeps_the_watermark(
-    openai_server: ScriptedOpenAI, flush: bool
+    openai_server: ScriptedOpenAI,
 ) -> None:
     p = Pipeline(openai_server)
     first = p.run(turns(1, 2), None)
     assert first.outcome == "unchanged" and openai_server.call_count == 1
 
-    again = p.run(turns(1, 2), first.watermark, flush=flush)
+    again = p.run(turns(1, 2), first.watermark)
     assert again.outcome == "skipped" and again.prompt_tokens == 0
     assert again.watermark == first.watermark  # the caller still completes the context
     assert openai_server.call_count == 1
 
 
-def test_a_flush_sends_what_was_not_extracted_yet(openai_server: ScriptedOpenAI) -> None:
+def test_a_later_run_sends_what_was_not_extracted_yet(openai_server: ScriptedOpenAI) -> None:
     p = Pipeline(openai_server, context_messages=0)
     watermark = p.run(turns(1, 2), None).watermark
-    report = p.run(turns(1, 4), watermark, flush=True)
+    report = p.run(turns(1, 4), watermark)
     assert report.messages_sent == 4
     prompt = openai_server.prompts()[-1]
     assert "question 3" in prompt and "answer 4" in prompt and "question 2" not in prompt

@@ -1,7 +1,7 @@
 """The update model: one call from a rendered prompt to the model's answer text and its token usage.
 
-Two implementations of :class:`UpdateModel`: :class:`OpenAIUpdateModel` (the `openai` SDK,
-synchronous, against any OpenAI-compatible endpoint) and the offline rules extractor
+Two implementations of :class:`worker.model.UpdateModel`: :class:`OpenAIUpdateModel` (the
+`openai` SDK, synchronous, against any OpenAI-compatible endpoint) and the offline rules extractor
 (:mod:`worker.offline`). :func:`build_update_model` picks one from the settings; build it once per
 process (a client holds a connection pool) and never at import.
 
@@ -20,30 +20,21 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import openai
 
 from core.errors import PermanentLLMError, TransientLLMError
 from core.settings import INLINE_RETRY_WAIT_SECONDS, MemqSettings
 from prompts.answer import response_text
-from prompts.conversation import TokenCounter
+from prompts.tokens import TokenCounter
 from prompts.update_prompt import UpdatePrompt
+from worker.model import ModelAnswer, UpdateModel
 
 log = logging.getLogger(__name__)
 
 _TRANSIENT_STATUS = frozenset({408, 409, 425, 429})
 _PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers often want no key at all
-
-
-@dataclass(frozen=True, slots=True)
-class ModelAnswer:
-    text: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    model: str = ""
-    attempts: int = 1
 
 
 # Called once per HTTP request to the model: its result label and how long it took, in seconds.
@@ -67,12 +58,6 @@ def request_result(exc: openai.OpenAIError | None) -> str:
 
 def _no_observer(result: str, seconds: float) -> None:
     return None
-
-
-class UpdateModel(Protocol):
-    def propose(self, prompt: UpdatePrompt) -> ModelAnswer: ...
-
-    def close(self) -> None: ...
 
 
 def retry_after_seconds(response: Any) -> float | None:

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prompts.conversation import TokenCounter
+from prompts.tokens import TokenCounter
 from prompts.update_prompt import UpdatePrompt
 from worker.introductions import introduction_facts
-from worker.llm import ModelAnswer
+from worker.model import ModelAnswer
 
 log = logging.getLogger(__name__)
 
@@ -375,7 +375,7 @@ def _announce() -> None:
 
 
 class RulesUpdateModel:
-    """An :class:`~worker.llm.UpdateModel` that answers from rules."""
+    """An :class:`~worker.model.UpdateModel` that answers from rules."""
 
     def __init__(self, *, count_tokens: TokenCounter | None = None) -> None:
         self._count = count_tokens

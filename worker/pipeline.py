@@ -1,10 +1,9 @@
 """Everything the worker does with one claimed conversation, from prompt to updated memory.
 
-``extract_update`` is the whole algorithm on plain data (context + memory in, memory + changes +
-usage out) for callers without storage. ``ExtractionPipeline`` adds storage: it builds the prompt
-from a snapshot, calls the model with no lock held (the call takes seconds and other threads of the
-same user would queue behind it), and applies the answer to the *latest* document inside the
-storage's atomic ``update``, so a concurrent extraction of another thread is never overwritten.
+``ExtractionPipeline`` builds the prompt from a snapshot of the memory, calls the model with no
+lock held (the call takes seconds and other threads of the same user would queue behind it), and
+applies the answer to the *latest* document inside the storage's atomic ``update``, so a
+concurrent extraction of another thread is never overwritten.
 
 Extraction is incremental: only the messages after the thread's watermark are sent (with a few
 earlier ones as context), the correction/reinforcement signals are detected on that new part, and
@@ -23,17 +22,18 @@ from datetime import datetime
 from typing import Literal
 
 from core.errors import StaleClaim
-from core.models import ConversationContext, Message
+from core.models import ConversationContext
 from core.settings import MemqSettings
-from producer.signals import detect_correction, detect_reinforcement
-from prompts.answer import UpdateAnswer, parse_update_response
-from prompts.apply import apply_update
-from prompts.conversation import ChunkBudget, Selection, TokenCounter, split_at_watermark
-from prompts.tokens import make_token_counter
+from memory.apply import apply_update
+from memory.signals import signals_in
+from memory.update import UpdateAnswer
+from prompts.answer import parse_update_response
+from prompts.tokens import TokenCounter, make_token_counter
 from prompts.update_prompt import UpdatePrompt, build_update_prompt
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import MemoryDocument, utc_now
-from worker.llm import UpdateModel
+from worker.model import UpdateModel
+from worker.watermark import ChunkBudget, Selection, split_at_watermark
 
 log = logging.getLogger(__name__)
 
@@ -71,19 +71,6 @@ def _count(changes: list[Change], *actions: str) -> int:
     return sum(1 for c in changes if c.action in actions)
 
 
-def signals_in(messages: tuple[Message, ...]) -> tuple[bool, bool]:
-    """``(correction, reinforcement)`` anywhere in the new messages.
-
-    Not the producer's flags: they are OR-merged from windows that reach back into turns already
-    extracted, so an old "that's wrong" would flag every later run. The producer's detectors only
-    look at the last few messages of what they get, hence one message at a time; a correction
-    suppresses a reinforcement, as in the producer.
-    """
-    user = [(m,) for m in messages if m.role == "user"]
-    correction = any(detect_correction(one) for one in user)
-    return correction, (not correction) and any(detect_reinforcement(one) for one in user)
-
-
 def chunk_budget(settings: MemqSettings, count_tokens: TokenCounter) -> ChunkBudget:
     """The new conversation one run may send: what the update prompt's budget holds."""
     return ChunkBudget(settings.conversation_max_tokens, settings.message_max_chars, count_tokens)
@@ -113,62 +100,24 @@ def prompt_for(
 
 
 def propose_update(
-    context: ConversationContext,
+    selection: Selection,
     memory: MemoryDocument,
     settings: MemqSettings,
     model: UpdateModel,
     *,
     now: datetime,
     count_tokens: TokenCounter,
-    selection: Selection | None = None,
 ) -> tuple[UpdatePrompt | None, UpdateAnswer | None, Usage]:
     """Prompt → model → parsed answer; (None, None, empty usage) when there is nothing to send.
 
-    ``selection`` defaults to the whole conversation as new (no watermark).
     Raises TransientLLMError / PermanentLLMError from the model, ResponseParseError from parsing.
     """
-    if selection is None:
-        selection = split_at_watermark(
-            context.messages, None, settings.context_messages, chunk_budget(settings, count_tokens)
-        )
     prompt = prompt_for(selection, memory, settings, now=now, count_tokens=count_tokens)
     if prompt is None:
         return None, None, Usage()
     answer = model.propose(prompt)
     usage = Usage(answer.prompt_tokens, answer.completion_tokens, answer.model, answer.attempts)
     return prompt, parse_update_response(answer.text), usage
-
-
-def extract_update(
-    context: ConversationContext,
-    memory: MemoryDocument,
-    settings: MemqSettings,
-    model: UpdateModel,
-    *,
-    now: datetime,
-    count_tokens: TokenCounter,
-    watermark: str | None = None,
-) -> tuple[MemoryDocument, list[Change], Usage]:
-    """The updated memory, what changed and what it cost; ``memory`` itself is never modified.
-
-    Only the messages after ``watermark`` are extracted (see :func:`split_at_watermark`), and of
-    those only the oldest chunk that fits the conversation budget.
-    """
-    selection = split_at_watermark(
-        context.messages,
-        watermark,
-        settings.context_messages,
-        chunk_budget(settings, count_tokens),
-    )
-    if not selection.new:
-        return memory, [], Usage()
-    _prompt, answer, usage = propose_update(
-        context, memory, settings, model, now=now, count_tokens=count_tokens, selection=selection
-    )
-    if answer is None:
-        return memory, [], usage
-    result = apply_update(memory, answer, settings=settings, now=now, thread_id=context.thread_id)
-    return result.document, result.changes, usage
 
 
 class ExtractionPipeline:
@@ -221,13 +170,12 @@ class ExtractionPipeline:
             except StaleClaim as exc:
                 return ExtractionReport("stale", duration_ms=elapsed_ms(), reason=str(exc))
         prompt, answer, usage = propose_update(
-            context,
+            selection,
             self._storage.load(context.user_id, context.agent_name),
             self._settings,
             self._model,
             now=self._clock(),
             count_tokens=self._count_tokens,
-            selection=selection,
         )
         if prompt is None or answer is None:
             # The new part is blank: nothing to learn from it, and nothing to send again.

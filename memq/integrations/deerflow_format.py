@@ -7,17 +7,16 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from storage.document import HISTORY_SECTIONS, USER_SECTIONS, Fact, MemoryDocument, Section
+from storage.document import (
+    HISTORY_SECTIONS,
+    SECTION_KEYS,
+    USER_SECTIONS,
+    Fact,
+    MemoryDocument,
+    Section,
+)
 
 DEERFLOW_VERSION = "1.0"
-_CAMEL = {
-    "work_context": "workContext",
-    "personal_context": "personalContext",
-    "top_of_mind": "topOfMind",
-    "recent_months": "recentMonths",
-    "earlier_context": "earlierContext",
-    "long_term_background": "longTermBackground",
-}
 
 
 def iso_z(value: datetime | None) -> str:
@@ -58,8 +57,10 @@ def deerflow_document(document: MemoryDocument, *, facts: bool = True) -> dict[s
     return {
         "version": DEERFLOW_VERSION,
         "lastUpdated": iso_z(document.last_updated),
-        "user": {_CAMEL[n]: _section(getattr(document.user, n)) for n in USER_SECTIONS},
-        "history": {_CAMEL[n]: _section(getattr(document.history, n)) for n in HISTORY_SECTIONS},
+        "user": {SECTION_KEYS[n]: _section(getattr(document.user, n)) for n in USER_SECTIONS},
+        "history": {
+            SECTION_KEYS[n]: _section(getattr(document.history, n)) for n in HISTORY_SECTIONS
+        },
         "facts": [deerflow_fact(f) for f in document.facts] if facts else [],
     }
 

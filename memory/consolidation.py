@@ -1,5 +1,5 @@
 """Consolidation (off by default): large groups of same-category facts are shown to the model,
-which may merge related ones into a single richer fact.
+which may merge related ones into a single richer fact (the prompt section: ``prompts.review``).
 
 Guardrails: only facts of a qualifying group in the latest document may be merged, all sources of
 one merge share a category, a source is consumed at most once per cycle, at most
@@ -14,18 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from core.settings import MemqSettings
-from prompts.answer import ConsolidationProposal
-from prompts.escaping import one_line
+from memory.update import ConsolidationProposal
 from storage.document import Fact, MemoryDocument, new_fact_id
-
-SECTION_HEADER = """\
-## Memory consolidation
-Some categories hold many facts. Where several facts below describe the same aspect of the user, you
-may merge them into one fact that keeps every concrete detail (names, numbers, versions). Do not
-merge facts about different aspects; when unsure, SKIP. Its confidence must not exceed the highest
-confidence of its sources. At most {max_groups} merges. Put each merge into "factsToConsolidate" as
-{{"sourceIds": ["<id>", "<id>"], "consolidated": \
-{{"content": "…", "category": "…", "confidence": 0.9}}}}."""
 
 
 @dataclass(frozen=True)
@@ -54,20 +44,6 @@ def qualifying_groups(document: MemoryDocument, settings: MemqSettings) -> list[
     ]
     qualifying.sort(key=lambda g: (-len(g.facts), g.category))
     return qualifying
-
-
-def render_consolidation_section(groups: Sequence[Group], settings: MemqSettings) -> str:
-    blocks = [SECTION_HEADER.format(max_groups=settings.consolidation_max_groups_per_cycle)]
-    for group in groups[: settings.consolidation_max_groups_per_cycle]:
-        shown = group.facts[: settings.consolidation_max_sources]
-        lines = "\n".join(
-            f"- [{one_line(f.id)} | {f.confidence:.2f}] {one_line(f.content)}" for f in shown
-        )
-        blocks.append(
-            f'<consolidation_candidates category="{one_line(group.category).replace(chr(34), "")}" '
-            f'count="{len(shown)}">\n{lines}\n</consolidation_candidates>'
-        )
-    return "\n".join(blocks)
 
 
 def apply_consolidations(

@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from core.settings import MemqSettings
-from prompts.answer import UpdateAnswer
-from prompts.consolidation import apply_consolidations
-from prompts.scrub import scrub_document
-from prompts.staleness import select_stale_removals
+from memory.consolidation import apply_consolidations
+from memory.scrub import scrub_document
+from memory.staleness import select_stale_removals
+from memory.update import UpdateAnswer
 from storage.base import Change, ChangeAction
-from storage.cap import evict_over_cap  # re-exported: the cap moved down into storage
+from storage.cap import evict_over_cap
 from storage.document import (
+    CORRECTION,
     HISTORY_SECTIONS,
     USER_SECTIONS,
     Fact,
@@ -33,8 +34,6 @@ from storage.document import (
 )
 
 log = logging.getLogger(__name__)
-
-CORRECTION = "correction"
 
 
 @dataclass(frozen=True)

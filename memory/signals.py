@@ -1,9 +1,10 @@
-"""Correction and reinforcement signals in the user's latest turns.
+"""Correction and reinforcement signals in the messages an extraction is about to send.
 
 A correction ("that's wrong", "不对") tells the memory LLM to record what the user rejected;
 a reinforcement ("perfect", "就是这样") tells it which behaviour to keep. Both are cheap regex
-searches over the human messages among the last six filtered messages. The patterns are DeerFlow's,
-as data, with the deviations below from DeerFlow's detectors, each covered by tests/test_signals.py:
+searches over each user message of the new part of a conversation only: a message already
+extracted must not flag every later run. The patterns are DeerFlow's, as data, with the
+deviations below from DeerFlow's detectors, each covered by tests/test_signals.py:
 
 * the English patterns accept the curly apostrophe (’) as well as the ASCII one, because phones and
   word processors type "that’s wrong";
@@ -21,7 +22,6 @@ from collections.abc import Sequence
 
 from core.models import Message
 
-_WINDOW = 6  # about the last three user turns with their answers
 _APOS = "['’]"
 # "Terminal": the phrase ends the sentence or the text (`$` without MULTILINE, as in DeerFlow).
 _END_EN = r"(?:[.!?]|$)"
@@ -64,7 +64,7 @@ REINFORCEMENT_PATTERNS_ZH: tuple[str, ...] = (
 
 # Literal words every pattern of a class needs (lower-cased English, Chinese as is). A message
 # without any of them cannot match, and `in` is far cheaper than a search through all the
-# alternatives at every position: this runs on every agent turn.
+# alternatives at every position.
 CORRECTION_TRIGGERS: tuple[str, ...] = (
     "wrong", "incorrect", "misunderstood", "try again", "redo",
     "不对", "你理解", "重试", "重新来", "换一种", "改用",
@@ -87,19 +87,12 @@ class _Detector:
         )
         self._triggers = tuple(triggers)
 
-    def __call__(self, messages: Sequence[Message]) -> bool:
-        for message in messages[-_WINDOW:]:
-            if message.role != "user":
-                continue
-            text = message.content.strip()
-            if not text:
-                continue
-            lowered = text.lower()
-            if not any(t in lowered for t in self._triggers):
-                continue
-            if any(p.search(text) for p in self._patterns):
-                return True
-        return False
+    def __call__(self, text: str) -> bool:
+        text = text.strip()
+        lowered = text.lower()
+        if not text or not any(t in lowered for t in self._triggers):
+            return False
+        return any(p.search(text) for p in self._patterns)
 
 
 _CORRECTION = _Detector(CORRECTION_PATTERNS_EN, CORRECTION_PATTERNS_ZH, CORRECTION_TRIGGERS)
@@ -108,18 +101,19 @@ _REINFORCEMENT = _Detector(
 )
 
 
-def detect_correction(messages: Sequence[Message]) -> bool:
-    """Did the user, in the latest turns, say the agent got something wrong?"""
-    return _CORRECTION(messages)
+def is_correction(text: str) -> bool:
+    """Does this user message say the agent got something wrong?"""
+    return _CORRECTION(text)
 
 
-def detect_reinforcement(messages: Sequence[Message]) -> bool:
-    """Did the user, in the latest turns, approve of what the agent did?"""
-    return _REINFORCEMENT(messages)
+def is_reinforcement(text: str) -> bool:
+    """Does this user message approve of what the agent did?"""
+    return _REINFORCEMENT(text)
 
 
-def detect_signals(messages: Sequence[Message]) -> tuple[bool, bool]:
-    """``(correction, reinforcement)`` as the producer stores them: a correction suppresses a
-    reinforcement found in the same window."""
-    correction = detect_correction(messages)
-    return correction, (not correction) and detect_reinforcement(messages)
+def signals_in(messages: Sequence[Message]) -> tuple[bool, bool]:
+    """``(correction, reinforcement)`` in any user message of ``messages``; a correction
+    suppresses a reinforcement (the hint would contradict it)."""
+    user = [m.content for m in messages if m.role == "user"]
+    correction = any(is_correction(text) for text in user)
+    return correction, (not correction) and any(is_reinforcement(text) for text in user)

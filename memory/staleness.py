@@ -1,4 +1,5 @@
-"""Staleness review: old facts are shown to the model, which may propose removing some.
+"""Staleness review: old facts are shown to the model, which may propose removing some
+(the prompt section: ``prompts.review``).
 
 Guardrails, because the model's answer is applied to the *latest* document: only facts that are
 candidates there (old enough, not in a protected category, among the oldest shown) can go, and at
@@ -11,22 +12,8 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from core.settings import MemqSettings
-from prompts.answer import StaleRemoval
-from prompts.escaping import one_line
+from memory.update import StaleRemoval
 from storage.document import Fact, MemoryDocument
-
-SECTION_TEMPLATE = """\
-## Staleness review
-The facts below were recorded more than {age_days} days ago. For each one decide KEEP or REMOVE.
-- KEEP what is still likely true: stable traits, long-held preferences, background, expertise.
-- REMOVE what the conversation or time has plausibly made obsolete: a finished or abandoned project,
-  a previous job or location, a migrated tool, a goal that was met.
-- When in doubt, KEEP. Only REMOVE with a concrete reason.
-Put each REMOVE into "staleFactsToRemove" as {{"id": "<fact id>", "reason": "<the signal>"}}; leave
-KEEP decisions out.
-<stale_facts>
-{lines}
-</stale_facts>"""
 
 
 def stale_candidates(document: MemoryDocument, settings: MemqSettings, now: datetime) -> list[Fact]:
@@ -49,15 +36,6 @@ def should_review(candidates: Sequence[Fact], settings: MemqSettings) -> bool:
     return (
         settings.staleness_review_enabled and len(candidates) >= settings.staleness_min_candidates
     )
-
-
-def render_staleness_section(candidates: Sequence[Fact], settings: MemqSettings) -> str:
-    lines = "\n".join(
-        f"- [{one_line(f.id)} | {one_line(f.category)} | {f.confidence:.2f} | "
-        f"{f.created_at.date().isoformat() if f.created_at else '?'}] {one_line(f.content)}"
-        for f in candidates
-    )
-    return SECTION_TEMPLATE.format(age_days=settings.staleness_age_days, lines=lines)
 
 
 def select_stale_removals(
