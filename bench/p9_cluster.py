@@ -23,9 +23,9 @@ from core.connection import RedisClient, redis_client
 from core.keys import CLUSTER_SLOTS, key_slot, shard_tag
 from core.settings import MemqSettings
 from memq.redis_cluster import LocalCluster
+from memq.testing.openai_server import Reply
+from memq.testing.waiting import wait_for
 from producer.producer import MemoryProducer
-from tests.support.openai_server import Reply
-from tests.support.waiting import wait_for
 from worker.queue import QueueClient
 
 SHARDS = 48
