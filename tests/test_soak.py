@@ -42,3 +42,5 @@ def test_short_soak_holds_the_invariants_under_faults(tmp_path: Path) -> None:
     assert result.drained, report
     assert result.verdict.produced > 0 and result.verdict.extracted > 0, report
     assert result.verdict.failures == [], report
+    assert result.faults_not_performed == [], report
+    assert result.passed, report

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         append_to_doc(lines, DOC)
         print(f"report appended to {DOC}")
-    return 0 if result.verdict.passed and result.drained else 1
+    return 0 if result.passed else 1
 
 
 if __name__ == "__main__":

@@ -22,46 +22,17 @@ EVERYSEC_LOSS_WINDOW_MS = 2_000
 
 
 def forget_user(settings: MemqSettings, user_id: str) -> str:
-    """Erase a user with the fullest erasure this tree has: ``storage.erasure.erase`` when it
-    exists, else ``MemoryManager.forget`` (documents only). Returns what was used."""
-    import importlib
-    import inspect
-
-    try:
-        erasure: Any = importlib.import_module("storage.erasure")
-    except ImportError:
-        erasure = None
-    erase = getattr(erasure, "erase", None)
-    if erase is not None:
-        client = redis_client(settings)
-        try:
-            known: dict[str, Any] = {
-                "settings": settings,
-                "user_id": user_id,
-                "user": user_id,
-                "redis": client,
-                "client": client,
-            }
-            signature = inspect.signature(erase)
-            unknown = [
-                name
-                for name, param in signature.parameters.items()
-                if name not in known and param.default is inspect.Parameter.empty
-            ]
-            if unknown:
-                raise TypeError(
-                    f"storage.erasure.erase{signature}: no value for {', '.join(unknown)}; "
-                    "teach bench/soak/chaos.py:forget_user how to call it"
-                )
-            erase(**{name: known[name] for name in signature.parameters if name in known})
-        finally:
-            client.close()
-        return "storage.erasure.erase"
+    """Erase a user as `memq forget` does (documents, queued work, watermarks, per-user sets);
+    returns what was removed, by kind."""
     from storage import get_storage
-    from storage.management import MemoryManager
+    from storage.erasure import erase
 
-    MemoryManager(get_storage(settings)).forget(user_id)
-    return "storage.management.MemoryManager.forget (documents only)"
+    client = redis_client(settings)
+    try:
+        report = erase(settings, client, get_storage(settings, redis=client), user_id)
+    finally:
+        client.close()
+    return report.describe()
 
 
 class FaultRunner:

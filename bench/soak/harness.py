@@ -36,6 +36,16 @@ class SoakResult:
     started_ms: int = 0
     forget_method: str = ""
 
+    @property
+    def faults_not_performed(self) -> list[FaultRecord]:
+        return [r for r in self.faults if r.detail.startswith("FAILED")]
+
+    @property
+    def passed(self) -> bool:
+        """The oracle found nothing, the queue drained, and every scheduled fault happened (a
+        soak that skipped a fault proved less than it claims)."""
+        return self.verdict.passed and self.drained and not self.faults_not_performed
+
 
 def run_soak(config: SoakConfig) -> SoakResult:
     faults = schedule(config.duration_seconds, config.lease_seconds)

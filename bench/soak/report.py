@@ -58,7 +58,8 @@ def render(result: SoakResult) -> list[str]:
     lags = v.lags_ms
     lines = [
         f"## Soak {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: "
-        f"{'PASSED' if v.passed else 'FAILED'} ({c.minutes:g} min, appendfsync {c.appendfsync})",
+        f"{'PASSED' if result.passed else 'FAILED'} "
+        f"({c.minutes:g} min, appendfsync {c.appendfsync})",
         "",
         f"- machine: {platform.node()} {platform.machine()}, Python {platform.python_version()}",
         f"- load: {c.rate:g} turns/s over {c.threads} threads of {c.users} users and {c.agents} "
