@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit lint format typecheck bench demo up clean soak
+.PHONY: setup test unit lint format typecheck bench demo up clean soak flaky-check
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,12 @@ unit: setup
 
 bench: setup
 	$(PY) -m bench
+
+# The whole suite several times, the last runs beside a CPU hog; per-test failure counts, exit 1
+# on any failure. Narrow it with FLAKY_ARGS='--runs 3 --hog-runs 2 -- -m "e2e or reliability"'.
+FLAKY_ARGS ?= --runs 4 --hog-runs 2
+flaky-check: setup
+	$(PY) -m tests.flaky_check $(FLAKY_ARGS)
 
 demo: setup
 	$(VENV)/bin/memq demo

@@ -26,6 +26,7 @@ BENCHMARKS = {
     "P6": "bench.p6_cost",
     "P7": "bench.p7_injection",
     "P9": "bench.p9_search",
+    "P10": "bench.p10_cache_rss",
     "P3": "bench.p3_flush",
     "BURST": "bench.p8_burst",
     "P4": "bench.p4_throughput",

@@ -1,5 +1,7 @@
 """P2: claiming 100 due contexts with 1k, 100k and 1M pending (``QueueClient.claim``: one range
-read + one claim_due.lua). Baseline: the bare ``ZRANGEBYSCORE … LIMIT 0 100`` read on the same set.
+read + one claim_due.lua). No peer baseline: the claim is shown as a cost breakdown instead, its
+first step (the bare ``ZRANGEBYSCORE … LIMIT 0 100`` read, timed on its own on the same set) against
+the whole claim, so the table says what the Lua script adds on top of the read it cannot avoid.
 
 The three queues live side by side in one Redis and are claimed in turn, round after round; after
 each round the claimed ids go back to ``due`` (untimed), so every queue keeps its size.
@@ -82,13 +84,16 @@ def run(env: BenchEnv) -> Result:
         title=f"claim {BATCH} due keys at 1k / 100k / 1M pending",
         measured=", ".join(f"{size:,}: p50 {fmt_ms(p50[size])}" for size in sizes)
         + f"; {largest:,}/{smallest:,} = {flat:.2f}",
-        baseline=f"bare ZRANGEBYSCORE of {BATCH} at {largest:,}: {fmt_ms(base)}; "
-        f"ratio {p50[largest] / base:.1f}x",
+        baseline=f"no peer; cost breakdown at {largest:,}: the range read alone "
+        f"{fmt_ms(base)}, the script's checks and moves "
+        f"{fmt_ms(max(0.0, p50[largest] - base))}",
         goal="<= 1 ms, flat (1M/1k <= 1.3)",
         met=p50[largest] <= 0.001 and flat <= 1.3,
         details=[
             "p99: " + ", ".join(f"{size:,}: {fmt_ms(p99[size])}" for size in sizes),
             f"{rounds} interleaved rounds; claimed ids returned to due between rounds",
+            "the range read is the claim's own first command, timed alone: a share of the cost, "
+            "not a competing design",
         ],
         note="" if largest == 1_000_000 else "quick run: 1M skipped",
     )

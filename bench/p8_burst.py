@@ -1,5 +1,9 @@
 """Burst merge: ten turns of one thread inside the debounce window become how many LLM calls?
-Baseline: DeerFlow's per-turn update, one call per turn. Real beat + worker + scripted LLM."""
+Real beat + worker + scripted LLM.
+
+No baseline ratio: DeerFlow's own memory queue already coalesces the updates of one thread within
+its debounce window, so "one call per turn" would be a baseline nobody runs. The figure is judged
+against its goal only (one call, holding the last turn)."""
 
 from __future__ import annotations
 
@@ -53,7 +57,7 @@ def run(env: BenchEnv) -> Result:
         title=f"burst merge: {TURNS} turns inside the debounce window",
         measured=f"{calls} LLM call(s)"
         + ("" if complete else " — the last turn was NOT in the prompt"),
-        baseline=f"per-turn update: {TURNS} calls; ratio {calls / TURNS:.0%}",
+        baseline="none: DeerFlow's queue also coalesces per thread (no per-turn peer to beat)",
         goal="1 LLM call",
         met=calls == 1 and complete,
         details=[f"debounce {settings.debounce_seconds:.0f} s, tick {settings.tick_seconds} s"],

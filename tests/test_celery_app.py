@@ -22,6 +22,7 @@ def test_the_app_has_both_tasks_and_the_reliability_options(make_settings: Any) 
     assert conf.task_acks_late is False and conf.broker_connection_max_retries is None
     assert conf.broker_transport_options["health_check_interval"] > 0
     assert conf.worker_prefetch_multiplier == 1 and conf.task_ignore_result is True
+    assert conf.worker_disable_prefetch is True  # nothing unacked behind busy slots
     assert conf.worker_send_task_events and conf.task_send_sent_event  # Flower
     assert conf.task_default_queue == "memqx"
     [entry] = conf.beat_schedule.values()
