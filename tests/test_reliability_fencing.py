@@ -73,7 +73,9 @@ def test_a_worker_paused_past_its_lease_never_writes_its_answer(
     assert metrics["prompt_tokens"] == 111 + 222  # the discarded answer was paid for all the same
 
 
+@pytest.mark.parametrize("storage", ["file", "redis"])
 def test_a_run_past_its_time_budget_loses_its_claim_and_never_writes(
+    storage: str,
     make_settings: Any,
     openai_server: ScriptedOpenAI,
     celery_procs: CeleryProcs,
@@ -95,7 +97,7 @@ def test_a_run_past_its_time_budget_loses_its_claim_and_never_writes(
         llm_timeout_seconds=3.0,
         llm_max_retries=1,
         run_time_limit_seconds=3.0,
-        storage="redis",
+        storage=storage,
     )
     env = memq_env(settings)
     worker = celery_procs.start_worker(env, concurrency=2)
