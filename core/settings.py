@@ -379,23 +379,3 @@ def describe_error(error: Mapping[str, Any]) -> str:
         if field not in _SECRET_FIELDS and isinstance(value, str | int | float | bool):
             message = f"{message}: {str(value)[:80]!r}"
     return f"{name}: {message}"
-
-
-def settings_env(settings: MemqSettings) -> dict[str, str]:
-    """Every setting as a ``MEMQ_*`` variable, so a child process builds exactly these settings
-    (including values given as keyword arguments, which no environment of the parent holds)."""
-    env: dict[str, str] = {}
-    for name in type(settings).model_fields:
-        value: Any = getattr(settings, name)
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        elif isinstance(value, tuple):
-            value = ",".join(value)
-        elif isinstance(value, Path):
-            value = str(value.resolve())
-        elif isinstance(value, bool):
-            value = "true" if value else "false"
-        env[f"MEMQ_{name.upper()}"] = str(value)
-    return env

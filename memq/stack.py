@@ -34,7 +34,8 @@ from typing import IO
 from urllib.parse import urlsplit
 
 from core.errors import MemqError
-from core.settings import MemqSettings, settings_env
+from core.settings import MemqSettings
+from core.settings_env import settings_env
 from memq.redis_server import (
     RedisServer,
     check_reachable,
