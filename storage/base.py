@@ -47,6 +47,10 @@ class Fence:
 
     context_id: str
     token: str
+    # The context's new extraction watermark, stored in the same atomic step as the document
+    # where the storage can (Redis): a worker killed between its save and its settlement then
+    # leaves nothing for the next run to extract again.
+    watermark: str | None = None
 
     @property
     def epoch(self) -> int:

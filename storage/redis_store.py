@@ -63,6 +63,7 @@ class RedisMemoryStorage:
         self.keys = KeySchema(settings.key_prefix, settings.shards)
         self.conflict_timeout_seconds = settings.storage_lock_timeout_seconds
         self.history_max_entries = settings.history_max_entries
+        self.watermark_ttl_ms = settings.watermark_ttl_ms
         source = resources.files("storage").joinpath("save_document.lua").read_text("utf-8")
         self._save_script = self.redis.register_script(source)
 
@@ -174,7 +175,8 @@ class RedisMemoryStorage:
         entries = [encode_change(c) for c in changes] if self.history_max_entries else []
         keys = [self.keys.memory_document(user, agent), self.keys.memory_history(user, agent)]
         if fence is not None:
-            keys.append(self.keys.for_context(fence.context_id).context(fence.context_id))
+            shard = self.keys.for_context(fence.context_id)
+            keys += (shard.context(fence.context_id), shard.watermark(fence.context_id))
         with _redis_errors("saving a memory document"):
             # Indexed first: a crash between the two leaves an entry without a document (filtered
             # on listing), never a document that `forget` cannot find.
@@ -186,6 +188,8 @@ class RedisMemoryStorage:
                     dump_document(document),
                     self.history_max_entries,
                     fence.token if fence is not None else "",
+                    (fence.watermark or "") if fence is not None else "",
+                    self.watermark_ttl_ms,
                     *entries,
                 ],
             )

@@ -4,12 +4,18 @@
 -- KEYS[1]  memory document hash  (fields: `doc` = memory.json text, `rev` = revision, integer)
 -- KEYS[2]  memory history list   (JSON change entries, oldest first)
 -- KEYS[3]  ctx:<id> hash of the fencing context (only when ARGV[4] is not ""); same hash tag
+-- KEYS[4]  wm:<id>  the fencing context's watermark (only when ARGV[5] is not ""); same hash tag
 --
 -- ARGV[1]  expected revision (integer; 0 = the document must not exist yet; -1 = unconditional)
 -- ARGV[2]  the new memory.json text
 -- ARGV[3]  history bound (entries kept; 0 = keep no history)
 -- ARGV[4]  fence: the claim token the writing run holds; "" = not fenced (hand edits, imports)
--- ARGV[5..n]  history entries to append (JSON, one change each), possibly none
+-- ARGV[5]  the run's new watermark for KEYS[4]; "" = leave it (no fence, or nothing to record)
+-- ARGV[6]  watermark time to live, milliseconds (read only with ARGV[5])
+-- ARGV[7..n]  history entries to append (JSON, one change each), possibly none
+--
+-- The watermark moves with the document it describes: a worker killed after this save and
+-- before its settlement leaves the next run nothing new to send (no fact extracted twice).
 --
 -- Returns {code, revision}:
 --   {1, new revision}      saved (history appended and trimmed in the same step)
@@ -30,9 +36,13 @@ end
 local revision = current + 1
 redis.call('HSET', KEYS[1], 'doc', ARGV[2], 'rev', revision)
 
+if ARGV[5] ~= '' then
+  redis.call('SET', KEYS[4], ARGV[5], 'PX', ARGV[6])
+end
+
 local bound = tonumber(ARGV[3])
-if bound > 0 and #ARGV > 4 then
-  for i = 5, #ARGV do
+if bound > 0 and #ARGV > 6 then
+  for i = 7, #ARGV do
     redis.call('RPUSH', KEYS[2], ARGV[i])
   end
   redis.call('LTRIM', KEYS[2], -bound, -1)

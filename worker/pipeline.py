@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
@@ -187,7 +187,8 @@ class ExtractionPipeline:
                 more=selection.more,
             )
         try:
-            changes = [] if answer.is_noop() else self._apply(context, answer, fence)
+            saving = None if fence is None else replace(fence, watermark=selection.watermark)
+            changes = [] if answer.is_noop() else self._apply(context, answer, saving)
         except StaleClaim as exc:
             return _stale_report(usage, elapsed_ms(), str(exc))
         report = _saved_report(changes, usage, prompt, selection, elapsed_ms())
