@@ -125,6 +125,16 @@ def test_a_forgotten_users_document_key_or_text_left_in_redis_fails() -> None:
     assert not verdict.passed
 
 
+def test_a_forgotten_users_id_in_the_brokers_bookkeeping_is_tolerated_but_not_their_text() -> None:
+    """A killed worker's unacked task message carries the context id until the visibility
+    timeout: ids, never conversation text."""
+    data = replace(clean(), broker_keys=frozenset({"unacked"}))
+    task = json.dumps({"args": ["t-1:u3:agent", "17", 1]})
+    assert judge(replace(data, redis_dump={"unacked": task})).forgotten_leaks == []
+    leaked = judge(replace(data, redis_dump={"unacked": json.dumps({"args": [f"hi {D}"]})}))
+    assert D in leaked.forgotten_leaks[0]
+
+
 def test_percentile_is_nearest_rank() -> None:
     assert percentile([], 50) is None
     assert percentile([5], 99) == 5

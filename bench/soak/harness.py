@@ -102,6 +102,9 @@ def run_soak(config: SoakConfig) -> SoakResult:
                 forgotten=frozenset(stack.forgotten),
                 redis_dump=dump,
                 loss_windows=stack.loss_windows,
+                broker_keys=frozenset(
+                    {"unacked", "unacked_index", "unacked_mutex", stack.settings.key_prefix}
+                ),
             )
         )
         return SoakResult(
