@@ -16,6 +16,7 @@ from core.errors import StaleClaim
 from core.identity import ContextKey
 from core.keys import KeySchema
 from core.settings import MemqSettings
+from memq.testing.redis_dump import dump_redis
 from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage
 from storage.document import Fact, MemoryDocument
@@ -25,30 +26,6 @@ from worker.queue import CompleteResult, QueueClient
 pytestmark = pytest.mark.integration
 
 T0 = 1_700_000_000_000
-
-
-def dump_keyspace(client: redis.Redis) -> dict[str, str]:
-    """Every key with its whole value as text (what an operator's SCAN would find)."""
-    out: dict[str, str] = {}
-    for raw in client.scan_iter(count=1000):
-        key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        kind = client.type(key)
-        kind = kind.decode() if isinstance(kind, bytes) else str(kind)
-        value: Any
-        if kind == "string":
-            value = client.get(key)
-        elif kind == "hash":
-            value = client.hgetall(key)
-        elif kind == "list":
-            value = client.lrange(key, 0, -1)
-        elif kind == "set":
-            value = client.smembers(key)
-        elif kind == "zset":
-            value = client.zrange(key, 0, -1, withscores=True)
-        else:
-            value = kind
-        out[key] = repr(value)
-    return out
 
 
 class World:
@@ -135,7 +112,7 @@ def test_forget_removes_everything_of_the_user_and_fences_the_run_in_flight(
     assert queue.complete(running, in_flight.token, T0 + 11) is CompleteResult.STALE
     assert world.storage.list_agents("fay") == []
     assert "fay" not in world.storage.list_users()
-    keyspace = dump_keyspace(redis_client)
+    keyspace = dump_redis(redis_client)
     assert not [k for k, v in keyspace.items() if "fay" in k or "fay-" in v]
     # Nothing of gus's went.
     assert [f.content for f in world.storage.load("gus").facts] == ["gus-doc-keep"]
@@ -150,7 +127,7 @@ def test_forget_works_for_a_user_with_only_queued_work(
     world.enqueue("t1", "hal", "hal-wait-secret")
     report = erase(world.settings, redis_client, world.storage, "hal")
     assert (report.documents, report.pending, report.contexts) == (0, 1, 1)
-    assert not [v for v in dump_keyspace(redis_client).values() if "hal-wait-secret" in v]
+    assert not [v for v in dump_redis(redis_client).values() if "hal-wait-secret" in v]
 
 
 def test_erasing_one_agent_keeps_the_users_other_memories(
@@ -165,7 +142,7 @@ def test_erasing_one_agent_keeps_the_users_other_memories(
 
     assert (report.documents, report.pending, report.user_sets) == (1, 1, 0)
     assert world.storage.list_agents("ivy") == [None]
-    values = dump_keyspace(redis_client).values()
+    values = dump_redis(redis_client).values()
     assert not [v for v in values if "ivy-coder-wait" in v]
     assert any("ivy-global-wait" in v for v in values)
 

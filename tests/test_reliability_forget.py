@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from memq.testing.redis_dump import dump_redis
 from storage import get_storage
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import facts_of, learn_items, queue_idle, stack_settings, turn
 from tests.support.waiting import wait_for
-from tests.test_erasure import dump_keyspace
 from worker.queue import QueueClient
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.integration]
@@ -83,7 +83,7 @@ def test_forget_with_work_in_flight_is_not_undone_by_the_queue(
     # Markers no other test uses: the redis-server is shared by the whole suite.
     leftovers = {
         key: value
-        for key, value in dump_keyspace(redis_client).items()
+        for key, value in dump_redis(redis_client).items()
         if any(f"item-{5551000 + n}" in value for n in range(4)) or ":fey:" in key
     }
     assert leftovers == {}

@@ -4,7 +4,6 @@ memory, the dead letters and a dump of every Redis key."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from bench.soak.oracle import MARKER, DeadLetter, DocKey, StoredFact, Turn
 from core.identity import ContextKey
 from core.keys import KeySchema
 from core.settings import MemqSettings
+from memq.testing.redis_dump import text_of
 from storage import get_storage
 from worker.queue import QueueClient
 
@@ -31,43 +31,6 @@ def read_turns(control_dir: Path) -> tuple[list[Turn], dict[str, Any]]:
         for name, value in json.loads(path.read_text(encoding="utf-8")).items():
             totals[name] = totals.get(name, 0) + int(value)
     return turns, totals
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def dump_redis(client: redis.Redis) -> dict[str, str]:
-    """Every key and its value rendered as text (a forgotten user's text must be in none)."""
-    out: dict[str, str] = {}
-    for raw_key in client.scan_iter(count=1000):
-        key = _text(raw_key)
-        kind = _text(client.type(raw_key))
-        value: Any
-        if kind == "string":
-            value = client.get(raw_key)
-        elif kind == "hash":
-            value = client.hgetall(raw_key)
-        elif kind == "list":
-            value = client.lrange(raw_key, 0, -1)
-        elif kind == "set":
-            value = client.smembers(raw_key)
-        elif kind == "zset":
-            value = client.zrange(raw_key, 0, -1, withscores=True)
-        elif kind == "stream":
-            value = client.xrange(raw_key)
-        else:
-            value = ""
-        out[key] = _render(value)
-    return out
-
-
-def _render(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return "\n".join(f"{_render(k)}={_render(v)}" for k, v in value.items())
-    if isinstance(value, list | set | tuple):
-        return "\n".join(_render(v) for v in value)
-    return "" if value is None else _text(value)
 
 
 def read_documents(
@@ -94,7 +57,7 @@ def read_documents(
             if text is None:
                 text = _find_raw_document(client, user, agent)
             raw[(user, agent)] = (
-                _text(text)
+                text_of(text)
                 if text is not None
                 else f"<no stored text found for this document: adapt {__name__} to the key layout>"
             )
@@ -104,7 +67,7 @@ def read_documents(
 def _find_raw_document(client: redis.Redis, user: str, agent: str | None) -> Any:
     """The ``doc`` field of any hash whose name holds the pair (the key layout may have moved)."""
     for key in client.scan_iter(match=f"*{user}*{agent or ''}*", count=1000):
-        if _text(client.type(key)) == "hash":
+        if text_of(client.type(key)) == "hash":
             text = client.hget(key, "doc")
             if text is not None:
                 return text

@@ -9,10 +9,11 @@ from typing import Any
 import redis
 
 from bench.soak.chaos import FaultRunner
-from bench.soak.collect import dump_redis, read_dead_letters, read_documents, read_turns
+from bench.soak.collect import read_dead_letters, read_documents, read_turns
 from bench.soak.faults import FaultRecord, schedule
 from bench.soak.oracle import DocKey, LossWindow, OracleInput, StoredFact, Turn, Verdict, judge
 from bench.soak.stack import SoakConfig, now_ms, running_stack
+from memq.testing.redis_dump import dump_redis
 from worker.queue import QueueClient
 
 __all__ = ["SoakConfig", "SoakResult", "run_soak"]
