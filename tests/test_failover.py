@@ -182,6 +182,29 @@ def failover_settings(
     )
 
 
+def kill_the_primary_under_load(
+    deployment: LocalSentinel, settings: MemqSettings, celery_procs: CeleryProcs, producer_for: Any
+) -> None:
+    """A worker and beat on ``settings``, agents talking, the Sentinel primary killed -9: once
+    the replica is promoted and the load is over, every turn must have been extracted once."""
+    assert deployment.primary is not None
+    env = memq_env(settings)
+    celery_procs.start_worker(env, concurrency=4)
+    celery_procs.start_beat(env)
+    load = Load(producer_for(settings))
+    load.start()
+    old_port = deployment.primary.port
+    deployment.primary.kill()
+    wait_for(
+        lambda: deployment.master_port() != old_port,
+        timeout=30,
+        interval=0.1,
+        what="the Sentinels promoting the replica",
+    )
+    load.finish()
+    load.check_everything_extracted(settings)
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_a_sentinel_failover_under_load_loses_nothing(
@@ -196,21 +219,7 @@ def test_a_sentinel_failover_under_load_loses_nothing(
     with LocalSentinel(tmp_path / "sentinel") as deployment:
         assert deployment.primary is not None
         settings = failover_settings(make_settings, openai_server, deployment.url, redis_server.url)
-        env = memq_env(settings)
-        celery_procs.start_worker(env, concurrency=4)
-        celery_procs.start_beat(env)
-        load = Load(producer_for(settings))
-        load.start()
-        old_port = deployment.primary.port
-        deployment.primary.kill()
-        wait_for(
-            lambda: deployment.master_port() != old_port,
-            timeout=30,
-            interval=0.1,
-            what="the Sentinels promoting the replica",
-        )
-        load.finish()
-        load.check_everything_extracted(settings)
+        kill_the_primary_under_load(deployment, settings, celery_procs, producer_for)
 
 
 @pytest.mark.e2e
@@ -257,21 +266,7 @@ def test_the_broker_follows_a_sentinel_managed_data_redis_across_a_failover(
         settings = failover_settings(make_settings, openai_server, deployment.url, "")
         settings = settings.model_copy(update={"broker_url": None})
         assert settings.broker.url.startswith("sentinel://127.0.0.1:")
-        env = memq_env(settings)
-        celery_procs.start_worker(env, concurrency=4)
-        celery_procs.start_beat(env)
-        load = Load(producer_for(settings))
-        load.start()
-        old_port = deployment.primary.port
-        deployment.primary.kill()
-        wait_for(
-            lambda: deployment.master_port() != old_port,
-            timeout=30,
-            interval=0.1,
-            what="the Sentinels promoting the replica",
-        )
-        load.finish()
-        load.check_everything_extracted(settings)
+        kill_the_primary_under_load(deployment, settings, celery_procs, producer_for)
 
 
 def test_while_a_master_fails_over_the_other_masters_shards_are_still_claimed(
