@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer, find_redis_server
 
 

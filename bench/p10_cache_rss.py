@@ -51,7 +51,7 @@ def rss_mb() -> float:
 
 def measure(root: Path, cache_max: int, users: int, checkpoints: tuple[int, ...]) -> list[float]:
     """In this process: load every user's document once, RSS at each checkpoint (MiB)."""
-    from core.settings import MemqSettings
+    from memq.core.settings import MemqSettings
     from storage.files import FileMemoryStorage
 
     settings = MemqSettings(storage_dir=root, storage_cache_max_documents=cache_max)

@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 from bench.common import BenchEnv, Result, fmt_ms, percentile
-from core.connection import redis_client
-from core.identity import ContextKey
-from core.keys import KeySchema
+from memq.core.connection import redis_client
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
 from producer.producer import MemoryProducer
 
 BARE_SCRIPT = """\

@@ -14,8 +14,8 @@ import time
 import redis
 
 from bench.common import BenchEnv, Result, fmt_ms, percentile
-from core.keys import QueueKeys
-from core.settings import MemqSettings
+from memq.core.keys import QueueKeys
+from memq.core.settings import MemqSettings
 from worker.queue import QueueClient
 
 BATCH = 100

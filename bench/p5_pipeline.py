@@ -8,8 +8,8 @@ import json
 import time
 
 from bench.common import BenchEnv, Result, percentile
-from core.identity import ContextKey
-from core.models import ConversationContext, Message
+from memq.core.identity import ContextKey
+from memq.core.models import ConversationContext, Message
 from storage import get_storage
 from storage.base import UpdateResult
 from storage.document import MemoryDocument

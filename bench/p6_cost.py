@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from bench.common import BenchEnv, Result
 from bench.p7_injection import memory_with_facts
-from core.models import Message
+from memq.core.models import Message
 from prompts.tokens import make_token_counter
 from prompts.update_prompt import build_update_prompt
 from worker.pipeline import prompt_for

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.common import BenchEnv, Result, celery_stack, llm_settings, scripted_llm, start_beat
-from core.connection import RedisClient, redis_client
-from core.keys import CLUSTER_SLOTS, key_slot, shard_tag
-from core.settings import MemqSettings
+from memq.core.connection import RedisClient, redis_client
+from memq.core.keys import CLUSTER_SLOTS, key_slot, shard_tag
+from memq.core.settings import MemqSettings
 from memq.redis_cluster import LocalCluster
 from memq.testing.openai_server import Reply
 from memq.testing.waiting import wait_for

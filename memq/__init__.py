@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from core.settings import MemqSettings
+    from memq.core.settings import MemqSettings
     from producer.injector import MemoryInjector
     from producer.producer import MemoryProducer
 
@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
 
         return MemoryInjector
     if name == "MemqSettings":
-        from core.settings import MemqSettings
+        from memq.core.settings import MemqSettings
 
         return MemqSettings
     raise AttributeError(f"module 'memq' has no attribute {name!r}")

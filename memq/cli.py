@@ -11,11 +11,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
-from core.errors import ConfigError, MemqError
 from memq.commands import config, doctor, exporter, memory, queue, up
 from memq.commands import demo as demo_command
 from memq.commands.common import CommandContext, mask_url
+from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
+from memq.core.errors import ConfigError, MemqError
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2

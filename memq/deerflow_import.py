@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from core.errors import InvalidIdentifier, InvalidMemoryData
-from core.identity import DEFAULT_USER_ID, validate_agent_name, validate_user_id
+from memq.core.errors import InvalidIdentifier, InvalidMemoryData
+from memq.core.identity import DEFAULT_USER_ID, validate_agent_name, validate_user_id
 from storage.base import Change, MemoryStorage, UpdateResult
 from storage.document import HISTORY_SECTIONS, USER_SECTIONS, MemoryDocument
 from storage.management import parse_import

@@ -17,9 +17,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
-from core.errors import MemqError
-from core.settings import MemqSettings, load_settings
 from memq.commands.common import agent_label, format_table
+from memq.core.errors import MemqError
+from memq.core.settings import MemqSettings, load_settings
 from memq.stack import Stack, StackOptions
 
 DEFAULT_DEMO_DIR = Path(".memq/demo")
@@ -117,7 +117,7 @@ def _feed(settings: MemqSettings, conversations: list[Conversation], out: TextIO
 
 def _wait_until_extracted(stack: Stack, settings: MemqSettings, timeout_seconds: float) -> None:
     """Done when nothing is due or in flight; a dead letter or a dead process fails fast."""
-    from core.connection import redis_client
+    from memq.core.connection import redis_client
     from worker.queue import QueueClient
 
     client = redis_client(settings, max_connections=2)

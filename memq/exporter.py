@@ -21,12 +21,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from worker.metrics import EXTRACTION_OUTCOMES, MetricsSnapshot, read_metrics, read_shards
 from worker.queue import now_ms
 
 if TYPE_CHECKING:
-    from core.connection import RedisClient
+    from memq.core.connection import RedisClient
 
 log = logging.getLogger(__name__)
 

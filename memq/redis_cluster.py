@@ -14,8 +14,8 @@ from types import TracebackType
 
 import redis
 
-from core.errors import MemqError
-from core.keys import CLUSTER_SLOTS
+from memq.core.errors import MemqError
+from memq.core.keys import CLUSTER_SLOTS
 from memq.redis_server import RedisServer, port_if_free
 
 _BUS_OFFSET = 10000  # Redis Cluster's bus listens on port + 10000

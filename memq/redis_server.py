@@ -22,7 +22,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from core.errors import MemqError
+from memq.core.errors import MemqError
 from memq.supervision import die_with_parent
 
 # everysec: a crash of the host may lose up to about a second of acknowledged writes; always: none,

@@ -33,9 +33,9 @@ from types import FrameType, TracebackType
 from typing import IO
 from urllib.parse import urlsplit
 
-from core.errors import MemqError
-from core.settings import MemqSettings
-from core.settings_env import settings_env
+from memq.core.errors import MemqError
+from memq.core.settings import MemqSettings
+from memq.core.settings_env import settings_env
 from memq.redis_server import (
     RedisServer,
     check_reachable,

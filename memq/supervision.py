@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.errors import MemqError
+from memq.core.errors import MemqError
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.models import Message, messages_from_json, messages_to_json
+from memq.core.models import Message, messages_from_json, messages_to_json
 
 Identity = tuple[str, ...]
 

@@ -21,11 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
 
-from core.connection import REDIS_ERRORS, RedisClient
-from core.errors import InvalidIdentifier, RedisUnavailable
-from core.identity import ContextKey
-from core.keys import KeySchema
-from core.models import Message, messages_to_json
+from memq.core.connection import REDIS_ERRORS, RedisClient
+from memq.core.errors import InvalidIdentifier, RedisUnavailable
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
+from memq.core.models import Message, messages_to_json
 from producer.accumulate import merge_messages_json
 from producer.messages import filter_messages_for_memory, has_minimum_dialogue, keep_newest_within
 

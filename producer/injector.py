@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from core.identity import DEFAULT_USER_ID
-from core.settings import MemqSettings, load_settings
+from memq.core.identity import DEFAULT_USER_ID
+from memq.core.settings import MemqSettings, load_settings
 from prompts.injection import format_memory_for_injection
 from prompts.tokens import TokenCounter, make_token_counter
 from storage.base import MemoryStorage

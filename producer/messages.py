@@ -14,8 +14,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from core.errors import InvalidMessages
-from core.models import Message
+from memq.core.errors import InvalidMessages
+from memq.core.models import Message
 
 log = logging.getLogger(__name__)
 

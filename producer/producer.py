@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
-from core.connection import RedisClient, redis_client
-from core.errors import MemqError, RedisUnavailable
-from core.identity import ContextKey
-from core.keys import KeySchema
-from core.settings import MemqSettings, load_settings
+from memq.core.connection import RedisClient, redis_client
+from memq.core.errors import MemqError, RedisUnavailable
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings, load_settings
 from producer.enqueue import Enqueuer, EnqueueRequest, EnqueueResult, build_request
 from producer.spool import Spool
 

@@ -15,8 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from core.errors import ResponseParseError
-from memory.update import (
+from memq.core.errors import ResponseParseError
+from memq.memory.update import (
     ConsolidationProposal,
     NewFact,
     SectionUpdate,

@@ -1,6 +1,6 @@
 """The conversation slot of the update prompt: how each message renders, and which fit.
 
-Pure functions over :class:`core.models.Message` and a ``count_tokens`` callable. The newest
+Pure functions over :class:`memq.core.models.Message` and a ``count_tokens`` callable. The newest
 messages are kept within a token budget (the end of a thread is what the model must see); a long
 message keeps its head and its tail, because the conclusion of an answer is usually at its end.
 Which messages are new since the last extraction is the worker's business (``worker.watermark``).
@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.models import Message
+from memq.core.models import Message
 from prompts.escaping import indented
 from prompts.tokens import TokenCounter
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.settings import MemqSettings
-from memory.consolidation import Group
+from memq.core.settings import MemqSettings
+from memq.memory.consolidation import Group
 from prompts.escaping import one_line
 from storage.document import Fact
 

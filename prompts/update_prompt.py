@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from core.models import Message
-from core.settings import MemqSettings
-from memory.consolidation import qualifying_groups
-from memory.staleness import should_review, stale_candidates
+from memq.core.models import Message
+from memq.core.settings import MemqSettings
+from memq.memory.consolidation import qualifying_groups
+from memq.memory.staleness import should_review, stale_candidates
 from prompts.conversation import budget_conversation
 from prompts.escaping import prompt_json
 from prompts.review import render_consolidation_section, render_staleness_section

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from core.settings import MemqSettings, load_settings
+from memq.core.settings import MemqSettings, load_settings
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import Fact, MemoryDocument
 
 if TYPE_CHECKING:
-    from core.connection import RedisClient
+    from memq.core.connection import RedisClient
 
 __all__ = [
     "Change",

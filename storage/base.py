@@ -80,7 +80,7 @@ class MemoryStorage(Protocol):
     def update(
         self, user_id: str, agent_name: str | None, fn: UpdateFn, *, fence: Fence | None = None
     ) -> MemoryDocument:
-        """With ``fence``, raises :class:`core.errors.StaleClaim` (nothing written) unless the
+        """With ``fence``, raises :class:`memq.core.errors.StaleClaim` (nothing written) unless the
         fence's claim is still current when the document is written."""
         ...
 

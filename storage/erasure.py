@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Final
 
-from core.identity import validate_agent_name, validate_user_id
-from core.keys import KeySchema
-from core.settings import MemqSettings
+from memq.core.identity import validate_agent_name, validate_user_id
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 from storage.base import MemoryStorage
 
 if TYPE_CHECKING:
-    from core.connection import RedisClient
+    from memq.core.connection import RedisClient
 
 log = logging.getLogger("memq.erasure")
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from core.keys import KeySchema
-from core.settings import MemqSettings
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 from storage.base import Fence
 
 if TYPE_CHECKING:
-    from core.connection import RedisClient
+    from memq.core.connection import RedisClient
 
 
 class RedisClaimCheck:

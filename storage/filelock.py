@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from core.errors import LockTimeout, StorageError
+from memq.core.errors import LockTimeout, StorageError
 
 
 def acquire_flock(lock_path: Path, timeout_seconds: float) -> int:

@@ -25,9 +25,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from core.errors import CorruptMemoryFile, LockTimeout, StaleClaim, StorageError
-from core.identity import validate_agent_name, validate_user_id
-from core.settings import MemqSettings
+from memq.core.errors import CorruptMemoryFile, LockTimeout, StaleClaim, StorageError
+from memq.core.identity import validate_agent_name, validate_user_id
+from memq.core.settings import MemqSettings
 from storage.base import Change, Fence, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document, utc_now
 from storage.filelock import acquire_flock

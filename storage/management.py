@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.errors import CorruptMemoryFile, FactEvicted, FactNotFound, InvalidMemoryData
-from core.identity import validate_agent_name, validate_user_id
+from memq.core.errors import CorruptMemoryFile, FactEvicted, FactNotFound, InvalidMemoryData
+from memq.core.identity import validate_agent_name, validate_user_id
 from storage.base import Change, MemoryStorage, UpdateFn, UpdateResult
 from storage.cap import evict_over_cap
 from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, empty_document, new_fact_id

@@ -17,11 +17,17 @@ from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
-from core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS, RedisClient, redis_client
-from core.errors import CorruptMemoryFile, LockTimeout, RedisUnavailable, StaleClaim, StorageError
-from core.identity import validate_agent_name, validate_user_id
-from core.keys import KeySchema
-from core.settings import MemqSettings
+from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS, RedisClient, redis_client
+from memq.core.errors import (
+    CorruptMemoryFile,
+    LockTimeout,
+    RedisUnavailable,
+    StaleClaim,
+    StorageError,
+)
+from memq.core.identity import validate_agent_name, validate_user_id
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 from storage.base import Change, Fence, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document
 from storage.history import (

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from tests.support.openai_server import ScriptedOpenAI
 

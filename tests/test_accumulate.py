@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from core.identity import ContextKey
-from core.keys import KeySchema, QueueKeys
-from core.models import ConversationContext, Message, messages_from_json, messages_to_json
-from core.settings import MemqSettings
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema, QueueKeys
+from memq.core.models import ConversationContext, Message, messages_from_json, messages_to_json
+from memq.core.settings import MemqSettings
 from producer.accumulate import extends, identity, merge_messages, merge_messages_json
 from producer.enqueue import EnqueueCode, Enqueuer, EnqueueRequest
 from producer.producer import MemoryProducer

@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from core.settings import MemqSettings
-from memory.apply import apply_update
-from memory.update import NewFact, SectionUpdate, UpdateAnswer
+from memq.core.settings import MemqSettings
+from memq.memory.apply import apply_update
+from memq.memory.update import NewFact, SectionUpdate, UpdateAnswer
 from storage.cap import evict_over_cap
 from storage.document import Fact, MemoryDocument, Section, UserContext
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import redis
 
-from core.identity import ContextKey
-from core.keys import KeySchema
-from core.models import Message, messages_to_json
-from core.settings import MemqSettings
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
+from memq.core.models import Message, messages_to_json
+from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
 from tests.support.memory_storage import InMemoryStorage
 from tests.support.openai_server import Reply, ScriptedOpenAI

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import redis
 
-from core.identity import ContextKey
-from core.keys import KeySchema
-from core.settings import MemqSettings
 from memq.cli import main
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer, free_port
 from producer.producer import MemoryProducer
 from tests.support.openai_server import ScriptedOpenAI

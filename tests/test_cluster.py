@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster
 
-from core.connection import RedisClient
-from core.errors import StaleClaim
-from core.identity import ContextKey
-from core.keys import KeySchema
-from core.settings import MemqSettings
+from memq.core.connection import RedisClient
+from memq.core.errors import StaleClaim
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 from memq.redis_cluster import LocalCluster
 from producer import MemoryProducer
 from producer.enqueue import Enqueuer, EnqueueRequest

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from storage import get_storage
 from storage.document import Fact, MemoryDocument, Section

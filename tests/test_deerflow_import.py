@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from core.settings import MemqSettings
 from memq.cli import main
+from memq.core.settings import MemqSettings
 from memq.deerflow_import import DeerFlowImportError, fact_from_markdown, import_folder
 from storage import get_storage
 

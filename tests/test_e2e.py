@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from producer.enqueue import EnqueueCode
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import ScriptedOpenAI

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 import redis
 
-from core.errors import InvalidIdentifier, InvalidMessages
-from core.identity import ContextKey
-from core.keys import KeySchema, QueueKeys
-from core.models import ConversationContext, messages_to_json
-from core.models import Message as M
-from core.settings import MemqSettings
+from memq.core.errors import InvalidIdentifier, InvalidMessages
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema, QueueKeys
+from memq.core.models import ConversationContext, messages_to_json
+from memq.core.models import Message as M
+from memq.core.settings import MemqSettings
 from producer.enqueue import (
     EnqueueCode,
     Enqueuer,

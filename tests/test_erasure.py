@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import redis
 
-from core.errors import StaleClaim
-from core.identity import ContextKey
-from core.keys import KeySchema
-from core.settings import MemqSettings
+from memq.core.errors import StaleClaim
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 from memq.testing.redis_dump import dump_redis
 from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage

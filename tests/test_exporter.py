@@ -19,7 +19,7 @@ import redis
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from memq.exporter import build_registry
 from memq.redis_server import free_port
 from producer import MemoryProducer

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import redis
 
-from core.errors import PermanentLLMError, ResponseParseError, TransientLLMError
-from core.identity import ContextKey
-from core.models import ConversationContext
-from core.settings import MemqSettings
+from memq.core.errors import PermanentLLMError, ResponseParseError, TransientLLMError
+from memq.core.identity import ContextKey
+from memq.core.models import ConversationContext
+from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
 from worker.queue import Claim, QueueClient, ReapResult, now_ms
 from worker.tasks import WorkerRuntime, backoff_ms, describe_args, extract, retry_delay_ms

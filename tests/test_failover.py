@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import redis
 
-from core.connection import redis_client
-from core.errors import StaleClaim
-from core.identity import ContextKey
-from core.keys import KeySchema
-from core.settings import MemqSettings
+from memq.core.connection import redis_client
+from memq.core.errors import StaleClaim
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 from memq.redis_cluster import LocalCluster, LocalSentinel, replica_in_sync
 from memq.redis_server import RedisServer
 from producer import MemoryProducer

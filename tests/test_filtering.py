@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from core.errors import InvalidMessages
-from core.models import Message
+from memq.core.errors import InvalidMessages
+from memq.core.models import Message
 from producer.messages import (
     filter_messages_for_memory,
     has_minimum_dialogue,

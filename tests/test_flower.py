@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from memq.redis_server import free_port
 from producer.producer import MemoryProducer
 from tests.support.celery_procs import CeleryProcess, CeleryProcs, memq_env

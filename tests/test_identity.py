@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.errors import InvalidIdentifier
-from core.identity import ContextKey, validate_agent_name, validate_user_id
-from core.keys import KeySchema
+from memq.core.errors import InvalidIdentifier
+from memq.core.identity import ContextKey, validate_agent_name, validate_user_id
+from memq.core.keys import KeySchema
 
 
 @given(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from producer.injector import MemoryInjector
 from prompts.injection import format_memory_for_injection
 from storage.document import Fact, MemoryDocument

@@ -13,7 +13,7 @@ from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from memq.integrations.langchain import (
     MemoryFlushingSummarization,
     MemoryMiddleware,

@@ -1,6 +1,8 @@
 """The package layers hold: every import of our code points down (or sideways), never up.
 
-core < storage < memory < prompts < producer < worker < memq; bench/ and tests/ sit outside.
+memq.core < storage < memq.memory < prompts < producer < worker < memq; bench/ and tests/ sit
+outside. ``memq.core`` and ``memq.memory`` live inside the ``memq`` folder (so memq installs beside
+an application that has its own ``core`` package) but are layers of their own, at the bottom.
 ``worker`` must not import ``producer`` although it is below it: the two run in different
 processes and share only what lies beneath both. An agent imports ``memq`` or ``producer``: that
 must not load Celery or the OpenAI SDK (seconds of import time, and dependencies an agent may not
@@ -19,27 +21,48 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("core", "storage", "memory", "prompts", "producer", "worker", "memq")
+LAYERS = ("memq.core", "storage", "memq.memory", "prompts", "producer", "worker", "memq")
+NESTED = ("memq.core", "memq.memory")  # layers that live inside the memq folder
 RANK = {name: rank for rank, name in enumerate(LAYERS)}
 FORBIDDEN = {("worker", "producer")}  # (importer, imported) even though the order allows it
 HEAVY = ("celery", "openai")
 
 
+def layer_of(module: str) -> str:
+    """The layer a dotted module name belongs to (its top-level package, or a nested layer)."""
+    for nested in NESTED:
+        if module == nested or module.startswith(nested + "."):
+            return nested
+    return module.split(".")[0]
+
+
 def imports_of(path: Path) -> list[tuple[int, str]]:
-    """(line, top-level package) of every absolute import in ``path``."""
+    """(line, layer) of every absolute import in ``path``."""
     found: list[tuple[int, str]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+            found += [(node.lineno, layer_of(alias.name)) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
+            found.append((node.lineno, layer_of(node.module)))
     return found
+
+
+def files_of(layer: str) -> list[Path]:
+    folder = ROOT.joinpath(*layer.split("."))
+    inner = [
+        ROOT.joinpath(*n.split(".")) for n in NESTED if n != layer and n.startswith(layer + ".")
+    ]
+    return [
+        path
+        for path in sorted(folder.rglob("*.py"))
+        if not any(path.is_relative_to(skip) for skip in inner)
+    ]
 
 
 def violations() -> list[str]:
     wrong = []
     for layer in LAYERS:
-        for path in sorted((ROOT / layer).rglob("*.py")):
+        for path in files_of(layer):
             for line, target in imports_of(path):
                 if target not in RANK or target == layer:
                     continue

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from core.errors import PermanentLLMError, TransientLLMError
-from core.models import Message
-from core.settings import MemqSettings
+from memq.core.errors import PermanentLLMError, TransientLLMError
+from memq.core.models import Message
+from memq.core.settings import MemqSettings
 from prompts.update_prompt import UpdatePrompt
 from tests.support.openai_server import EMPTY_UPDATE, Reply, ScriptedOpenAI, completion_body
 from worker.llm import OpenAIUpdateModel, build_update_model

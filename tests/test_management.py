@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from core.errors import FactEvicted, FactNotFound, InvalidMemoryData
-from core.settings import MemqSettings
 from memq.cli import main
+from memq.core.errors import FactEvicted, FactNotFound, InvalidMemoryData
+from memq.core.settings import MemqSettings
 from storage import get_storage
 from storage.files import FileMemoryStorage
 from storage.management import MemoryManager

@@ -9,9 +9,9 @@ import pytest
 import redis
 from celery.exceptions import Retry
 
-from core.errors import ExtractionDeadLettered
-from core.identity import ContextKey
-from core.settings import MemqSettings
+from memq.core.errors import ExtractionDeadLettered
+from memq.core.identity import ContextKey
+from memq.core.settings import MemqSettings
 from worker.celery_app import settle_task
 from worker.metrics import (
     LATENCY_BUCKETS_SECONDS,

@@ -14,7 +14,7 @@ import yaml
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from memq.exporter import build_registry
 
 ROOT = Path(__file__).resolve().parent.parent

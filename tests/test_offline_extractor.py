@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from core.identity import ContextKey
-from core.models import ConversationContext, Message
-from core.settings import MemqSettings
+from memq.core.identity import ContextKey
+from memq.core.models import ConversationContext, Message
+from memq.core.settings import MemqSettings
 from prompts.answer import parse_update_response
 from prompts.update_prompt import UpdatePrompt
 from tests.support.memory_storage import InMemoryStorage

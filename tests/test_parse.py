@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from core.errors import ResponseParseError
+from memq.core.errors import ResponseParseError
 from prompts.answer import parse_update_response, response_text
 
 FACT = {"content": "Uses Rust daily", "category": "knowledge", "confidence": 0.9}

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from core.errors import ResponseParseError, TransientLLMError
-from core.identity import ContextKey
-from core.models import ConversationContext, Message
-from core.settings import MemqSettings
+from memq.core.errors import ResponseParseError, TransientLLMError
+from memq.core.identity import ContextKey
+from memq.core.models import ConversationContext, Message
+from memq.core.settings import MemqSettings
 from prompts.update_prompt import CORRECTION_HINT, REINFORCEMENT_HINT
 from storage.document import Fact, MemoryDocument
 from tests.support.memory_storage import InMemoryStorage

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import redis
 
-from core.identity import ContextKey
-from core.keys import KeySchema
-from core.settings import MemqSettings
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer, free_port
 from producer import producer as producer_module
 from producer.enqueue import EnqueueRequest

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from core.models import Message
-from core.settings import MemqSettings
+from memq.core.models import Message
+from memq.core.settings import MemqSettings
 from prompts.conversation import budget_conversation, truncate_middle
 from prompts.escaping import neutralise_tags
 from prompts.update_prompt import (

@@ -14,9 +14,9 @@ from typing import Any, cast
 import pytest
 import redis
 
-from core.identity import ContextKey
-from core.keys import KeySchema
-from core.settings import MemqSettings
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer as ProducerEnqueuer
 from producer.enqueue import EnqueueRequest
 from prompts.answer import parse_update_response

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from core.settings import MemqSettings
 from memq.cli import build_parser
 from memq.commands.config import README_BEGIN, README_END, settings_markdown
+from memq.core.settings import MemqSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 

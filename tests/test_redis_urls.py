@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import ConfigError
-from core.keys import CLUSTER_SLOTS, KeySchema, key_slot, shard_tag
-from core.redis_urls import broker_target, parse_redis_url, url_kind
-from core.settings import MemqSettings, load_settings
+from memq.core.errors import ConfigError
+from memq.core.keys import CLUSTER_SLOTS, KeySchema, key_slot, shard_tag
+from memq.core.redis_urls import broker_target, parse_redis_url, url_kind
+from memq.core.settings import MemqSettings, load_settings
 from worker.celery_app import celery_config
 
 

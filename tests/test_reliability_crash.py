@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from producer import MemoryProducer
 from producer import producer as producer_module

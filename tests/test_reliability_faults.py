@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from core.identity import ContextKey
-from core.settings import MemqSettings
 from memq.cli import main
+from memq.core.identity import ContextKey
+from memq.core.settings import MemqSettings
 from producer import MemoryProducer
 from storage.document import MemoryDocument
 from tests.support.celery_procs import CeleryProcs, memq_env

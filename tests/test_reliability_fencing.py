@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from storage import get_storage
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI

@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from core.errors import LLMError, MemqError
-from core.identity import ContextKey
-from core.keys import KeySchema
-from core.models import ConversationContext, Message
-from core.settings import MemqSettings
-from memory.apply import apply_update
+from memq.core.errors import LLMError, MemqError
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
+from memq.core.models import ConversationContext, Message
+from memq.core.settings import MemqSettings
+from memq.memory.apply import apply_update
 from producer import MemoryProducer
 from producer.injector import CLOSE_TAG, OPEN_TAG, MemoryInjector
 from prompts.answer import parse_update_response

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import redis
 
-from core.settings import MemqSettings
 from memq.cli import main
+from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from memq.stack import Stack, StackOptions
 from producer import MemoryProducer

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import redis
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI

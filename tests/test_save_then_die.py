@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis
 
-from core.identity import ContextKey
-from core.models import ConversationContext
+from memq.core.identity import ContextKey
+from memq.core.models import ConversationContext
 from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage
 from tests.support.openai_server import Reply, ScriptedOpenAI

@@ -14,8 +14,8 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from core.identity import ContextKey
-from core.keys import KeySchema
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
 from memq.redis_server import RedisServer
 from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage

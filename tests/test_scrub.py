@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory.scrub import mentions_upload, scrub_document, scrub_text
+from memq.memory.scrub import mentions_upload, scrub_document, scrub_text
 from storage.document import Fact, MemoryDocument, Section, UserContext
 
 

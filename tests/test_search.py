@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from core.settings import MemqSettings
 from memq.cli import main
+from memq.core.settings import MemqSettings
 from producer.injector import MemoryInjector
 from prompts.injection import format_memory_for_injection
 from storage import get_storage

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import ConfigError
-from core.settings import load_settings
 from memq.cli import main
 from memq.commands.common import mask_url
+from memq.core.errors import ConfigError
+from memq.core.settings import load_settings
 
 
 def test_a_settings_error_names_the_problem_but_not_the_values(

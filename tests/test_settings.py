@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import ConfigError
-from core.settings import load_settings
+from memq.core.errors import ConfigError
+from memq.core.settings import load_settings
 
 
 def test_defaults_match_the_documented_ones() -> None:

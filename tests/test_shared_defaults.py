@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs
 from tests.support.waiting import wait_for

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.models import Message
-from memory.signals import (
+from memq.core.models import Message
+from memq.memory.signals import (
     CORRECTION_PATTERNS_EN,
     CORRECTION_PATTERNS_ZH,
     REINFORCEMENT_PATTERNS_EN,

@@ -10,9 +10,9 @@ import pytest
 
 from bench.soak.model import ModelProfile, SoakModel
 from bench.soak.oracle import MARKER
-from core.errors import ResponseParseError
-from core.models import Message
-from core.settings import MemqSettings
+from memq.core.errors import ResponseParseError
+from memq.core.models import Message
+from memq.core.settings import MemqSettings
 from prompts.answer import parse_update_response
 from prompts.tokens import make_token_counter
 from prompts.update_prompt import build_update_prompt

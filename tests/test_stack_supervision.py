@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from memq.redis_server import free_port
 from memq.supervision import DataDirLock, RestartPolicy, StackLocked, restart_delay
 from producer import MemoryProducer

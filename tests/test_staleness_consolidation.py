@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from core.settings import MemqSettings
-from memory.apply import apply_update
-from memory.consolidation import qualifying_groups
-from memory.staleness import stale_candidates
-from memory.update import ConsolidationProposal, StaleRemoval, UpdateAnswer
+from memq.core.settings import MemqSettings
+from memq.memory.apply import apply_update
+from memq.memory.consolidation import qualifying_groups
+from memq.memory.staleness import stale_candidates
+from memq.memory.update import ConsolidationProposal, StaleRemoval, UpdateAnswer
 from prompts.review import render_staleness_section
 from storage.document import Fact, MemoryDocument
 

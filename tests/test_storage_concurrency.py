@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from storage import get_storage
 from storage.base import Change, UpdateResult
 from storage.document import Fact, MemoryDocument

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from core.errors import CorruptMemoryFile, InvalidIdentifier, LockTimeout, StorageError
-from core.settings import MemqSettings
+from memq.core.errors import CorruptMemoryFile, InvalidIdentifier, LockTimeout, StorageError
+from memq.core.settings import MemqSettings
 from storage import get_storage
 from storage.base import Change, UpdateResult
 from storage.document import Fact, MemoryDocument
@@ -379,8 +379,8 @@ def test_delete_removes_everything_of_that_agent(store: FileMemoryStorage) -> No
 def test_a_fenced_save_of_an_overtaken_claim_is_refused(tmp_path: Path) -> None:
     """The fence file only moves forward: once a newer claim of a context registered, a save by
     an older one writes nothing, even with no queue to ask."""
-    from core.errors import StaleClaim
-    from core.settings import load_settings
+    from memq.core.errors import StaleClaim
+    from memq.core.settings import load_settings
     from storage.base import Fence
 
     storage = FileMemoryStorage(load_settings(storage_dir=tmp_path))
@@ -404,7 +404,7 @@ def _with_fact(document: Any, content: str) -> Any:
 
 
 def test_the_document_cache_is_bounded_and_drops_the_least_recently_used(tmp_path: Path) -> None:
-    from core.settings import load_settings
+    from memq.core.settings import load_settings
     from storage.document import Fact, MemoryDocument
 
     storage = FileMemoryStorage(load_settings(storage_dir=tmp_path, storage_cache_max_documents=3))

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import redis
 
-from core.errors import CorruptMemoryFile, InvalidIdentifier
-from core.keys import KeySchema
+from memq.core.errors import CorruptMemoryFile, InvalidIdentifier
+from memq.core.keys import KeySchema
 from storage import get_storage
 from storage.base import Change, UpdateResult
 from storage.document import Fact, MemoryDocument

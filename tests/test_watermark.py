@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import redis
 
-from core.identity import ContextKey
-from core.models import ConversationContext, Message
-from core.settings import MemqSettings
+from memq.core.identity import ContextKey
+from memq.core.models import ConversationContext, Message
+from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
 from prompts.update_prompt import CORRECTION_HINT
 from tests.support.memory_storage import InMemoryStorage

@@ -1,7 +1,7 @@
 """The worker side: the Celery app, the ticker and the extraction.
 
 ``worker.app`` is the entry point of ``celery -A worker.app worker|beat``. It is built on first
-access from :func:`core.settings.load_settings`, never at import time, so importing ``worker``
+access from :func:`memq.core.settings.load_settings`, never at import time, so importing ``worker``
 reads no environment and opens no connection.
 """
 
@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
     with _build_lock:
         built = globals().get("app")
         if built is None:
-            from core.settings import load_settings
+            from memq.core.settings import load_settings
             from worker.celery_app import create_app
             from worker.logs import install_quiet_logging
 

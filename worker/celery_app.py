@@ -12,8 +12,8 @@ from typing import Any
 from celery import Celery, signals
 from celery.exceptions import Retry
 
-from core.errors import ExtractionDeadLettered, ExtractionRetryScheduled
-from core.settings import MemqSettings
+from memq.core.errors import ExtractionDeadLettered, ExtractionRetryScheduled
+from memq.core.settings import MemqSettings
 from worker.metrics import MetricsRecorder
 from worker.queue import Claim
 from worker.tasks import WorkerRuntime, describe_args, extract

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from types import TracebackType
 
-from core.connection import REDIS_ERRORS
+from memq.core.connection import REDIS_ERRORS
 from worker.queue import QueueClient
 
 log = logging.getLogger("memq.extract")

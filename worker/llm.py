@@ -24,8 +24,8 @@ from typing import Any
 
 import openai
 
-from core.errors import PermanentLLMError, TransientLLMError
-from core.settings import INLINE_RETRY_WAIT_SECONDS, MemqSettings
+from memq.core.errors import PermanentLLMError, TransientLLMError
+from memq.core.settings import INLINE_RETRY_WAIT_SECONDS, MemqSettings
 from prompts.answer import response_text
 from prompts.tokens import TokenCounter
 from prompts.update_prompt import UpdatePrompt

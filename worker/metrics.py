@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 import redis
 
-from core.connection import RedisClient
-from core.keys import KeySchema
-from core.settings import MemqSettings
+from memq.core.connection import RedisClient
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 
 log = logging.getLogger(__name__)
 

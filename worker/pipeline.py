@@ -21,12 +21,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
-from core.errors import StaleClaim
-from core.models import ConversationContext
-from core.settings import MemqSettings
-from memory.apply import apply_update
-from memory.signals import signals_in
-from memory.update import UpdateAnswer
+from memq.core.errors import StaleClaim
+from memq.core.models import ConversationContext
+from memq.core.settings import MemqSettings
+from memq.memory.apply import apply_update
+from memq.memory.signals import signals_in
+from memq.memory.update import UpdateAnswer
 from prompts.answer import parse_update_response
 from prompts.tokens import TokenCounter, make_token_counter
 from prompts.update_prompt import UpdatePrompt, build_update_prompt

@@ -16,11 +16,11 @@ from typing import Any, Literal, cast
 
 from redis.commands.core import Script
 
-from core.connection import RedisClient
-from core.errors import InvalidIdentifier
-from core.identity import user_id_of
-from core.keys import KeySchema, QueueKeys
-from core.settings import MemqSettings
+from memq.core.connection import RedisClient
+from memq.core.errors import InvalidIdentifier
+from memq.core.identity import user_id_of
+from memq.core.keys import KeySchema, QueueKeys
+from memq.core.settings import MemqSettings
 from worker.scripts import assemble
 from worker.shard_reads import due_members
 

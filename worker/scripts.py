@@ -18,7 +18,7 @@ import re
 from importlib import resources
 from importlib.resources.abc import Traversable
 
-from core.errors import MemqError
+from memq.core.errors import MemqError
 
 # BullMQ's include syntax: two or three dashes, @include, a quoted path, nothing else on the line.
 INCLUDE_LINE = re.compile(r"^-{2,3}[ \t]*@include[ \t]+([\"'])(.+?)\1[; \t]*$", re.MULTILINE)

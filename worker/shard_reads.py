@@ -9,7 +9,7 @@ from typing import Any
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 
-from core.connection import UNREACHABLE_ERRORS, RedisClient
+from memq.core.connection import UNREACHABLE_ERRORS, RedisClient
 
 log = logging.getLogger("memq.tick")
 

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.connection import RedisClient, redis_client
-from core.errors import MemqError, PermanentLLMError, ResponseParseError, TransientLLMError
-from core.identity import ContextKey
-from core.models import ConversationContext
-from core.settings import MemqSettings
+from memq.core.connection import RedisClient, redis_client
+from memq.core.errors import MemqError, PermanentLLMError, ResponseParseError, TransientLLMError
+from memq.core.identity import ContextKey
+from memq.core.models import ConversationContext
+from memq.core.settings import MemqSettings
 from storage.base import Fence
 from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient, now_ms

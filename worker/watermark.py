@@ -3,7 +3,7 @@
 A context's watermark is the identities of the last messages already extracted. Only what follows
 it is sent, with a few earlier messages as context. When what is new does not fit the budget, the
 oldest part that fits is extracted first and the watermark moves only past it: the rest is
-extracted by the next run, never cut. Pure functions over :class:`core.models.Message`.
+extracted by the next run, never cut. Pure functions over :class:`memq.core.models.Message`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.models import Message
+from memq.core.models import Message
 from prompts.conversation import message_text, render_line, truncate_middle
 from prompts.tokens import TokenCounter
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from producer import MemoryProducer
 
 KEEP_AFTER_SUMMARY = 2

@@ -12,8 +12,8 @@ import redis
 from bench.soak.faults import Fault, FaultRecord
 from bench.soak.oracle import LossWindow
 from bench.soak.stack import Stack, now_ms, wait_until
-from core.connection import redis_client
-from core.settings import MemqSettings
+from memq.core.connection import redis_client
+from memq.core.settings import MemqSettings
 from memq.testing.redis_procs import kill_redis
 
 # Redis fsyncs its AOF once a second with everysec, so a kill -9 may drop about the last second or

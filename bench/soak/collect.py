@@ -10,9 +10,9 @@ from typing import Any
 import redis
 
 from bench.soak.oracle import MARKER, DeadLetter, DocKey, StoredFact, Turn
-from core.identity import ContextKey
-from core.keys import KeySchema
-from core.settings import MemqSettings
+from memq.core.identity import ContextKey
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 from memq.testing.redis_dump import text_of
 from storage import get_storage
 from worker.queue import QueueClient

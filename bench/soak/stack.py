@@ -27,9 +27,9 @@ from pydantic import SecretStr
 from bench.soak.faults import Fault, FaultRecord
 from bench.soak.model import ModelProfile, SoakModel
 from bench.soak.oracle import LossWindow
-from core.connection import redis_client
-from core.keys import KeySchema
-from core.settings import MemqSettings
+from memq.core.connection import redis_client
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from memq.testing.celery_procs import REPO_ROOT, CeleryProcess, CeleryProcs, memq_env
 from memq.testing.openai_server import ScriptedOpenAI

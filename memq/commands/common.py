@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from core.errors import MemqError
-from core.settings import MemqSettings, load_settings
+from memq.core.errors import MemqError
+from memq.core.settings import MemqSettings, load_settings
 
 if TYPE_CHECKING:
-    from core.connection import RedisClient
+    from memq.core.connection import RedisClient
     from storage.base import MemoryStorage
 
 Runner = Callable[[argparse.Namespace, "CommandContext"], int]
@@ -72,7 +72,7 @@ class CommandContext:
     @property
     def redis(self) -> RedisClient:
         if self._redis is None:
-            from core.connection import redis_client
+            from memq.core.connection import redis_client
 
             self._redis = redis_client(self.settings, socket_timeout=3.0, max_connections=4)
         return self._redis

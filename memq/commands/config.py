@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from core.settings import MemqSettings
 from memq.commands.common import CommandContext, format_table, mask_url
+from memq.core.settings import MemqSettings
 
 # One line per setting; a setting without a line fails `settings_markdown` (and so the README test).
 DESCRIPTIONS: dict[str, str] = {

@@ -17,11 +17,11 @@ from typing import Literal
 import redis
 from redis.cluster import RedisCluster
 
-from core.connection import RedisClient
-from core.errors import ConfigError
-from core.keys import CLUSTER_SLOTS
-from core.settings import MemqSettings
 from memq.commands.common import CommandContext, mask_url
+from memq.core.connection import RedisClient
+from memq.core.errors import ConfigError
+from memq.core.keys import CLUSTER_SLOTS
+from memq.core.settings import MemqSettings
 
 Status = Literal["ok", "warn", "fail"]
 MIN_REDIS_VERSION = (6, 2)

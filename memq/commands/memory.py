@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from core.identity import validate_agent_name, validate_user_id
 from memq.commands.common import (
     CommandContext,
     CommandError,
@@ -21,6 +20,7 @@ from memq.commands.common import (
     print_json,
     read_json_file,
 )
+from memq.core.identity import validate_agent_name, validate_user_id
 from storage.document import CATEGORIES
 
 if TYPE_CHECKING:
@@ -224,7 +224,7 @@ def run_inject(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_facts_add(args: argparse.Namespace, context: CommandContext) -> int:
-    from core.errors import FactEvicted
+    from memq.core.errors import FactEvicted
     from storage.management import MemoryManager
 
     check_category(args.category)

@@ -41,10 +41,10 @@ from deerflow.agents.memory.manager import (
 )
 from pydantic import PrivateAttr
 
-from core.connection import redis_client
-from core.errors import CorruptMemoryFile, FactEvicted, InvalidMemoryData, LockTimeout
-from core.identity import validate_agent_name, validate_user_id
-from core.settings import MemqSettings, load_settings, settings_values
+from memq.core.connection import redis_client
+from memq.core.errors import CorruptMemoryFile, FactEvicted, InvalidMemoryData, LockTimeout
+from memq.core.identity import validate_agent_name, validate_user_id
+from memq.core.settings import MemqSettings, load_settings, settings_values
 from memq.integrations.deerflow_format import (
     KeepHidden,
     apply_hidden_filter,

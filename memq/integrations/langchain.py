@@ -42,8 +42,8 @@ from langchain_core.messages import AnyMessage, SystemMessage
 from langgraph.config import get_config
 from langgraph.runtime import Runtime
 
-from core.errors import MemqError
-from core.settings import MemqSettings, load_settings
+from memq.core.errors import MemqError
+from memq.core.settings import MemqSettings, load_settings
 from producer.injector import MemoryInjector
 from producer.messages import content_text
 from producer.producer import MemoryProducer

@@ -25,8 +25,8 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from core.settings import MemqSettings
-from core.settings_env import settings_env
+from memq.core.settings import MemqSettings
+from memq.core.settings_env import settings_env
 from memq.testing.waiting import wait_for
 
 # The source checkout (memq is installed editable for tests and benchmarks): celery runs there so

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from core.connection import RedisClient
+from memq.core.connection import RedisClient
 
 
 def text_of(value: Any) -> str:

@@ -13,8 +13,8 @@ from typing import Any
 
 import redis
 
-from core.connection import redis_client
-from core.settings import MemqSettings
+from memq.core.connection import redis_client
+from memq.core.settings import MemqSettings
 
 
 class AttemptCountingRedis(redis.Redis):

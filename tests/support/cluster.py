@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from core.connection import RedisClient, redis_client
-from core.settings import MemqSettings
+from memq.core.connection import RedisClient, redis_client
+from memq.core.settings import MemqSettings
 from memq.redis_cluster import LocalCluster
 
 CLUSTER_SHARDS = 48  # 16 per master when the tags are balanced

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 from producer import MemoryProducer
 from storage import get_storage
 from storage.document import MemoryDocument

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from core.models import Message
+from memq.core.models import Message
 
 _APOS = "['’]"
 # "Terminal": the phrase ends the sentence or the text (`$` without MULTILINE, as in DeerFlow).

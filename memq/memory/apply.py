@@ -16,11 +16,11 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from core.settings import MemqSettings
-from memory.consolidation import apply_consolidations
-from memory.scrub import scrub_document
-from memory.staleness import select_stale_removals
-from memory.update import UpdateAnswer
+from memq.core.settings import MemqSettings
+from memq.memory.consolidation import apply_consolidations
+from memq.memory.scrub import scrub_document
+from memq.memory.staleness import select_stale_removals
+from memq.memory.update import UpdateAnswer
 from storage.base import Change, ChangeAction
 from storage.cap import evict_over_cap
 from storage.document import (

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from core.settings import MemqSettings
-from memory.update import ConsolidationProposal
+from memq.core.settings import MemqSettings
+from memq.memory.update import ConsolidationProposal
 from storage.document import Fact, MemoryDocument, new_fact_id
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from core.settings import MemqSettings
-from memory.update import StaleRemoval
+from memq.core.settings import MemqSettings
+from memq.memory.update import StaleRemoval
 from storage.document import Fact, MemoryDocument
 
 

@@ -29,8 +29,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from core.errors import ConfigError
-from core.redis_urls import BrokerTarget, broker_target, parse_redis_url
+from memq.core.errors import ConfigError
+from memq.core.redis_urls import BrokerTarget, broker_target, parse_redis_url
 
 # DeerFlow's `memory:` field names that differ from ours; values converted where the type differs.
 _DEERFLOW_RENAMES: dict[str, str] = {

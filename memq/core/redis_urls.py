@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote
 
-from core.errors import ConfigError
+from memq.core.errors import ConfigError
 
 Kind = Literal["single", "cluster", "sentinel"]
 

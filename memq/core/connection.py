@@ -20,8 +20,8 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from core.redis_urls import RedisTarget, parse_redis_url
-from core.settings import MemqSettings
+from memq.core.redis_urls import RedisTarget, parse_redis_url
+from memq.core.settings import MemqSettings
 
 # What a failed Redis call raises: redis-py's own errors, plus RedisCluster's "no node answers"
 # (RedisClusterException is not a RedisError).

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from core.settings import MemqSettings
+from memq.core.settings import MemqSettings
 
 
 def settings_env(settings: MemqSettings) -> dict[str, str]:

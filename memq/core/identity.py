@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote
 
-from core.errors import InvalidIdentifier
+from memq.core.errors import InvalidIdentifier
 
 DEFAULT_USER_ID = "default"
 MAX_THREAD_ID_LENGTH = 512

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from core.errors import InvalidMessages
-from core.identity import ContextKey
+from memq.core.errors import InvalidMessages
+from memq.core.identity import ContextKey
 
 Role = Literal["user", "assistant"]
 
