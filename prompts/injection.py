@@ -1,12 +1,13 @@
 """The memory text injected into the next prompt, under a token budget (the shape DeerFlow injects).
 
-One line frames the block as data about the user, never instructions; then the sections in
-order, one blank line apart: ``User Context:``, ``History:``, ``Facts:``. Facts are
-ranked by confidence — or, given a ``query`` (the user's latest message), by relevance to it blended
-with confidence, so a fact about the topic at hand beats a confident but unrelated one when the
-budget is tight — and taken greedily in strict order (a shorter, lower-ranked fact never slips
-past a skipped one); facts of the guaranteed categories (corrections by default) draw from their own
-budget first, and are never cut: when the text overflows, only the leading sections are shortened.
+One line frames the block as data about the user, never instructions; then the sections in order,
+one blank line apart: ``User Context:``, ``History:``, ``Facts:``. Facts are ranked by confidence —
+or, given a ``query`` (the user's latest message), by relevance to it blended with confidence, so a
+fact about the topic at hand beats a confident but unrelated one when the budget is tight — and
+taken greedily in rank order, skipping a fact that does not fit what is left (one over-long fact
+never hides the facts ranked below it); facts of the guaranteed categories (corrections by default)
+draw from their own budget first, and are never cut: when the text overflows, only the leading
+sections are shortened.
 
 Every slot that came from a conversation (summaries, content, category, the corrected mistake) goes
 through :func:`prompts.escaping.one_line`, the update prompt's own rule: nothing can close the
@@ -58,17 +59,20 @@ def rank_facts(facts: Iterable[Fact]) -> list[Fact]:
 def select_lines(
     lines: Sequence[str], budget: int, count_tokens: Callable[[str], int]
 ) -> tuple[list[str], int]:
-    """Take lines in order while they fit; stop at the first that does not.
+    """Take lines in order, skipping any that does not fit what is left of the budget.
 
-    The first line costs its own tokens, later ones those of ``"\\n" + line`` (the join).
+    Skipping, not stopping: one over-long fact must not hide every fact ranked below it. The
+    first line costs its own tokens, later ones those of ``"\\n" + line`` (the join).
     Returns the lines taken and the tokens they used.
     """
     taken: list[str] = []
     used = 0
     for line in lines:
+        if used >= budget:
+            break
         cost = count_tokens(line if not taken else "\n" + line)
         if used + cost > budget:
-            break
+            continue
         taken.append(line)
         used += cost
     return taken, used

@@ -95,11 +95,27 @@ def test_regular_facts_fill_the_budget_in_confidence_order() -> None:
     ]
 
 
-def test_a_short_low_ranked_fact_never_slips_past_a_skipped_one() -> None:
-    document = doc(fact("top", 0.95), fact("x" * 60, 0.9), fact("tiny", 0.5))
-    # budget 53 after the header: "top" (25) fits, the long fact does not, "tiny" (27) would.
-    text = format_memory_for_injection(document, 60 + F, count_tokens=len)
-    assert body(text) == "Facts:\n- [preference | 0.95] top"
+def test_one_fact_over_the_budget_never_hides_the_facts_after_it() -> None:
+    document = doc(fact("top", 0.95), fact("x" * 60, 0.9), fact("tiny", 0.5), fact("low", 0.4))
+    # budget 60 after the header: "top" (25) fits, the long fact (83) does not and is skipped,
+    # "tiny" (27) still fits, "low" (26) no longer does.
+    text = format_memory_for_injection(document, 67 + F, count_tokens=len)
+    assert body(text) == "Facts:\n- [preference | 0.95] top\n- [preference | 0.50] tiny"
+
+
+def test_a_huge_top_ranked_fact_leaves_the_rest_of_memory_visible() -> None:
+    facts = [fact("y" * 50_000, 1.0)] + [fact(f"fact {i}", 0.9 - i / 100) for i in range(20)]
+    text = format_memory_for_injection(doc(*facts), 2000, count_tokens=len)
+    assert "y" * 100 not in text
+    assert all(f"fact {i}" in text for i in range(20))
+
+
+def test_an_oversized_guaranteed_fact_never_hides_the_next_one() -> None:
+    document = doc(
+        fact("c" * 200, 0.99, "correction"), fact("small fix", 0.9, "correction"), fact("p", 0.5)
+    )
+    text = format_memory_for_injection(document, 2000, count_tokens=len, guaranteed_token_budget=40)
+    assert "- [correction | 0.90] small fix" in text and "c" * 50 not in text
 
 
 def test_guaranteed_facts_have_their_own_budget() -> None:
