@@ -126,7 +126,7 @@ def _user_agent(parser: argparse.ArgumentParser) -> None:
 def _manager(context: CommandContext) -> MemoryManager:
     from storage.management import MemoryManager
 
-    return MemoryManager(context.storage)
+    return MemoryManager(context.storage, fact_max_chars=context.settings.fact_max_chars)
 
 
 def _require(
@@ -229,7 +229,11 @@ def run_facts_add(args: argparse.Namespace, context: CommandContext) -> int:
 
     check_category(args.category)
     # Held to the same fact cap as an extraction: the new fact may be the one evicted.
-    manager = MemoryManager(context.storage, max_facts=context.settings.max_facts)
+    manager = MemoryManager(
+        context.storage,
+        max_facts=context.settings.max_facts,
+        fact_max_chars=context.settings.fact_max_chars,
+    )
     try:
         fact = manager.add_fact(
             args.user,
@@ -307,7 +311,9 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
             raise CommandError("import --deerflow DIR takes no USER, FILE or --agent")
         from memq.deerflow_import import import_folder
 
-        report = import_folder(context.storage, args.deerflow)
+        report = import_folder(
+            context.storage, args.deerflow, fact_max_chars=context.settings.fact_max_chars
+        )
         print(f"imported DeerFlow memory from {args.deerflow}: {report.describe()}")
         return 0
     if args.user is None or args.file is None:
@@ -315,9 +321,15 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
     data = read_json_file(args.file)
     if not isinstance(data, dict):
         raise CommandError(f"{args.file}: a memory document must be a JSON object")
-    document = _manager(context).import_document(args.user, data, agent_name=args.agent)
+    document, cut = _manager(context).import_document_counted(
+        args.user, data, agent_name=args.agent
+    )
     agent = agent_label(validate_agent_name(args.agent))
-    print(f"imported {count(len(document.facts), 'fact')} into user {args.user}, agent {agent}")
+    limit = context.settings.fact_max_chars
+    note = f" ({count(cut, 'over-long fact')} cut to {limit} characters)" if cut else ""
+    print(
+        f"imported {count(len(document.facts), 'fact')} into user {args.user}, agent {agent}{note}"
+    )
     return 0
 
 
