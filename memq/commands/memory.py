@@ -19,6 +19,7 @@ from memq.commands.common import (
     format_table,
     print_json,
     read_json_file,
+    shown,
 )
 from memq.core.identity import validate_agent_name, validate_user_id
 from storage.document import CATEGORIES
@@ -170,14 +171,15 @@ def run_show(args: argparse.Namespace, context: CommandContext) -> int:
 def _render(user: str, agent: str | None, document: MemoryDocument) -> str:
     updated = document.last_updated.isoformat(timespec="seconds") if document.last_updated else "-"
     lines = [
-        f"user {user} · agent {agent_label(agent)} · {count(len(document.facts), 'fact')}"
+        f"user {shown(user)} · agent {shown(agent_label(agent))} · "
+        f"{count(len(document.facts), 'fact')}"
         f" · updated {updated}"
     ]
     for group, names in SECTIONS:
         for name in names:
             summary = getattr(getattr(document, group), name).summary.strip()
             if summary:
-                lines.append(f"{name.replace('_', ' ')}: {summary}")
+                lines.append(f"{name.replace('_', ' ')}: {shown(summary)}")
     if document.facts:
         lines.append(_facts_table(sorted(document.facts, key=lambda f: -f.confidence)))
     return "\n".join(lines)
@@ -219,7 +221,7 @@ def run_inject(args: argparse.Namespace, context: CommandContext) -> int:
             f"nothing to inject for user {args.user!r}, agent {agent_label(agent)} "
             "(empty memory, or injection disabled by MEMQ_ENABLED/MEMQ_INJECTION_ENABLED)"
         )
-    print(block)
+    print(shown(block, keep_newlines=True))  # its line breaks are the renderer's own
     return 0
 
 
@@ -276,7 +278,7 @@ def run_facts_delete(args: argparse.Namespace, context: CommandContext) -> int:
     manager = _manager(context)
     (agent,) = _require(manager, args.user, args.agent)
     fact = manager.delete_fact(args.user, args.fact_id, agent_name=agent)
-    print(f"deleted {fact.id}: {fact.content}")
+    print(f"deleted {shown(fact.id)}: {shown(fact.content)}")
     return 0
 
 
