@@ -9,20 +9,22 @@ looks like one of ours. One policy for every slot:
 * JSON slots (the current memory) escape ``<``, ``>`` and ``&`` as JSON ``\\u`` escapes. The JSON
   still means the same strings, so the model reads ``<`` and anything it copies back parses to
   ``<`` again — unlike HTML entities, which DeerFlow's models copied into summaries as ``&quot;``.
-* Text slots neutralise only what could start a tag (``<`` before a name, ``/``, ``!`` or ``?``);
-  ``a < b`` and ``R&D`` reach the model unchanged. A line break is what ``str.splitlines`` splits
-  at (a model reads all of them as one): an item that must stay one line has them folded to a
-  space, a message that may span lines has its continuation lines indented.
+* Text slots neutralise only what could start a tag (a ``<`` before a name, ``/``, ``!`` or
+  ``?``, as ``&lt;``); ``a < b`` and ``R&D`` reach the model unchanged. A line break is what
+  ``str.splitlines`` splits at (a model reads all of them as one): an item that must stay one
+  line has them folded to a space, a message that may span lines has its continuation lines
+  indented.
 
 A model does not read code points, it reads what they look like: ``<\\u200b/user_memory>``,
 ``＜/user_memory＞`` and ``‹/user_memory›`` all close the block to it. So text slots first drop
 invisible characters (format characters, Unicode category Cf, and the other default-ignorables),
 keeping only the joiners and variation selectors that scripts and emoji need; then every
 ``<``-like character (``<`` and whatever folds or looks like it) that starts something tag-like is
-neutralised, looking past joiners and combining marks. A ``<``-like character stays only before a
-space, a digit, ASCII punctuation or the end, so ``a < b`` and ``x <= 3`` stay, and Chinese,
-emoji and accents are never touched. JSON slots ``\\u``-escape the same characters instead, so
-their strings still mean exactly what was stored.
+neutralised, looking past joiners and combining marks. ``<`` and its NFKC forms stay only before
+a space (not followed by a slash), a digit, ASCII punctuation or the end, so ``a < b`` and
+``x <= 3`` stay; the mere lookalikes only count before a Latin letter, ``!``, ``?`` or a slash, so
+``〈論文〉`` stays; Chinese, emoji and accents are never touched. JSON slots ``\\u``-escape the
+same characters instead, so their strings still mean exactly what was stored.
 """
 
 from __future__ import annotations
