@@ -98,7 +98,7 @@ def build_request(
         not isinstance(trace_id, str) or len(trace_id) > MAX_TRACE_ID_LENGTH
     ):
         raise InvalidIdentifier(f"trace_id must be a string of at most {MAX_TRACE_ID_LENGTH} chars")
-    messages: list[Message] = filter_messages_for_memory(raw_messages)
+    messages: list[Message] = filter_messages_for_memory(raw_messages, max_chars=max_chars)
     if not has_minimum_dialogue(messages):
         return None
     return EnqueueRequest(
