@@ -18,7 +18,7 @@ from prompts.answer import find_update_object
 from prompts.injection import format_memory_for_injection
 from storage.document import Fact, MemoryDocument
 from tests.support.memory_storage import InMemoryStorage
-from worker.offline import RulesUpdateModel
+from worker.offline import RulesUpdateModel, extract_facts
 from worker.pipeline import ExtractionPipeline
 
 KEY = ContextKey.create("t1", "alice", None)
@@ -159,3 +159,13 @@ def test_a_huge_message_of_unclosed_openers_is_handled_at_once(opener: str) -> N
     # Cut to the cap, the turn is openers only: at most a fragment of one is left.
     sent = () if request is None else messages_from_json(request.messages_json)
     assert all(len(m.content) < len(opener) for m in sent if m.role == "user")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("filler", ["use x ", "我在", "应该用a"])
+def test_the_rules_extractor_reads_a_huge_sentence_at_once(filler: str) -> None:
+    # Lazy groups before a literal ("use X instead of Y") were quadratic in a sentence's length.
+    hostile = filler * (400_000 // len(filler))
+    assert [f["content"] for f in extract_facts(hostile + "\nI work for Google.")] == [
+        "User works at Google"
+    ]
