@@ -77,3 +77,19 @@ def test_a_trace_id_with_a_lone_surrogate_is_replaced(
         KeySchema(settings.key_prefix).for_context(key).context(key), "trace_id"
     )
     assert stored == "tr-?-1"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "ids", [("t-\ud800", "u"), ("t", "u-\udfff"), ("t\x00", "u")], ids=["thread", "user", "nul"]
+)
+def test_an_id_that_cannot_be_encoded_never_holds_up_the_others(
+    settings: MemqSettings, ids: tuple[str, str]
+) -> None:
+    with MemoryProducer(settings) as producer:
+        assert producer.after_agent(*ids, None, dialogue("hi")) is False
+        assert [producer.after_agent(f"t{i}", "u", None, dialogue("hi")) for i in range(5)] == [
+            True
+        ] * 5
+        wait_for(lambda: producer.spool_size == 0, timeout=10, what="nothing left behind")
+        assert producer.stats.enqueued == 5
