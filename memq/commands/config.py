@@ -71,6 +71,8 @@ DESCRIPTIONS: dict[str, str] = {
     "llm_json_mode": "ask for `response_format: json_object`",
     "llm_temperature": "sampling temperature of the extraction call",
     "max_facts": "fact cap per memory document",
+    "fact_max_chars": "longest fact (content or mistake): cut at extraction and import, "
+    "refused by hand",
     "fact_confidence_threshold": "minimum confidence of an extracted fact",
     "conversation_max_tokens": "token budget of the conversation in the update prompt",
     "message_max_chars": "each message is cut to this length in the prompt",

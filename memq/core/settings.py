@@ -130,6 +130,7 @@ class MemqSettings(BaseSettings):
 
     # --- extraction
     max_facts: int = Field(default=200, ge=10, le=5000)
+    fact_max_chars: int = Field(default=1000, ge=50, le=100_000)
     fact_confidence_threshold: float = Field(default=0.7, ge=0.0, le=1.0)
     conversation_max_tokens: int = Field(default=6000, ge=200)
     message_max_chars: int = Field(default=2000, ge=100)
