@@ -117,7 +117,21 @@ def test_documents_are_isolated_per_user_and_agent(store: FileMemoryStorage) -> 
 @pytest.mark.parametrize(
     ("user", "agent"), [("../etc", None), ("a/b", None), ("alice", "../x"), ("alice", "a b")]
 )
-def test_unsafe_identifiers_are_refused(store: FileMemoryStorage, user: str, agent: str) -> None:
+def test_path_like_identifiers_stay_one_folder_inside_the_root(
+    store: FileMemoryStorage, user: str, agent: str | None
+) -> None:
+    store.save(user, agent, doc_with("x"))
+    (saved,) = store.root.rglob("memory.json")
+    assert saved == store.path(user, agent)
+    inside = saved.relative_to(store.root / "users").parts
+    assert len(inside) == (2 if agent is None else 4)
+    assert [f.content for f in store.load(user, agent).facts] == ["x"]
+
+
+@pytest.mark.parametrize(("user", "agent"), [("", None), ("a\x00b", None), ("alice", "a\nb")])
+def test_unsafe_identifiers_are_refused(
+    store: FileMemoryStorage, user: str, agent: str | None
+) -> None:
     with pytest.raises(InvalidIdentifier):
         store.save(user, agent, doc_with("x"))
     assert not store.root.exists() or not any(store.root.rglob("memory.json"))
