@@ -90,6 +90,10 @@ class StackOptions:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
 
 
+class PortTaken(MemqError, OSError):
+    """The private Redis's remembered port is held by another process."""
+
+
 class Stack:
     """Start with :meth:`start` (or ``with Stack(...)``), stop with :meth:`stop`; :meth:`supervise`
     blocks until a signal, restarting children that die, or until one keeps crashing."""
@@ -273,8 +277,19 @@ class Stack:
 
     def _private_port(self, redis_dir: Path) -> int:
         """The port this data folder's Redis had last time (agents were told it), else the
-        default URL's port (default-configured agents look there), else any free port."""
-        last = _last_port(redis_dir / "port")
+        default URL's port (default-configured agents look there), else any free port.
+
+        A remembered port held by another process is refused, never swapped for a free one:
+        agents still configured with it would send their password and conversations to
+        whatever listens there now."""
+        remembered = redis_dir / "port"
+        last = _last_port(remembered)
+        if last is not None and not port_if_free(last):
+            raise PortTaken(
+                f"port {last}, which agents of this data folder were given, is in use by another "
+                f"process on 127.0.0.1; stop it, or delete {remembered} to pick a new port and "
+                "give agents the new URL"
+            )
         for candidate in (last, urlsplit(self.settings.redis_url).port or 6379):
             if candidate is not None and port_if_free(candidate):
                 port = candidate
