@@ -37,7 +37,10 @@ from memq.core.errors import MemqError
 from memq.core.settings import MemqSettings
 from memq.core.settings_env import settings_env
 from memq.redis_server import (
+    WORKER_USER,
+    AclUser,
     RedisServer,
+    agent_rules,
     check_reachable,
     free_port,
     port_if_free,
@@ -261,18 +264,24 @@ class Stack:
         return max(15.0, self.settings.llm_timeout_seconds * calls + 5.0)
 
     def _start_private_redis(self) -> None:
+        """Agents log in as Redis's default user, with the password they were always given, now
+        limited to memq's keys and non-admin commands; the children log in as the worker user,
+        whose password only they get (through the environment)."""
         redis_dir = Path(self.settings.data_dir) / "redis"
         password = redis_password(redis_dir)
         self.redis_password_file = (redis_dir / "password").resolve()
+        worker = AclUser(WORKER_USER, redis_password(redis_dir, "worker-password"), "~* &* +@all")
         self.redis_server = RedisServer(
             redis_dir,
             port=self._private_port(redis_dir),
             password=password,
+            default_rules=agent_rules(self.settings.key_prefix),
+            acl_users=[worker],
             appendfsync=self.settings.redis_appendfsync,
             stop_with_parent=True,
         ).start()
         self.settings = self.settings.model_copy(
-            update={"redis_url": self.redis_server.url, "broker_url": None}
+            update={"redis_url": self.redis_server.url_for(worker), "broker_url": None}
         )
 
     def _private_port(self, redis_dir: Path) -> int:
@@ -302,7 +311,14 @@ class Stack:
     # --- details
     @property
     def redis_url(self) -> str:
+        """The URL the stack's own processes use (the worker user of a private Redis)."""
         return self.settings.redis_url
+
+    @property
+    def agent_url(self) -> str:
+        """The URL to give agents: the private Redis's limited default user, else the
+        configured Redis."""
+        return self.redis_server.url if self.redis_server is not None else self.redis_url
 
     @property
     def flower_url(self) -> str:
