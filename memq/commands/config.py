@@ -53,6 +53,9 @@ DESCRIPTIONS: dict[str, str] = {
     "context_retention_days": "how long a context nobody extracts is kept after its last "
     "enqueue (a worker outage longer than this loses it)",
     "producer_timeout_seconds": "Redis timeout of a producer call (the agent never waits longer)",
+    "injector_timeout_seconds": (
+        "Redis timeout of the memory read before each agent turn (then skipped for a back-off)"
+    ),
     "spool_max_contexts": "contexts a producer keeps for a later retry while Redis is unreachable",
     "producer_max_chars": "size cap, in characters, of the conversation sent by one enqueue",
     "pending_max_bytes": (

@@ -110,6 +110,7 @@ class MemqSettings(BaseSettings):
 
     # --- producer
     producer_timeout_seconds: float = Field(default=0.25, gt=0.0, le=10.0)
+    injector_timeout_seconds: float = Field(default=0.5, gt=0.0, le=10.0)
     spool_max_contexts: int = Field(default=1000, ge=0)
     producer_max_chars: int = Field(default=200_000, ge=1000)
     pending_max_bytes: int = Field(default=1_000_000, ge=10_000)
