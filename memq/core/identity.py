@@ -111,7 +111,9 @@ def _check_text(kind: str, value: object, max_length: int) -> str:
         # unassigned) and every separator but the plain space.
         if any(0xD800 <= ord(ch) <= 0xDFFF for ch in value):
             raise InvalidIdentifier(f"{kind} holds a lone surrogate (not encodable as UTF-8)")
-        raise InvalidIdentifier(f"{kind} must not contain control or format characters")
+        raise InvalidIdentifier(
+            f"{kind} must not contain control, format or separator characters (but spaces)"
+        )
     return value
 
 
