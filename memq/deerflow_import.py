@@ -36,6 +36,7 @@ from storage.management import parse_import
 log = logging.getLogger(__name__)
 
 DEFAULT_AGENT_BUCKET = "__default__"
+DEERFLOW_DEFAULT_USER = "default"
 PREVIOUS_DEFAULT_AGENT = "lead-agent"
 
 
@@ -181,7 +182,10 @@ def read_folder(root: Path) -> list[ScopeImport]:
         if not user_dir.is_dir():
             continue
         try:
-            user = validate_user_id(user_dir.name)
+            # DeerFlow's "default" is its user without authentication: memq's anonymous user,
+            # which also gets the legacy DIR/memory.json above.
+            name = user_dir.name
+            user = DEFAULT_USER_ID if name == DEERFLOW_DEFAULT_USER else validate_user_id(name)
         except InvalidIdentifier as exc:
             raise DeerFlowImportError(f"{user_dir}: {exc}") from exc
         found.extend(_scopes_of_user(user_dir, user))

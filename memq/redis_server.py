@@ -7,6 +7,7 @@ stack's private Redis also requires a password, kept in a 0600 file next to its 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
@@ -98,10 +100,11 @@ class RedisUnreachable(MemqError, ConnectionError):
     """The configured Redis does not answer: nothing in the stack could work."""
 
 
-def redis_password(redis_dir: Path) -> str:
-    """The private Redis's password: generated once, kept in ``<redis_dir>/password`` (0600), so
-    agents told about it keep working across restarts of the stack."""
-    path = private_dir(redis_dir) / "password"
+def redis_password(redis_dir: Path, name: str = "password") -> str:
+    """A password of the private Redis: generated once, kept in ``<redis_dir>/<name>`` (0600), so
+    agents (``password``) and workers (``worker-password``) told about it keep working across
+    restarts of the stack."""
+    path = private_dir(redis_dir) / name
     if path.exists():
         path.chmod(0o600)
         existing = path.read_text(encoding="utf-8").strip()
@@ -131,6 +134,34 @@ def check_reachable(url: str, timeout_seconds: float = 2.0) -> None:
         client.close()
 
 
+# Agents enqueue (a Lua script), read and manage memory documents and erase their users' queued
+# work, all on keys under the key prefix. They never need to administer the server: no CONFIG
+# (`CONFIG SET dir` + `SAVE` writes a file of the caller's choosing), DEBUG, MODULE, SAVE,
+# FLUSH*, SHUTDOWN, ACL, KEYS, MONITOR (all in @admin or @dangerous), nor pub/sub or the broker's
+# keys. Commands a script calls are checked against these rules too.
+_AGENT_COMMANDS = "+@all -@admin -@dangerous -script +script|load +script|exists"
+WORKER_USER = "memq-worker"
+
+
+def agent_rules(key_prefix: str) -> str:
+    """The ACL rules of the agents' user for one key prefix (its alphabet has no glob
+    characters: the settings restrict it to ``A-Z a-z 0-9 _ . -``)."""
+    return f"resetchannels resetkeys ~{key_prefix}:* {_AGENT_COMMANDS}"
+
+
+@dataclass(frozen=True, slots=True)
+class AclUser:
+    """One Redis ACL user; its password is written to redis.conf as a SHA-256 digest only."""
+
+    name: str
+    password: str
+    rules: str  # ACL rules after the password, e.g. "~* &* +@all"
+
+    def config_line(self) -> str:
+        digest = hashlib.sha256(self.password.encode("utf-8")).hexdigest()
+        return f"user {self.name} reset on #{digest} {self.rules}"
+
+
 class RedisServer:
     """A redis-server child process bound to 127.0.0.1.
 
@@ -146,6 +177,8 @@ class RedisServer:
         *,
         appendonly: bool = True,
         password: str | None = None,
+        default_rules: str | None = None,
+        acl_users: Sequence[AclUser] = (),
         appendfsync: str = "everysec",
         stop_with_parent: bool = False,
         extra_args: Sequence[str] = (),
@@ -154,6 +187,9 @@ class RedisServer:
         self.port = port or free_port()
         self.appendonly = appendonly
         self.password = password
+        # With rules, the default user (the one ``password`` logs in as) is limited to them.
+        self.default_rules = default_rules
+        self.acl_users = tuple(acl_users)
         self.appendfsync = appendfsync
         self.stop_with_parent = stop_with_parent
         self.extra_args = tuple(extra_args)  # e.g. --cluster-enabled yes, --replicaof host port
@@ -162,6 +198,10 @@ class RedisServer:
     @property
     def url(self) -> str:
         auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def url_for(self, user: AclUser) -> str:
+        auth = f"{quote(user.name, safe='')}:{quote(user.password, safe='')}@"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     @property
@@ -181,8 +221,11 @@ class RedisServer:
             "protected-mode yes",
             f"logfile {_quote(str(data / 'redis.log'))}",
         ]
-        if self.password:
+        if self.password and self.default_rules is not None:
+            lines.append(AclUser("default", self.password, self.default_rules).config_line())
+        elif self.password:
             lines.append(f"requirepass {_quote(self.password)}")
+        lines += (user.config_line() for user in self.acl_users)
         return "\n".join(lines) + "\n"
 
     def start(self, timeout_seconds: float = 10.0) -> RedisServer:

@@ -181,7 +181,7 @@ def test_enqueue_missing_file_and_bad_user(run: Run, cli_env: MemqSettings, tmp_
     code, _, err = run("enqueue", str(tmp_path / "nope.json"), "--thread", "t", "--user", "u")
     assert_one_line_error(code, err, "no such file", "nope.json")
     path = write_json(tmp_path / "chat.json", CONVERSATION)
-    code, _, err = run("enqueue", path, "--thread", "t", "--user", "../etc")
+    code, _, err = run("enqueue", path, "--thread", "t", "--user", "bad\tuser")
     assert_one_line_error(code, err, "user_id")
 
 

@@ -59,6 +59,11 @@ def celery_config(settings: MemqSettings) -> dict[str, Any]:
         # One queue per key prefix: two memq deployments (or tests) on one broker never steal
         # each other's tasks.
         "task_default_queue": settings.key_prefix,
+        # And one control and one event exchange per key prefix: with Celery's shared defaults
+        # ("celery.pidbox", "celeryev") one deployment's Flower listed the other's workers and
+        # tasks, and its `control shutdown` stopped them.
+        "control_exchange": f"{settings.key_prefix}.celery",
+        "event_exchange": f"{settings.key_prefix}.celeryev",
         # Acked when a run starts. Our claim lease and its reaper recover a context whose worker
         # died (much sooner than the broker's one-hour visibility timeout), so a late ack buys
         # nothing, and it costs a worker: kombu 5.7 crashes the consumer ("'NoneType' object has
