@@ -115,7 +115,7 @@ def user_id_for(benchmark: Benchmark, conversation_id: str, subject: str) -> str
     """A valid memq user id for one subject of one conversation: readable, and unique because
     it ends with a checksum of the exact names (two ids that only differ in unsafe characters
     stay apart)."""
-    exact = f"{conversation_id}\x00{subject}".encode()
+    exact = f"{conversation_id}\x00{subject}".encode("utf-8", "surrogatepass")
     digest = f"{zlib.crc32(exact):08x}"
     readable = _UNSAFE.sub("_", f"{conversation_id}-{subject}").strip("_")[:80] or "x"
     user = f"eval-{benchmark}-{readable}-{digest}"
@@ -163,9 +163,10 @@ def hand_off_points(messages: Sequence[dict[str, str]]) -> list[int]:
 
 def text_field(raw: object, where: str) -> str:
     """A data-set value that must be text (numbers, as LoCoMo has some answers, are read as
-    text); anything else is one clear error naming the place."""
+    text); anything else is one clear error naming the place. A lone surrogate (JSON can escape
+    one) becomes U+FFFD: it cannot be encoded, so it could reach neither Redis nor a model."""
     if isinstance(raw, str):
-        return raw
+        return raw.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     if isinstance(raw, int | float) and not isinstance(raw, bool):
         return str(raw)
     raise DatasetError(f"{where}: expected text, got {type(raw).__name__}")

@@ -234,8 +234,8 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"p50 {tq['p50'] or 0:.0f}, p95 {tq['p95'] or 0:.0f}, max {tq['max'] or 0:.0f}.",
         f"- Extraction: {ex['calls']:,} LLM calls, {ex['prompt_tokens']:,} prompt tokens "
         f"(cached: {cached}), {ex['completion_tokens']:,} completion tokens; "
-        f"cost {_money(ex['cost_usd'])}, per 1,000 turns {_money(ex['cost_per_1000_turns_usd'])} "
-        f"({ex['calls_per_1000_turns'] or 0:.1f} calls).",
+        f"cost {_money(ex['cost_usd'])}; per 1,000 turns: {ex['calls_per_1000_turns'] or 0:.1f} "
+        f"calls, {_money(ex['cost_per_1000_turns_usd'])}.",
         f"- Answer model: {result['answer']['calls']:,} calls, "
         f"{_money(result['answer']['cost_usd'])}; judge: {result['judge_usage']['calls']:,} calls, "
         f"{_money(result['judge_usage']['cost_usd'])}. Prices: {result['prices']['source']}.",

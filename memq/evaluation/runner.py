@@ -155,6 +155,11 @@ class Runner:
         from tqdm import tqdm
 
         self.checkpoint.set_metrics_baseline(self.read_metrics())
+        # The first recall of a process loads the search index's tokenizers: not a latency of
+        # memory, so it is paid here, before anything is measured.
+        self._injector.block(
+            user_id_for(self.evalset.benchmark, "warm-up", "warm-up"), None, query="warm up"
+        )
         todo_sessions = sum(
             1
             for c in self.evalset.conversations

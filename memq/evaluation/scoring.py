@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from memq.evaluation.dataset import Benchmark, Observation, Question
-from memq.evaluation.locomo import ADVERSARIAL
+from memq.evaluation.locomo import ADVERSARIAL, CATEGORIES
+from memq.evaluation.longmemeval import QUESTION_TYPES
 
 MATCH_THRESHOLD = 0.5
 _WORD = re.compile(r"[^\W_]+")
@@ -64,7 +65,8 @@ def _score(items: Iterable[Graded]) -> Score:
 
 
 def accuracy(benchmark: Benchmark, graded: Sequence[Graded]) -> Accuracy:
-    categories = sorted({g.question.category for g in graded})
+    order = {name: rank for rank, name in enumerate((*CATEGORIES.values(), *QUESTION_TYPES))}
+    categories = sorted({g.question.category for g in graded}, key=lambda c: (order.get(c, 99), c))
     by_category = {c: _score(g for g in graded if g.question.category == c) for c in categories}
     headline = [g for g in graded if g.question.category != ADVERSARIAL]
     if benchmark == "longmemeval":
