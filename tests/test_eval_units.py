@@ -239,15 +239,21 @@ def test_the_estimate_cuts_a_long_session_exactly_where_the_worker_does() -> Non
 
 
 def test_checkpoint_reloads_and_refuses_another_runs(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoint.json"
+    path = tmp_path / "checkpoint.jsonl"
     identity = {"benchmark": "locomo", "file": "/data/locomo10.json"}
     first = Checkpoint.open(path, identity)
     first.mark_session("conv-a", "Ann", "session_1", [1.5], "extracted")
     first.record_question("q1", answer="Miso", correct=True)
+    first.close()
+    with path.open("a") as journal:  # a kill tore the last line mid-write
+        journal.write('{"question": "q2", "fields": {"answer": "Ki')
     again = Checkpoint.open(path, identity)
     assert again.session_done("conv-a", "Ann", "session_1") and again.resumed
     assert again.judged_questions() == frozenset({"q1"})
-    assert not list(tmp_path.glob("*.tmp"))
+    assert again.question("q2") == {}  # that step is done again
+    again.record_question("q2", answer="Kiwi")
+    again.close()
+    assert Checkpoint.open(path, identity).question("q2") == {"answer": "Kiwi"}
     with pytest.raises(CheckpointMismatch, match="--fresh"):
         Checkpoint.open(path, {**identity, "file": "/data/other.json"})
     assert not Checkpoint.open(path, {"other": 1}, fresh=True).resumed
@@ -319,7 +325,7 @@ def test_the_estimate_is_printed_and_nothing_is_spent_without_a_yes(
                  "--price-output", "0.6"]) == 1  # fmt: skip
     captured = capsys.readouterr()
     assert "$" in captured.out and "re-run with --yes" in captured.err
-    assert not (tmp_path / "out" / "checkpoint.json").exists()
+    assert not (tmp_path / "out" / "checkpoint.jsonl").exists()
     assert main(["eval", "locomo", data, "--out", out, "--conversations", "conv-b",
                  "--estimate-only"]) == 0  # fmt: skip
     assert "1 conversations, 2 sessions, 6 turns" in capsys.readouterr().out

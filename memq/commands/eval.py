@@ -38,7 +38,7 @@ def _options(parser: argparse.ArgumentParser) -> None:
     add("--price-input", type=float, help="USD per million prompt tokens (all three models)")
     add("--price-output", type=float, help="USD per million completion tokens")
     add("--price-cached", type=float, help="USD per million cached prompt tokens")
-    add("--concurrency", type=int, default=2, help="conversations replayed at once (default 2)")
+    add("--concurrency", type=int, default=4, help="conversations replayed at once (default 4)")
     add("--answer-concurrency", type=int, default=4, help="questions asked at once (default 4)")
     add("--workers", type=int, default=4, help="threads of memq's own worker (default 4)")
     add(

@@ -1,20 +1,21 @@
 """The checkpoint next to the results: what a run has done, so a resumed run pays for nothing twice.
 
-One JSON file, rewritten whole (to a temporary file, then renamed over the old one: a kill at any
-moment leaves either the old or the new checkpoint, never half of one) after every session
-extracted and every question answered or judged. It records per (conversation, subject, session)
-that the extraction finished, per conversation the facts kept at its end, per question the answer
-and the verdict with their token usage, and the metrics hash as it was when the run began, so the
-extraction spend of a run that was resumed three times is still the difference from that start.
+A journal, one JSON object per line, appended (and flushed) as each step finishes: a session's
+extraction, a conversation's facts, a question's answer, its verdict. Appending keeps a run of
+25,000 sessions linear (rewriting one growing file after every step would not be); a kill at any
+moment can only tear the last line, which is ignored on reading, so at worst that one step is done
+again — and a re-done extraction costs nothing (the worker's watermark finds nothing new). The
+first line names the run (data set, benchmark, key prefix, conversations); a journal of another
+run is refused. The metrics hash as it was when the run began is journalled too, so the extraction
+spend of a run resumed three times is still the difference from that start.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from memq.core.errors import MemqError
 
@@ -30,58 +31,98 @@ def session_key(conversation_id: str, subject: str, session_id: str) -> str:
 
 
 class Checkpoint:
-    def __init__(self, path: Path, identity: dict[str, Any], state: dict[str, Any]) -> None:
+    def __init__(self, path: Path, identity: dict[str, Any], *, fresh: bool) -> None:
         self.path = path
         self.identity = identity
-        self._state = state
+        self._baseline: dict[str, int] | None = None
+        self._sessions: dict[str, dict[str, Any]] = {}
+        self._conversations: dict[str, list[dict[str, Any]]] = {}
+        self._questions: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
+        self._file: IO[str] | None = None
+        self._fresh = fresh or not path.exists()
+        if not self._fresh:
+            self._replay()
 
     @classmethod
     def open(cls, path: Path, identity: dict[str, Any], *, fresh: bool = False) -> Checkpoint:
         """The checkpoint at ``path`` (a new one when there is none, or with ``fresh``); one
-        written for another ``identity`` (data set, benchmark, key prefix) is refused."""
-        if path.exists() and not fresh:
+        written for another ``identity`` is refused. Nothing is written until a step is."""
+        return cls(path, identity, fresh=fresh)
+
+    def _replay(self) -> None:
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CheckpointMismatch(f"cannot read the checkpoint {self.path}: {exc}") from exc
+        events = []
+        for line in lines:
             try:
-                state = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                raise CheckpointMismatch(f"cannot read the checkpoint {path}: {exc}") from exc
-            if not isinstance(state, dict) or state.get("identity") != identity:
-                raise CheckpointMismatch(
-                    f"{path} is the checkpoint of another run (another file, benchmark or key "
-                    "prefix); pass --fresh to start over or --out for another folder"
-                )
-            return cls(path, identity, state)
-        state = {
-            "version": VERSION,
-            "identity": identity,
-            "metrics_baseline": None,
-            "sessions": {},
-            "conversations": {},
-            "questions": {},
-        }
-        return cls(path, identity, state)
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # a line torn by a kill: that step is simply done again
+        header = events[0] if events else None
+        if not isinstance(header, dict) or header.get("identity") != self.identity:
+            raise CheckpointMismatch(
+                f"{self.path} is the checkpoint of another run (another file, benchmark, key "
+                "prefix or selection); pass --fresh to start over or --out for another folder"
+            )
+        for event in events[1:]:
+            if isinstance(event, dict):
+                self._apply(event)
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        if "baseline" in event and self._baseline is None:
+            self._baseline = dict(event["baseline"])
+        elif "session" in event:
+            self._sessions[event["session"]] = {
+                "hand_off_ms": event["hand_off_ms"],
+                "outcome": event["outcome"],
+            }
+        elif "conversation" in event:
+            self._conversations[event["conversation"]] = list(event["facts"])
+        elif "question" in event:
+            self._questions.setdefault(event["question"], {}).update(event["fields"])
+
+    def _write(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self._apply(event)
+            if self._file is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._file = self.path.open("w" if self._fresh else "a", encoding="utf-8")
+                if self._fresh:
+                    self._file.write(json.dumps({"version": VERSION, "identity": self.identity}))
+                    self._file.write("\n")
+                elif not self.path.read_bytes().endswith(b"\n"):
+                    self._file.write("\n")  # end the torn line, so the next one stands alone
+            # Flushed, not fsynced: the OS keeps written data across a kill of this process.
+            self._file.write(json.dumps(event, ensure_ascii=False) + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
     @property
     def resumed(self) -> bool:
-        return bool(self._state["sessions"] or self._state["questions"])
+        return bool(self._sessions or self._questions)
 
     # --- the metrics hash at the start of the first run
     def metrics_baseline(self) -> dict[str, int] | None:
-        baseline = self._state["metrics_baseline"]
-        return dict(baseline) if baseline is not None else None
+        return dict(self._baseline) if self._baseline is not None else None
 
     def set_metrics_baseline(self, raw: dict[str, int]) -> None:
-        with self._lock:
-            if self._state["metrics_baseline"] is None:
-                self._state["metrics_baseline"] = dict(raw)
-                self._save()
+        if self._baseline is None:
+            self._write({"baseline": dict(raw)})
 
     # --- ingestion
     def session_done(self, conversation_id: str, subject: str, session_id: str) -> bool:
-        return session_key(conversation_id, subject, session_id) in self._state["sessions"]
+        return session_key(conversation_id, subject, session_id) in self._sessions
 
     def done_sessions(self) -> frozenset[tuple[str, str, str]]:
-        found = (json.loads(key) for key in self._state["sessions"])
+        found = (json.loads(key) for key in self._sessions)
         return frozenset((str(a), str(b), str(c)) for a, b, c in found)
 
     def mark_session(
@@ -92,45 +133,33 @@ class Checkpoint:
         hand_off_ms: list[float],
         outcome: str,
     ) -> None:
-        with self._lock:
-            self._state["sessions"][session_key(conversation_id, subject, session_id)] = {
+        self._write(
+            {
+                "session": session_key(conversation_id, subject, session_id),
                 "hand_off_ms": [round(v, 3) for v in hand_off_ms],
                 "outcome": outcome,
             }
-            self._save()
+        )
 
     def sessions(self) -> dict[str, dict[str, Any]]:
-        return dict(self._state["sessions"])
+        return dict(self._sessions)
 
     def conversation_facts(self, conversation_id: str) -> list[dict[str, Any]] | None:
-        entry = self._state["conversations"].get(conversation_id)
-        return None if entry is None else list(entry["facts"])
+        facts = self._conversations.get(conversation_id)
+        return None if facts is None else list(facts)
 
     def mark_conversation(self, conversation_id: str, facts: list[dict[str, Any]]) -> None:
-        with self._lock:
-            self._state["conversations"][conversation_id] = {"facts": facts}
-            self._save()
+        self._write({"conversation": conversation_id, "facts": facts})
 
     def conversations_done(self) -> frozenset[str]:
-        return frozenset(self._state["conversations"])
+        return frozenset(self._conversations)
 
     # --- questions
     def question(self, question_id: str) -> dict[str, Any]:
-        return dict(self._state["questions"].get(question_id, {}))
+        return dict(self._questions.get(question_id, {}))
 
     def record_question(self, question_id: str, **fields: Any) -> None:
-        with self._lock:
-            self._state["questions"].setdefault(question_id, {}).update(fields)
-            self._save()
+        self._write({"question": question_id, "fields": fields})
 
     def judged_questions(self) -> frozenset[str]:
-        return frozenset(q for q, v in self._state["questions"].items() if "correct" in v)
-
-    def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with temporary.open("w", encoding="utf-8") as handle:
-            json.dump(self._state, handle, ensure_ascii=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
+        return frozenset(q for q, v in self._questions.items() if "correct" in v)

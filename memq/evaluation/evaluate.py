@@ -38,7 +38,7 @@ from memq.evaluation.report import (
 from memq.evaluation.runner import ChatModel, Runner, RunOptions, facts_of
 from memq.evaluation.scoring import Prices
 
-CHECKPOINT_FILE = "checkpoint.json"
+CHECKPOINT_FILE = "checkpoint.jsonl"
 RESULT_FILE = "results.json"
 REPORT_FILE = "report.md"
 DEFAULT_DEBOUNCE_SECONDS = 3600.0
@@ -59,7 +59,7 @@ class EvalRequest:
     price_input: float | None = None
     price_output: float | None = None
     price_cached: float | None = None
-    concurrency: int = 2
+    concurrency: int = 4
     answer_concurrency: int = 4
     workers: int = 4
     external_workers: bool = False
@@ -177,6 +177,23 @@ def run_eval(
         "conversations": [c.id for c in evalset.conversations],
     }
     checkpoint = Checkpoint.open(request.out_dir / CHECKPOINT_FILE, identity, fresh=request.fresh)
+    try:
+        return _run(request, evalset, settings, models, prices, checkpoint, out, ask, interactive)
+    finally:
+        checkpoint.close()
+
+
+def _run(
+    request: EvalRequest,
+    evalset: EvalSet,
+    settings: MemqSettings,
+    models: Models,
+    prices: PriceTable,
+    checkpoint: Checkpoint,
+    out: TextIO,
+    ask: Callable[[str], str],
+    interactive: bool | None,
+) -> int:
     from prompts.tokens import make_token_counter
 
     count = make_token_counter(settings.token_counting)

@@ -59,7 +59,7 @@ class ExtractionFailed(MemqError, RuntimeError):
 class RunOptions:
     answer_model: str
     judge_model: str
-    concurrency: int = 2
+    concurrency: int = 4
     answer_concurrency: int = 4
     extraction_timeout_seconds: float = 600.0
     progress: bool = True
