@@ -263,3 +263,49 @@ def _usages(server: ScriptedOpenAI, wanted: str) -> list[dict[str, int]]:
             "\n".join(str(m["content"]) for m in request["messages"])
         )
     return found
+
+
+def test_memq_starts_its_own_workers_and_a_ctrl_c_stops_it_to_be_resumed(
+    make_settings: Any, openai_server: ScriptedOpenAI, tmp_path: Path
+) -> None:
+    """No --external-workers: memq eval runs its own worker and ticker on the eval prefix."""
+
+    def responder(request: dict[str, Any]) -> Any:
+        reply = evaluation_responder(request)
+        if kind(request) == "extraction":
+            reply.delay_seconds = 0.4
+        return reply
+
+    openai_server.responder = responder
+    settings: MemqSettings = stack_settings(make_settings, openai_server)
+    out = tmp_path / "own"
+    command = [
+        c for c in eval_command("longmemeval", LONGMEMEVAL, out, "--no-progress", "--workers", "2")
+        if c != "--external-workers"
+    ]  # fmt: skip
+    first = subprocess.Popen(
+        command, env=child_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=tmp_path,
+    )  # fmt: skip
+    journal = out / "checkpoint.jsonl"
+    try:
+        wait_for(
+            lambda: journal.exists() and journal.read_text().count('"session"') >= 2,
+            timeout=120,
+            what="two sessions extracted by memq's own worker",
+        )
+        first.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        _, err = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130, err[-2000:]
+    second = subprocess.run(
+        command, env=child_env(settings), capture_output=True, text=True, timeout=180,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert len(calls(openai_server, "extraction")) == 5  # 2 + 2 + 1 sessions, once each
+    result = json.loads((out / "results.json").read_text())
+    assert result["accuracy"]["overall"]["correct"] == 2
+    assert (out / "logs").is_dir()  # the own stack's worker and beat logs

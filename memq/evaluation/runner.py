@@ -55,6 +55,10 @@ class ExtractionFailed(MemqError, RuntimeError):
     """A session's extraction was dead-lettered or did not finish in time."""
 
 
+class RunStopped(MemqError):
+    """Another part of the run failed or was interrupted: this thread stops at its next step."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunOptions:
     answer_model: str
@@ -149,6 +153,7 @@ class Runner:
         self._count = count_tokens
         self._on_poll = on_poll  # the own stack's supervision round, while waiting
         self._lock = threading.Lock()
+        self._stop = threading.Event()
 
     # --- the whole run
     def run(self, answer: ChatModel, judge: ChatModel) -> None:
@@ -170,41 +175,34 @@ class Runner:
         judged = self.checkpoint.judged_questions()
         todo_questions = sum(1 for q in self.evalset.questions if q.id not in judged)
         disable = not self.options.progress
-        with (
-            tqdm(
-                total=todo_sessions,
-                desc="sessions extracted",
-                unit="session",
-                disable=disable,
-                position=0,
-            ) as sessions_bar,
-            tqdm(
-                total=todo_questions,
-                desc="questions judged",
-                unit="question",
-                disable=disable,
-                position=1,
-            ) as questions_bar,
-            ThreadPoolExecutor(self.options.answer_concurrency) as asking,
-            ThreadPoolExecutor(self.options.concurrency) as ingesting,
-        ):
+        sessions_bar = tqdm(
+            total=todo_sessions, desc="sessions extracted", unit="session", disable=disable
+        )
+        questions_bar = tqdm(
+            total=todo_questions, desc="questions judged", unit="question", disable=disable
+        )
+        asking = ThreadPoolExecutor(self.options.answer_concurrency)
+        ingesting = ThreadPoolExecutor(self.options.concurrency)
 
-            def one(conversation: Conversation) -> None:
-                self.ingest(conversation, lambda: _tick(sessions_bar, self._lock))
-                questions = [
-                    q for q in self.evalset.questions if q.conversation_id == conversation.id
-                ]
-                list(
-                    asking.map(
-                        lambda q: self.ask(
-                            q, conversation, answer, judge, lambda: _tick(questions_bar, self._lock)
-                        ),
-                        questions,
-                    )
-                )
+        def one(conversation: Conversation) -> None:
+            self.ingest(conversation, lambda: _tick(sessions_bar, self._lock))
+            questions = [q for q in self.evalset.questions if q.conversation_id == conversation.id]
+            tick = lambda: _tick(questions_bar, self._lock)  # noqa: E731 - one line, used once
+            list(asking.map(lambda q: self.ask(q, conversation, answer, judge, tick), questions))
 
+        try:
             for future in [ingesting.submit(one, c) for c in self.evalset.conversations]:
                 future.result()
+        except BaseException:
+            # Ctrl-C or a failure: the other threads stop at their next step, so the pools
+            # below are shut within one poll or one model call, not after every conversation.
+            self._stop.set()
+            raise
+        finally:
+            ingesting.shutdown(wait=True, cancel_futures=True)
+            asking.shutdown(wait=True, cancel_futures=True)
+            questions_bar.close()
+            sessions_bar.close()
 
     # --- ingestion
     def ingest(self, conversation: Conversation, tick: Callable[[], None]) -> None:
@@ -212,6 +210,7 @@ class Runner:
             return
         bench = self.evalset.benchmark
         for session in conversation.sessions:
+            self._check_stop()
             waiting: list[tuple[str, str, list[float]]] = []
             for subject in conversation.subjects:
                 if self.checkpoint.session_done(conversation.id, subject, session.id):
@@ -254,6 +253,7 @@ class Runner:
     def _wait_extracted(self, context_id: str) -> None:
         deadline = time.monotonic() + self.options.extraction_timeout_seconds
         while True:
+            self._check_stop()
             self._on_poll()
             state = self._queue.load(context_id)
             if not state:
@@ -297,6 +297,7 @@ class Runner:
         judge: ChatModel,
         tick: Callable[[], None],
     ) -> None:
+        self._check_stop()
         record = self.checkpoint.question(question.id)
         if "correct" in record:
             return
@@ -321,6 +322,10 @@ class Runner:
             judge_usage=_usage_json(usage),
         )
         tick()
+
+    def _check_stop(self) -> None:
+        if self._stop.is_set():
+            raise RunStopped("stopped")
 
     # --- the extraction spend
     def read_metrics(self) -> dict[str, int]:
