@@ -357,3 +357,18 @@ def test_without_a_model_endpoint_it_says_what_to_set(
 ) -> None:
     assert main(["eval", "locomo", str(DATA / "locomo_small.json"), "--estimate-only"]) == 1
     assert "MEMQ_LLM_BASE_URL" in capsys.readouterr().err
+
+
+def test_observations_in_other_shapes_are_skipped_not_fatal() -> None:
+    sample = copy.deepcopy(LOCOMO[0])
+    sample["observation"] = {"session_1_observation": [], "session_2_observation": "a note"}
+    assert read_locomo([sample]).observations == ()
+
+
+def test_the_message_ids_a_fact_cites_are_read_wherever_provenance_puts_them() -> None:
+    from memq.evaluation.runner import cited_ids
+
+    assert cited_ids({"content": "x"}) is None
+    assert cited_ids({"source_message_ids": ["D1:1", 7, "D1:2"]}) == ("D1:1", "D1:2")
+    assert cited_ids({"sources": [{"thread_id": "t", "message_ids": ["D2:1"]}]}) == ("D2:1",)
+    assert cited_ids({"citations": [{"message_id": "D3:4"}]}) == ("D3:4",)

@@ -150,7 +150,7 @@ def _observations(conversation: Conversation, raw: Any, where: str) -> list[Obse
     for key, by_speaker in raw.items():
         session_id = str(key).removesuffix("_observation")
         if not isinstance(by_speaker, Mapping):
-            raise DatasetError(f"{where}.observation.{key}: expected speaker -> list")
+            continue  # some copies hold an empty list or a note here: no observations
         for speaker, items in by_speaker.items():
             if speaker not in conversation.subjects or not isinstance(items, list):
                 continue
