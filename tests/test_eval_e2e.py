@@ -131,6 +131,9 @@ def test_locomo_scores_cost_and_latency_come_out_as_computed_by_hand(
     assert estimated["answer"]["calls"] == estimated["judge"]["calls"] == 10
     assert estimated["extraction"]["prompt_tokens"] == pytest.approx(billed_prompt, rel=0.25)
     assert estimated["extraction_cost_usd"] == pytest.approx(expected_cost, rel=0.25)
+    for model in ("answer", "judge"):  # the recalled block is only known after extraction
+        spent = result[model if model == "answer" else "judge_usage"]["prompt_tokens"]
+        assert estimated[model]["prompt_tokens"] == pytest.approx(spent, rel=0.5)
     assert "this run will spend about" in done.stdout and "8 calls" in done.stdout
     # Observations by hand: 9 of 10 recalled (Ann's dog was never said); 7 of 10 facts
     # supported: not "Mostly along the river.", nor the nurse line (2 of its 5 words are in the

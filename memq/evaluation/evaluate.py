@@ -135,8 +135,8 @@ def describe_estimate(planned: Estimate, models: Models, resumed: bool) -> str:
             f"{head}:",
             f"  extraction ({models.extraction}): {ex.calls:,} calls, ~{ex.prompt_tokens:,} prompt "
             f"+ ~{ex.completion_tokens:,} completion tokens, {money(planned.extraction_cost)}",
-            f"  answers ({models.answer}): {an.calls:,} calls, at most ~{an.prompt_tokens:,} "
-            f"prompt + ~{an.completion_tokens:,} completion tokens, {money(planned.answer_cost)}",
+            f"  answers ({models.answer}): {an.calls:,} calls, ~{an.prompt_tokens:,} prompt "
+            f"+ ~{an.completion_tokens:,} completion tokens, {money(planned.answer_cost)}",
             f"  judge ({models.judge}): {ju.calls:,} calls, ~{ju.prompt_tokens:,} prompt "
             f"+ ~{ju.completion_tokens:,} completion tokens, {money(planned.judge_cost)}",
             f"  total: {money(planned.total_cost)}",

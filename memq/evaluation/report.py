@@ -237,7 +237,9 @@ def markdown(result: Mapping[str, Any]) -> str:
         f"cost {_money(ex['cost_usd'])}; per 1,000 turns: {ex['calls_per_1000_turns'] or 0:.1f} "
         f"calls, {_money(ex['cost_per_1000_turns_usd'])}.",
         f"- Answer model: {result['answer']['calls']:,} calls, "
+        f"{result['answer']['prompt_tokens']:,} prompt tokens, "
         f"{_money(result['answer']['cost_usd'])}; judge: {result['judge_usage']['calls']:,} calls, "
+        f"{result['judge_usage']['prompt_tokens']:,} prompt tokens, "
         f"{_money(result['judge_usage']['cost_usd'])}. Prices: {result['prices']['source']}.",
         f"- Estimated before the run: {result['estimate']['extraction']['calls']:,} extraction "
         f"calls, {result['estimate']['extraction']['prompt_tokens']:,} prompt tokens, "
