@@ -372,3 +372,13 @@ def test_the_message_ids_a_fact_cites_are_read_wherever_provenance_puts_them() -
     assert cited_ids({"source_message_ids": ["D1:1", 7, "D1:2"]}) == ("D1:1", "D1:2")
     assert cited_ids({"sources": [{"thread_id": "t", "message_ids": ["D2:1"]}]}) == ("D2:1",)
     assert cited_ids({"citations": [{"message_id": "D3:4"}]}) == ("D3:4",)
+
+
+def test_a_blank_turn_is_left_out_and_a_photo_alone_is_kept() -> None:
+    sample = copy.deepcopy(LOCOMO[0])
+    session = sample["conversation"]["session_2"]
+    session.insert(1, {"speaker": "Ben", "dia_id": "D2:9", "text": "  "})
+    session.insert(1, {"speaker": "Ben", "dia_id": "D2:8", "text": "", "blip_caption": "a cello"})
+    turns = read_locomo([sample]).conversations[0].sessions[1].turns
+    assert [t.id for t in turns] == ["D2:1", "D2:8", "D2:2"]
+    assert turns[1].text == "[shares a photo: a cello]"

@@ -85,10 +85,11 @@ def _conversation(conv_id: str, raw: Any, where: str) -> Conversation:
     for number in numbers:
         name = f"session_{number}"
         date = raw.get(f"{name}_date_time", "")
-        turns = tuple(
+        read = (
             _turn(turn, f"{where}.{name}[{i}]", f"D{number}:{i + 1}")
             for i, turn in enumerate(raw[name])
         )
+        turns = tuple(turn for turn in read if turn.text.strip())  # a blank turn says nothing
         if turns:
             sessions.append(Session(name, text_field(date, f"{where}.{name}_date_time"), turns))
     if not sessions:
