@@ -244,6 +244,7 @@ def test_a_run_killed_mid_way_resumes_without_paying_for_any_extraction_twice(
     assert len(calls(openai_server, "answer")) == 10 and len(calls(openai_server, "judge")) == 10
     result = json.loads((out / "results.json").read_text())
     assert result["extraction"]["calls"] == 8  # from the metrics, across the kill
+    assert result["estimate"]["extraction"]["calls"] == 8  # the first start's estimate
     assert result["accuracy"]["overall"]["correct"] == 4
 
 

@@ -27,7 +27,14 @@ from memq.evaluation.evaluate import load_evalset
 from memq.evaluation.locomo import NOT_MENTIONED, read_locomo
 from memq.evaluation.longmemeval import read_longmemeval
 from memq.evaluation.prompts import read_verdict
-from memq.evaluation.report import Models, PriceTable, build_result, markdown, svg_chart
+from memq.evaluation.report import (
+    Models,
+    PriceTable,
+    build_result,
+    estimate_json,
+    markdown,
+    svg_chart,
+)
 from memq.evaluation.scoring import (
     FactRecord,
     Graded,
@@ -283,7 +290,7 @@ def test_the_report_is_built_from_the_records_and_the_chart_escapes_what_it_show
     result = build_result(
         evalset, questions, sessions, {}, delta,
         Models("extractor", "answerer", "<script>judge</script>"),
-        PriceTable(prices, prices, prices, "--price-input/--price-output"), planned,
+        PriceTable(prices, prices, prices, "--price-input/--price-output"), estimate_json(planned),
     )  # fmt: skip
     assert result["accuracy"]["by_category"]["single-hop"]["correct"] == 1
     assert result["extraction"]["cost_usd"] == pytest.approx((4000 + 800) / 1e6)

@@ -35,6 +35,7 @@ class Checkpoint:
         self.path = path
         self.identity = identity
         self._baseline: dict[str, int] | None = None
+        self._estimate: dict[str, Any] | None = None
         self._sessions: dict[str, dict[str, Any]] = {}
         self._conversations: dict[str, list[dict[str, Any]]] = {}
         self._questions: dict[str, dict[str, Any]] = {}
@@ -74,6 +75,8 @@ class Checkpoint:
     def _apply(self, event: dict[str, Any]) -> None:
         if "baseline" in event and self._baseline is None:
             self._baseline = dict(event["baseline"])
+        elif "estimate" in event and self._estimate is None:
+            self._estimate = dict(event["estimate"])
         elif "session" in event:
             self._sessions[event["session"]] = {
                 "hand_off_ms": event["hand_off_ms"],
@@ -116,6 +119,14 @@ class Checkpoint:
     def set_metrics_baseline(self, raw: dict[str, int]) -> None:
         if self._baseline is None:
             self._write({"baseline": dict(raw)})
+
+    # --- what the first run estimated (a resumed run's estimate covers only the rest)
+    def first_estimate(self) -> dict[str, Any] | None:
+        return dict(self._estimate) if self._estimate is not None else None
+
+    def set_first_estimate(self, estimate: dict[str, Any]) -> None:
+        if self._estimate is None:
+            self._write({"estimate": estimate})
 
     # --- ingestion
     def session_done(self, conversation_id: str, subject: str, session_id: str) -> bool:

@@ -31,6 +31,7 @@ from memq.evaluation.report import (
     Models,
     PriceTable,
     build_result,
+    estimate_json,
     markdown,
     metrics_delta,
     svg_chart,
@@ -216,6 +217,7 @@ def _run(
     if not confirmed(request, ask, tty):
         print("nothing spent.", file=out)
         return 1
+    checkpoint.set_first_estimate(estimate_json(planned))
     with ExitStack() as resources:
         on_poll: Callable[[], None] = lambda: None  # noqa: E731 - replaced when memq owns workers
         if not request.external_workers:
@@ -237,7 +239,7 @@ def _run(
             delta,
             models,
             prices,
-            planned,
+            checkpoint.first_estimate() or estimate_json(planned),
         )
         _write(request.out_dir, result)
         if not request.keep:

@@ -83,8 +83,9 @@ def build_result(
     delta: Mapping[str, int],
     models: Models,
     prices: PriceTable,
-    planned: Estimate,
+    planned: Mapping[str, Any],
 ) -> dict[str, Any]:
+    """``planned``: :func:`estimate_json` of what the run's first start estimated."""
     graded = [
         Graded(q, bool(questions[q.id]["correct"]))
         for q in evalset.questions
@@ -131,13 +132,17 @@ def build_result(
             "recall": asdict(distribution(recall_ms)),
         },
         "extraction_quality": _extraction_json(extracted),
-        "estimate": {
-            "extraction": _usage_json(planned.extraction),
-            "answer": _usage_json(planned.answer),
-            "judge": _usage_json(planned.judge),
-            "extraction_cost_usd": planned.extraction_cost,
-            "total_cost_usd": planned.total_cost,
-        },
+        "estimate": dict(planned),
+    }
+
+
+def estimate_json(planned: Estimate) -> dict[str, Any]:
+    return {
+        "extraction": _usage_json(planned.extraction),
+        "answer": _usage_json(planned.answer),
+        "judge": _usage_json(planned.judge),
+        "extraction_cost_usd": planned.extraction_cost,
+        "total_cost_usd": planned.total_cost,
     }
 
 
