@@ -202,7 +202,7 @@ def test_a_run_killed_mid_way_resumes_without_paying_for_any_extraction_twice(
     def responder(request: dict[str, Any]) -> Any:
         reply = slow_extraction(request)
         if kind(request) == "extraction":
-            reply.delay_seconds = 0.4  # a window for the kill while one is in flight
+            reply.delay_seconds = 0.8  # a window for the kill while one is in flight
         return reply
 
     openai_server.responder = responder
