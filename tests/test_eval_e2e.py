@@ -107,6 +107,10 @@ def test_locomo_scores_cost_and_latency_come_out_as_computed_by_hand(
     }
     assert result["accuracy"]["overall"] == {"correct": 4, "total": 7, "accuracy": 4 / 7}
     assert result["accuracy"]["overall_all"]["correct"] == 5
+    by_id = {q["id"]: q for q in result["per_question"]}
+    assert by_id["conv-a#q1"]["answer"] == "Hi! I adopted a cat named Miso last week."
+    assert by_id["conv-a#q1"]["correct"] is True
+    assert by_id["conv-a#q6"]["answer"] == "The information is not available."
     assert result["judge"] == settings.llm_model
     # One extraction per (speaker, session): 2 conversations x 2 sessions x 2 speakers.
     extractions = calls(openai_server, "extraction")

@@ -133,6 +133,20 @@ def build_result(
         },
         "extraction_quality": _extraction_json(extracted),
         "estimate": dict(planned),
+        "per_question": [
+            {
+                "id": q.id,
+                "conversation": q.conversation_id,
+                "category": q.category,
+                "abstention": q.abstention,
+                "question": q.question,
+                "gold": q.answer,
+                "answer": questions.get(q.id, {}).get("answer"),
+                "correct": questions.get(q.id, {}).get("correct"),
+                "block_tokens": questions.get(q.id, {}).get("block_tokens"),
+            }
+            for q in evalset.questions
+        ],
     }
 
 
