@@ -115,7 +115,9 @@ class QueueClient:
         now = now_ms() if now is None else now
         limit = limit or settings.claim_batch
         cap = math.ceil(settings.max_inflight / settings.shards)
-        user_cap = math.ceil(settings.max_inflight_per_user / settings.shards)
+        # Not divided by the shard count: one (user, agent) always lives in one shard, so a
+        # share of the cap per shard would leave each (user, agent) a fraction of it.
+        user_cap = settings.max_inflight_per_user
         defer_ms = max(1, int(settings.tick_seconds * 1000))
         claims: list[Claim] = []
         examined = deferred = 0
