@@ -30,7 +30,7 @@ from pydantic_settings import (
 )
 
 from memq.core.errors import ConfigError
-from memq.core.redis_urls import BrokerTarget, broker_target, parse_redis_url
+from memq.core.redis_urls import BrokerTarget, broker_target, parse_redis_url, url_kind
 
 # DeerFlow's `memory:` field names that differ from ours; values converted where the type differs.
 _DEERFLOW_RENAMES: dict[str, str] = {
@@ -234,6 +234,17 @@ class MemqSettings(BaseSettings):
             raise ValueError(
                 f"pending_max_bytes ({self.pending_max_bytes}) must be >= producer_max_chars "
                 f"({self.producer_max_chars})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_shards(self) -> MemqSettings:
+        # One shard is one hash tag, hence one slot: on a cluster every queue key would sit on
+        # one master. The right count depends on the masters, which settings cannot see.
+        if url_kind(self.redis_url) == "cluster" and "shards" not in self.model_fields_set:
+            raise ValueError(
+                "a redis+cluster:// URL needs MEMQ_SHARDS set (about 64 per master, e.g. 192 "
+                "for 3 masters): with the default of 1 every queue key sits on one master"
             )
         return self
 
