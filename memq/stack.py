@@ -40,6 +40,7 @@ from memq.redis_server import (
     RedisServer,
     check_reachable,
     free_port,
+    maxmemory_bytes_for,
     port_if_free,
     private_dir,
     redis_password,
@@ -266,6 +267,7 @@ class Stack:
             password=password,
             appendfsync=self.settings.redis_appendfsync,
             stop_with_parent=True,
+            maxmemory_bytes=maxmemory_bytes_for(self.settings.redis_maxmemory_mb),
         ).start()
         self.settings = self.settings.model_copy(
             update={"redis_url": self.redis_server.url, "broker_url": None}

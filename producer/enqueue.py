@@ -25,9 +25,10 @@ from memq.core.connection import REDIS_ERRORS, RedisClient
 from memq.core.errors import InvalidIdentifier, RedisUnavailable
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
-from memq.core.models import Message, messages_to_json
+from memq.core.models import Message
 from producer.accumulate import merge_messages_json
-from producer.messages import filter_messages_for_memory, has_minimum_dialogue, keep_newest_within
+from producer.bounds import bound_hand_off
+from producer.messages import filter_messages_for_memory, has_minimum_dialogue
 
 MAX_TRACE_ID_LENGTH = 256
 
@@ -90,10 +91,12 @@ def build_request(
     flush: bool = False,
     trace_id: str | None = None,
     max_chars: int = 200_000,
+    max_messages: int = 1000,
     captured_ms: int | None = None,
 ) -> EnqueueRequest | None:
-    """Filter, check the minimum dialogue and encode; ``None`` when nothing is
-    worth sending. Raises :class:`InvalidMessages` on shapes it does not understand."""
+    """Filter, check the minimum dialogue and encode within the caps (:mod:`producer.bounds`:
+    ``max_chars`` of JSON, ``max_messages``); ``None`` when nothing is worth sending.
+    Raises :class:`InvalidMessages` on shapes it does not understand."""
     if trace_id is not None and (
         not isinstance(trace_id, str) or len(trace_id) > MAX_TRACE_ID_LENGTH
     ):
@@ -103,7 +106,7 @@ def build_request(
         return None
     return EnqueueRequest(
         key=key,
-        messages_json=messages_to_json(keep_newest_within(messages, max_chars)),
+        messages_json=bound_hand_off(messages, max_chars, max_messages).messages_json,
         flush=flush,
         trace_id=trace_id,
         captured_ms=captured_ms,

@@ -246,6 +246,7 @@ class MemoryProducer:
             flush=flush,
             trace_id=trace_id,
             max_chars=self._settings.producer_max_chars,
+            max_messages=self._settings.producer_max_messages,
             # Stamped now, not when sent: a spooled request must never pass for a newer turn.
             captured_ms=self._clock_ms(),
         )

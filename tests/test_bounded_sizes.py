@@ -4,6 +4,8 @@ hand-off's and the context's byte caps, against a real redis-server."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ import redis
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
+from producer import MemoryProducer
 from producer.enqueue import Enqueuer, EnqueueRequest
 from worker.queue import QueueClient
 
@@ -54,3 +57,106 @@ def test_a_users_in_flight_cap_is_not_divided_by_the_shard_count(
     claimed = queue.claim(T0 + 1).claims
 
     assert len(claimed) == 16
+
+
+# --- the private Redis of `memq up` has a memory ceiling
+
+
+def test_maxmemory_defaults_to_a_quarter_of_the_ram_and_can_be_set() -> None:
+    from memq.redis_server import maxmemory_bytes_for
+
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert maxmemory_bytes_for(None) == ram // 4
+    assert maxmemory_bytes_for(512) == 512 * 2**20
+
+
+@pytest.mark.integration
+def test_memq_ups_redis_refuses_writes_past_maxmemory_instead_of_growing(tmp_path: Path) -> None:
+    from memq.stack import Stack, StackOptions
+
+    settings = MemqSettings(data_dir=tmp_path / "data", redis_maxmemory_mb=64)
+    stack = Stack(settings, StackOptions(worker=False, beat=False, flower=False)).start()
+    try:
+        client = redis.Redis.from_url(stack.redis_url)
+        memory = client.info("memory")
+        assert memory["maxmemory"] == 64 * 2**20
+        assert memory["maxmemory_policy"] == "noeviction"
+        client.close()
+    finally:
+        stack.stop()
+
+
+# --- one hand-off is bounded as it is sent: ids, JSON and the number of messages count
+
+
+def stored_messages(client: redis.Redis, settings: MemqSettings, context_id: str) -> list[Any]:
+    keys = KeySchema(settings.key_prefix, settings.shards)
+    raw = client.hget(keys.for_context(context_id).context(context_id), "messages")
+    return json.loads(raw or "[]")  # type: ignore[no-any-return]
+
+
+def test_a_huge_message_id_is_stored_as_a_fixed_length_digest(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings = make_settings()
+    huge = "id-" + "x" * 10_000_000
+    turn = [
+        {"role": "user", "content": "I live in Lyon", "id": huge},
+        {"role": "assistant", "content": "Noted", "id": "auth0|abc"},
+    ]
+    with MemoryProducer(settings) as producer:
+        first = producer.enqueue("th", "alice", None, turn)
+        again = producer.enqueue("th", "alice", None, turn)  # the same turn, sent again
+    assert first is not None and again is not None
+    stored = stored_messages(redis_client, settings, first.context_id)
+    assert [m["content"] for m in stored] == ["I live in Lyon", "Noted"]  # recognised: once
+    assert len(stored[0]["id"]) == 36 and stored[0]["id"].startswith("sha:")
+    assert stored[1]["id"] == "auth0|abc"  # an ordinary id is kept as it is
+    key = KeySchema(settings.key_prefix).for_context(first.context_id).context(first.context_id)
+    assert redis_client.memory_usage(key) < 10_000
+
+
+def test_ids_and_json_count_against_the_hand_off_cap(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings = make_settings(producer_max_chars=10_000)
+    # Short contents, long ids and text that escapes (quotes, newlines, control characters):
+    # the content alone is 2,000 characters, what Redis would receive is many times that.
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": '"\n\x01' * 5, "id": "m" * 120}
+        for i in range(100)
+    ]
+    with MemoryProducer(settings) as producer:
+        result = producer.enqueue("th", "alice", None, turns)
+    assert result is not None
+    keys = KeySchema(settings.key_prefix).for_context(result.context_id)
+    raw = redis_client.hget(keys.context(result.context_id), "messages") or ""
+    assert len(raw) <= 10_000
+    assert json.loads(raw)[-1] == turns[-1]  # the newest are the ones kept
+
+
+def test_messages_per_hand_off_are_capped(make_settings: Any, redis_client: redis.Redis) -> None:
+    settings = make_settings(producer_max_messages=50)
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": str(i)} for i in range(100_000)
+    ]
+    with MemoryProducer(settings) as producer:
+        result = producer.enqueue("th", "alice", None, turns)
+    assert result is not None
+    stored = stored_messages(redis_client, settings, result.context_id)
+    assert [m["content"] for m in stored] == [str(i) for i in range(99_950, 100_000)]
+
+
+def test_a_long_question_followed_by_its_answer_keeps_its_tail(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings = make_settings(producer_max_chars=10_000)
+    question = "x" * 50_000 + " so: I am allergic to peanuts"
+    turn = [{"role": "user", "content": question}, {"role": "assistant", "content": "Noted."}]
+    with MemoryProducer(settings) as producer:
+        result = producer.enqueue("th", "alice", None, turn)
+    assert result is not None
+    stored = stored_messages(redis_client, settings, result.context_id)
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert stored[0]["content"].endswith("I am allergic to peanuts")
+    assert len(json.dumps(stored, separators=(",", ":"))) <= 10_000

@@ -54,10 +54,18 @@ DESCRIPTIONS: dict[str, str] = {
     "enqueue (a worker outage longer than this loses it)",
     "producer_timeout_seconds": "Redis timeout of a producer call (the agent never waits longer)",
     "spool_max_contexts": "contexts a producer keeps for a later retry while Redis is unreachable",
-    "producer_max_chars": "size cap, in characters, of the conversation sent by one enqueue",
+    "producer_max_chars": (
+        "size cap of one enqueue, in characters of the JSON sent (ids and escapes count); a "
+        "message over half of it keeps its tail"
+    ),
+    "producer_max_messages": "at most this many (the newest) messages per enqueue",
     "pending_max_bytes": (
         "a context whose accumulated, not yet extracted messages exceed this (JSON bytes) is due "
         "at once instead of debounced"
+    ),
+    "context_max_bytes": (
+        "hard cap of one context's stored messages (JSON bytes), checked before enqueue.lua "
+        "decodes: the oldest are cut and counted (`cut_messages` on the context)"
     ),
     "llm_provider": "`auto` (a model if an endpoint or key is set, else rules), `openai`, `rules`",
     "llm_base_url": "OpenAI-compatible endpoint (`…/v1`)",
@@ -99,6 +107,10 @@ DESCRIPTIONS: dict[str, str] = {
     "data_dir": (
         "data folder of `memq up` (the private Redis and its AOF); a relative path is made "
         "absolute at load"
+    ),
+    "redis_maxmemory_mb": (
+        "`maxmemory` of the private Redis, in MiB (writes refused past it, never evicted); "
+        "unset → a quarter of the RAM"
     ),
     "redis_appendfsync": (
         "AOF fsync of the private Redis: `everysec` (may lose the last second on a crash of the "
