@@ -4,6 +4,7 @@ hand-off's and the context's byte caps, against a real redis-server."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
 from producer import MemoryProducer
 from producer.enqueue import Enqueuer, EnqueueRequest
-from worker.queue import QueueClient
+from worker.queue import CompleteResult, QueueClient
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ def enqueuer(settings: MemqSettings, client: redis.Redis) -> Enqueuer:
         debounce_ms=settings.debounce_ms,
         max_delay_ms=settings.max_delay_ms,
         retention_ms=settings.context_retention_ms,
-        # CMB
+        context_max_bytes=settings.context_max_bytes,
     )
 
 
@@ -160,3 +161,84 @@ def test_a_long_question_followed_by_its_answer_keeps_its_tail(
     assert [m["role"] for m in stored] == ["user", "assistant"]
     assert stored[0]["content"].endswith("I am allergic to peanuts")
     assert len(json.dumps(stored, separators=(",", ":"))) <= 10_000
+
+
+# --- one context is bounded in Redis, before the script decodes anything
+
+CAPPED = {"producer_max_chars": 1000, "pending_max_bytes": 10_000, "context_max_bytes": 10_000}
+
+
+def summarised_turn(n: int) -> list[dict[str, str]]:
+    # Each hand-off holds only the new turn (the agent summarised the rest away), so the
+    # context keeps accumulating until a worker extracts it.
+    return [
+        {"role": "user", "content": f"turn {n}: " + "é" * 150},
+        {"role": "assistant", "content": f"answer {n}"},
+    ]
+
+
+def test_a_context_past_its_byte_cap_keeps_its_newest_messages_and_counts_the_cut(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings = make_settings(**CAPPED)
+    enqueue = enqueuer(settings, redis_client)
+    key = ContextKey.create("th", "alice", None)
+    cut = 0
+    for n in range(200):
+        cut += hand_off(enqueue, key, T0 + n, summarised_turn(n)).cut
+
+    stored = stored_messages(redis_client, settings, key.id)
+    raw = json.dumps(stored, ensure_ascii=False, separators=(",", ":"))
+    assert len(raw.encode()) <= 10_000
+    assert stored[-2:] == summarised_turn(199)  # the newest turn whole
+    numbers = [int(m["content"].split()[1].rstrip(":")) for m in stored]
+    assert numbers == sorted(numbers) and numbers[-1] == 199  # a contiguous newest part
+    fields = redis_client.hmget(
+        KeySchema(settings.key_prefix).for_context(key.id).context(key.id),
+        ["cut_messages", "cut_bytes"],
+    )
+    assert int(fields[0] or 0) == cut == 400 - len(stored)
+    assert int(fields[1] or 0) > 0
+
+
+def test_a_context_already_too_big_is_cut_before_it_is_decoded(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    # A context grown to 20 MB by an earlier version: the next hand-off cuts it instead of
+    # decoding it (every producer call of the shard used to wait ~50 ms on it).
+    settings = make_settings(**CAPPED)
+    key = ContextKey.create("th", "alice", None)
+    huge = [m for n in range(40_000) for m in summarised_turn(n)]
+    ctx = KeySchema(settings.key_prefix).for_context(key.id).context(key.id)
+    encoded = json.dumps(huge, ensure_ascii=False, separators=(",", ":"))
+    redis_client.hset(ctx, mapping={"messages": encoded})
+    result = hand_off(enqueuer(settings, redis_client), key, T0, summarised_turn(40_000))
+
+    raw = redis_client.hget(ctx, "messages") or ""
+    stored = json.loads(raw)
+    assert len(raw.encode()) <= 10_000 and stored[-2:] == summarised_turn(40_000)
+    assert len(stored) > 20  # the newest part of the old list is kept too
+    assert result.cut == 80_002 - len(stored)
+
+
+def test_a_context_rescheduled_after_its_run_stays_within_the_cap_and_the_worker_says_so(
+    make_settings: Any, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(**CAPPED)
+    queue, enqueue = QueueClient(settings, redis_client), enqueuer(settings, redis_client)
+    key = ContextKey.create("th", "alice", None)
+    hand_off(enqueue, key, T0, summarised_turn(0))
+    (claim,) = queue.claim(T0 + 1).claims
+    for n in range(1, 100):  # the thread goes on while the run is out
+        hand_off(enqueue, key, T0 + 1 + n, summarised_turn(n))
+    assert queue.complete(key.id, claim.token, T0 + 200) is CompleteResult.RESCHEDULED
+
+    (again,) = queue.claim(T0 + 300).claims
+    with caplog.at_level(logging.WARNING, logger="memq.queue"):
+        data, _ = queue.load_run(again.context_id)
+    raw = data["messages"]
+    assert len(raw.encode()) <= 10_000 and json.loads(raw)[-2:] == summarised_turn(99)
+    cut = int(data["cut_messages"])
+    assert cut == 200 - len(json.loads(raw))
+    [line] = [r.getMessage() for r in caplog.records if r.name == "memq.queue"]
+    assert f"{cut} messages" in line and "é" not in line  # counts, never the text

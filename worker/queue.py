@@ -7,6 +7,7 @@ ARGV and return codes), assembled with its shared fragments (``includes/``) by
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -23,6 +24,8 @@ from memq.core.keys import KeySchema, QueueKeys
 from memq.core.settings import MemqSettings
 from worker.scripts import assemble
 from worker.shard_reads import due_members
+
+log = logging.getLogger("memq.queue")
 
 _SCRIPTS = (
     "claim_due",
@@ -213,6 +216,16 @@ class QueueClient:
         pipe.get(q.watermark(context_id))
         raw, watermark = pipe.execute()
         data = {_text(k): _text(v) for k, v in raw.items()}
+        if data.get("cut_messages"):
+            # enqueue.lua cut the oldest messages to stay within context_max_bytes: say so
+            # wherever the run is logged (the counts only, never the text).
+            log.warning(
+                "context %s: %s messages (%s bytes) were cut before extraction to stay within "
+                "context_max_bytes",
+                context_id,
+                data["cut_messages"],
+                data.get("cut_bytes", "?"),
+            )
         return data, (_text(watermark) if watermark is not None else None)
 
     def complete(
