@@ -17,7 +17,8 @@ from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
 from producer import MemoryProducer
 from producer.enqueue import Enqueuer, EnqueueRequest
-from worker.queue import CompleteResult, QueueClient
+from worker.queue import Claim, CompleteResult, QueueClient
+from worker.tick import run_tick
 
 pytestmark = pytest.mark.integration
 
@@ -242,3 +243,57 @@ def test_a_context_rescheduled_after_its_run_stays_within_the_cap_and_the_worker
     assert cut == 200 - len(json.loads(raw))
     [line] = [r.getMessage() for r in caplog.records if r.name == "memq.queue"]
     assert f"{cut} messages" in line and "é" not in line  # counts, never the text
+
+
+# --- a tenant at its cap costs a tick little, however long its backlog
+
+
+def test_a_capped_tenants_backlog_is_not_re_deferred_on_every_tick(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings = make_settings(
+        debounce_seconds=1.0, tick_seconds=1.0, lease_seconds=600.0, max_inflight_per_user=2
+    )
+    queue, enqueue = QueueClient(settings, redis_client), enqueuer(settings, redis_client)
+    dialogue = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    for i in range(3000):
+        hand_off(enqueue, ContextKey.create(f"a{i}", "alice", None), T0, dialogue)
+    sent: list[Claim] = []
+
+    first = run_tick(queue, sent.append, clock=lambda: T0 + 1)
+    assert len(sent) == 2 and first.deferred == 2998  # the whole backlog, once
+
+    bob = hand_off(enqueue, ContextKey.create("b0", "bob", None), T0 + 1_500, dialogue)
+    later = [run_tick(queue, sent.append, clock=lambda k=k: T0 + 1 + 1000 * k) for k in (2, 3, 4)]
+    # Each later tick looks at a few of alice's keys, not at all 2,998 of them again.
+    assert all(report.deferred <= 4 * 2 for report in later)
+    assert bob.context_id in [c.context_id for c in sent]  # another tenant is not held up
+    assert queue.stats(T0 + 4_001)["due"] == 2998  # nothing of alice's lost
+
+
+def test_a_capped_tenants_backlog_drains_in_order_as_slots_free(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    settings = make_settings(
+        debounce_seconds=1.0, tick_seconds=1.0, lease_seconds=600.0, max_inflight_per_user=2
+    )
+    queue, enqueue = QueueClient(settings, redis_client), enqueuer(settings, redis_client)
+    dialogue = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
+    ids = [
+        hand_off(enqueue, ContextKey.create(f"a{i:03}", "alice", None), T0 + i, dialogue).context_id
+        for i in range(40)
+    ]
+    order: list[str] = []
+    now = T0 + 100
+    for _ in range(200):
+        now += 1000
+        batch = queue.claim(now)
+        for claim in batch.claims:  # every run ends within its tick
+            order.append(claim.context_id)
+            assert queue.complete(claim.context_id, claim.token, now) is CompleteResult.DONE
+        if len(order) == len(ids):
+            break
+    assert sorted(order) == ids  # every one extracted
+    assert order[:2] == ids[:2]
+    users = KeySchema(settings.key_prefix).shard(0).user_inflight("alice")
+    assert not redis_client.exists(users)  # no bookkeeping left once alice holds no lease
