@@ -24,6 +24,8 @@ BENCHMARKS = {
     "P2": "bench.p2_claim",
     # One tenant at its in-flight cap with 100,000 due contexts: script time per tick.
     "CAPPED": "bench.p11_capped_backlog",
+    # One producer call onto a 20 MB context, with and without context_max_bytes.
+    "CTXCAP": "bench.p12_context_cap",
     "P5": "bench.p5_pipeline",
     "P6": "bench.p6_cost",
     "P7": "bench.p7_injection",

@@ -117,7 +117,7 @@ class MemqSettings(BaseSettings):
     # The hard cap of one context's stored messages, checked before enqueue.lua decodes anything:
     # past it the oldest messages are cut (and counted on the context), so one runaway thread can
     # never make every producer call of its shard slow.
-    context_max_bytes: int = Field(default=4_000_000, ge=10_000)
+    context_max_bytes: int = Field(default=2_000_000, ge=10_000)
 
     # --- LLM
     llm_provider: Literal["auto", "openai", "rules"] = "auto"
