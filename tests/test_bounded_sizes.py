@@ -11,11 +11,15 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import given
+from hypothesis import strategies as st
 
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
+from memq.core.models import Message
 from memq.core.settings import MemqSettings
 from producer import MemoryProducer
+from producer.bounds import MAX_MESSAGE_ID_CHARS, bound_hand_off
 from producer.enqueue import Enqueuer, EnqueueRequest
 from worker.queue import Claim, CompleteResult, QueueClient
 from worker.tick import run_tick
@@ -297,3 +301,39 @@ def test_a_capped_tenants_backlog_drains_in_order_as_slots_free(
     assert order[:2] == ids[:2]
     users = KeySchema(settings.key_prefix).shard(0).user_inflight("alice")
     assert not redis_client.exists(users)  # no bookkeeping left once alice holds no lease
+
+
+# --- the hand-off caps as a pure function, on hostile text
+
+_TEXT = st.text(
+    alphabet=st.sampled_from(["a", "é", '"', "\\", "\n", "\x01", "\u200b", "😀", "\ud800", "<"]),
+    max_size=900,
+)
+
+
+@given(
+    messages=st.lists(
+        st.builds(
+            Message,
+            st.sampled_from(["user", "assistant"]),
+            _TEXT,
+            st.one_of(st.none(), st.text(max_size=3), st.just("auth0|" + "z" * 200)),
+        ),
+        max_size=30,
+    ),
+    max_chars=st.integers(min_value=1000, max_value=4000),
+    max_messages=st.integers(min_value=2, max_value=20),
+)
+def test_a_hand_off_is_the_newest_messages_within_every_cap(
+    messages: list[Message], max_chars: int, max_messages: int
+) -> None:
+    sent = bound_hand_off(messages, max_chars, max_messages)
+    decoded = json.loads(sent.messages_json)
+    assert len(sent.messages_json) <= max_chars and len(decoded) <= max_messages
+    assert sent.messages_json.encode("utf-8")  # sendable: no lone surrogate left
+    assert len(decoded) == sent.kept == len(messages) - sent.dropped
+    for stored, original in zip(decoded, messages[sent.dropped :], strict=True):
+        assert stored["role"] == original.role
+        assert len(stored.get("id", "")) <= MAX_MESSAGE_ID_CHARS + 4
+        tail = original.content.encode("utf-8", "replace").decode("utf-8")
+        assert tail.endswith(stored["content"])  # a message is only ever cut to its tail
