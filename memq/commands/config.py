@@ -31,7 +31,8 @@ DESCRIPTIONS: dict[str, str] = {
     "broker_master_name": "master name of a `sentinel://` broker",
     "key_prefix": "prefix of every Redis key (one prefix per memq deployment)",
     "shards": (
-        "queue shards, each one hash tag (on a cluster 64-256, spread evenly over the masters)"
+        "queue shards, each one hash tag (on a cluster 64-256, spread evenly over the masters; "
+        "a cluster URL without it is refused)"
     ),
     "redis_max_connections": "connection pool size per process",
     "debounce_seconds": "quiet time after the last enqueue before a context is extracted",
