@@ -270,7 +270,8 @@ def test_a_capped_tenants_backlog_is_not_re_deferred_on_every_tick(
     bob = hand_off(enqueue, ContextKey.create("b0", "bob", None), T0 + 1_500, dialogue)
     later = [run_tick(queue, sent.append, clock=lambda k=k: T0 + 1 + 1000 * k) for k in (2, 3, 4)]
     # Each later tick looks at a few of alice's keys, not at all 2,998 of them again.
-    assert all(report.deferred <= 4 * 2 for report in later)
+    # About 2 x the cap per tick (one more where a slot falls on the tick itself).
+    assert all(4 <= report.deferred <= 5 for report in later)
     assert bob.context_id in [c.context_id for c in sent]  # another tenant is not held up
     assert queue.stats(T0 + 4_001)["due"] == 2998  # nothing of alice's lost
 

@@ -12,7 +12,8 @@
 --                                 and the member `~defer` -> minus the user's deferral horizon
 --
 -- ARGV[1]    now_ms         current time, epoch milliseconds
--- ARGV[2]    lease_ms       how long a claim holds the context, milliseconds
+-- ARGV[2]    lease_ms       how long a claim holds the context, milliseconds; also how far past
+--                           now a capped user's deferral horizon may go
 -- ARGV[3]    max_inflight   stop claiming when `inflight` holds this many ids (count)
 -- ARGV[4]    user_cap       a user holding this many live leases gets no more claims (count)
 -- ARGV[5]    defer_ms       a capped candidate's place in `due` moves to now + defer_ms at the
