@@ -106,7 +106,7 @@ end
 
 -- `newer` plus the messages of `older` it does not hold (the rule in the header); both encoded.
 local function merge(older, newer)
-  if not older or extends(older, newer) then return newer end
+  if not older or older == '[]' or extends(older, newer) then return newer end
   local front = front_before(older, newer)
   if front then return '[' .. front .. ',' .. string.sub(newer, 2) end
   local ok_old, old_list = pcall(cjson.decode, older)
