@@ -15,6 +15,7 @@ from memq.core.settings import MemqSettings, load_settings
 from prompts.injection import format_memory_for_injection
 from prompts.tokens import TokenCounter, make_token_counter
 from storage.base import MemoryStorage
+from storage.location import check_reader_soon
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class MemoryInjector:
                 from storage import get_storage
 
                 self._storage = get_storage(self._settings)
+                check_reader_soon(self._settings, "injector")  # logs if workers store elsewhere
             if self._counter is None:
                 self._counter = make_token_counter(self._settings.token_counting)
             return self._settings, self._storage, self._counter
