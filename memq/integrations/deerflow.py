@@ -28,7 +28,7 @@ import logging
 from typing import Any, ClassVar, Literal
 
 from deerflow.agents.memory.manager import MemoryManager
-from pydantic import PrivateAttr
+from pydantic import ConfigDict, PrivateAttr
 
 from memq.core.connection import redis_client
 from memq.core.settings import MemqSettings
@@ -46,6 +46,8 @@ from storage.search import warm as warm_search
 
 log = logging.getLogger(__name__)
 
+_SETTINGS = "memq_settings"  # from_config hands its resolved settings to model_post_init
+
 
 class MemqMemoryManager(ManagementCalls, MemoryManager):
     """DeerFlow ``MemoryManager`` backed by memq (Redis queue, Celery workers)."""
@@ -59,8 +61,12 @@ class MemqMemoryManager(ManagementCalls, MemoryManager):
     _counter: Any = PrivateAttr(default=None)
     _keep_hidden: Any = PrivateAttr(default=None)
 
+    # A construction error must not echo the backend_config (it may hold a Redis password).
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     def model_post_init(self, context: Any) -> None:
-        settings = settings_for(self.backend_config)
+        given = context.get(_SETTINGS) if isinstance(context, dict) else None
+        settings = given if isinstance(given, MemqSettings) else settings_for(self.backend_config)
         self._settings = settings
         self._redis = redis_client(settings, socket_timeout=3.0)
         self._storage = get_storage(
@@ -85,10 +91,12 @@ class MemqMemoryManager(ManagementCalls, MemoryManager):
         ``extraction_callback`` are not used: the LLM call runs in a memq worker process, with
         memq's own model settings.
         """
-        instance = cls(
-            backend_config=dict(backend_config or {}),
-            mode=mode,
-            callbacks=host_hooks.get("callbacks"),
+        config = dict(backend_config or {})
+        # Resolved here first, so a bad folder is one plain line (``ValueError``) at startup.
+        settings = settings_for(config)
+        instance: MemqMemoryManager = cls.model_validate(
+            {"backend_config": config, "mode": mode, "callbacks": host_hooks.get("callbacks")},
+            context={_SETTINGS: settings},
         )
         keep = host_hooks.get("should_keep_hidden_message")
         instance._keep_hidden = keep if callable(keep) else None

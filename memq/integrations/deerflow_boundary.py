@@ -52,23 +52,25 @@ def settings_for(backend_config: Mapping[str, Any]) -> MemqSettings:
     values = settings_values(backend_config)
     values.pop("storage_dir", None)  # settings_values renames storage_path; decided below
     given_path = backend_config.get("storage_path")
-    for name, value in (
-        ("storage_dir", backend_config.get("storage_dir")),
-        ("storage_path", given_path),
-    ):
-        if value is not None and Path(str(value)).expanduser().is_file():
-            raise ValueError(f"memq: {name} {str(value)!r} is an existing file, not a folder")
+    for name in ("storage_dir", "storage_path"):
+        # Whatever the backend: DeerFlow treats a file there as a configuration error.
+        if backend_config.get(name) is not None:
+            _not_a_file(Path(str(backend_config[name])).expanduser(), name)
     if backend_config.get("storage_dir") is not None:
-        values["storage_dir"] = backend_config["storage_dir"]
-    elif given_path and not _in_environment("storage_dir"):
-        values["storage_dir"] = Path(str(given_path)).expanduser() / "memq"
+        values["storage_dir"], source = backend_config["storage_dir"], "storage_dir"
+    elif _in_environment("storage_dir"):
+        source = "MEMQ_STORAGE_DIR"
+    elif given_path:
+        values["storage_dir"], source = Path(str(given_path)).expanduser() / "memq", "storage_path"
+    else:
+        source = "storage_dir"
     ignored = sorted(set(values) - set(MemqSettings.model_fields))
     if ignored:
         # DeerMem's own knobs (model, patterns_dir, storage_class, …) mean nothing to memq.
         log.info("memq: backend_config keys without a memq setting, ignored: %s", ignored)
     settings = load_settings(**values)
-    if settings.storage == "file" and settings.storage_dir.is_file():
-        raise ValueError(f"memq: storage_dir {str(settings.storage_dir)!r} is an existing file")
+    if settings.storage == "file":
+        _usable_folder(settings.storage_dir, source)
     return settings
 
 
@@ -76,6 +78,29 @@ def _in_environment(field: str) -> bool:
     """Whether the environment sets this setting (names are case-insensitive, as for memq)."""
     name = f"MEMQ_{field}".upper()
     return any(key.upper() == name for key in os.environ)
+
+
+def _not_a_file(path: Path, name: str) -> None:
+    try:
+        is_file = path.is_file()
+    except (OSError, ValueError):
+        return  # not a file; whether it is usable is checked where it is used
+    if is_file:
+        raise ValueError(f"memq: {name} {str(path)[:200]!r} is an existing file, not a folder")
+
+
+def _usable_folder(folder: Path, name: str) -> None:
+    """The file store's folder exists (created 0700 when missing) and is a folder: checked once
+    at construction, so a bad path is one clear error at startup, not an OSError on every call."""
+    for path in (folder, *folder.parents):
+        _not_a_file(path, name)
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except (OSError, ValueError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(
+            f"memq: {name} {str(folder)[:200]!r} is not a usable folder: {reason}"
+        ) from None
 
 
 @contextlib.contextmanager
