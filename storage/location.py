@@ -28,6 +28,7 @@ log = logging.getLogger("memq.storage")
 _checked: set[tuple[str, str, str]] = set()
 _checked_lock = threading.Lock()
 _CHECK_TIMEOUT_SECONDS = 0.5
+_MAX_SHOWN = 300  # characters of a folder or host name in a message
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,15 @@ class StorageLocation:
     def describe(self) -> str:
         if self.backend == "redis":
             return "Redis storage"
-        return f"file storage in {self.folder}" + (f" (host {self.host})" if self.host else "")
+        host = f" (host {_shown(self.host)})" if self.host else ""
+        return f"file storage in {_shown(self.folder)}{host}"
+
+
+def _shown(text: str) -> str:
+    """Text read back from Redis as it may be printed to an operator: control and format
+    characters escaped (an ``ESC[2K`` in a folder name must not rewrite the terminal), capped."""
+    out = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[:_MAX_SHOWN])
+    return out + ("…" if len(text) > _MAX_SHOWN else "")
 
 
 def location_of(settings: MemqSettings) -> StorageLocation:

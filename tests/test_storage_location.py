@@ -169,3 +169,17 @@ def test_memq_doctor_prints_one_line_when_workers_store_elsewhere(
     [line] = [x for x in capsys.readouterr().out.splitlines() if "workers' storage" in x]
     assert line.startswith("FAIL  workers' storage: workers store memory in file storage")
     assert str(tmp_path / "workers") in line and str(tmp_path / "elsewhere") in line
+
+
+def test_a_hostile_published_place_is_shown_escaped_and_bounded(
+    make_settings: Any, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    settings = _file_settings(make_settings, tmp_path / "m")
+    hostile = (
+        '{"backend": "file", "folder": "/x\\u001b[2K\\u202e' + "y" * 10_000 + '", "host": "h\\n"}'
+    )
+    redis_client.set(f"{settings.key_prefix}:workers:storage", hostile)
+    [check] = check_workers_storage(redis_client, settings)
+    assert check.status == "fail"
+    assert "\x1b" not in check.detail and "\u202e" not in check.detail and "\n" not in check.detail
+    assert "\\x1b[2K" in check.detail and len(check.detail) < 1000
