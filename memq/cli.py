@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from memq.commands import config, doctor, exporter, memory, queue, up
 from memq.commands import demo as demo_command
-from memq.commands.common import CommandContext, mask_url
+from memq.commands.common import CommandContext, mask_url, shown
 from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
 from memq.core.errors import ConfigError, MemqError
 
@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        print(f"memq {args.command}: {_explain(exc, context)}", file=sys.stderr)
+        print(f"memq {args.command}: {shown(_explain(exc, context))}", file=sys.stderr)
         return EXIT_ERROR
     finally:
         context.close()

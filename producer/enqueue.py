@@ -44,13 +44,16 @@ class EnqueueRequest:
     """Everything one enqueue sends, already filtered and encoded (also what the spool keeps).
 
     ``captured_ms`` is when the agent handed the messages over (epoch ms); ``None`` means "now"
-    at send time, which is only right for a request sent at once, never for one spooled."""
+    at send time, which is only right for a request sent at once, never for one spooled.
+    ``failures`` counts the sends that failed for a reason other than Redis (the producer drops a
+    request that keeps failing)."""
 
     key: ContextKey
     messages_json: str
     flush: bool = False
     trace_id: str | None = None
     captured_ms: int | None = None
+    failures: int = 0
 
     @property
     def context_id(self) -> str:
@@ -72,6 +75,7 @@ class EnqueueRequest:
             flush=self.flush or newer.flush,
             trace_id=latest.trace_id,
             captured_ms=latest.captured_ms,
+            failures=max(self.failures, newer.failures),
         )
 
 
@@ -98,7 +102,11 @@ def build_request(
         not isinstance(trace_id, str) or len(trace_id) > MAX_TRACE_ID_LENGTH
     ):
         raise InvalidIdentifier(f"trace_id must be a string of at most {MAX_TRACE_ID_LENGTH} chars")
-    messages: list[Message] = filter_messages_for_memory(raw_messages)
+    if trace_id is not None and not trace_id.isascii():
+        # A lone surrogate cannot be sent as UTF-8: replaced, as in the messages, so the request
+        # can always be encoded.
+        trace_id = trace_id.encode("utf-8", "replace").decode("utf-8")
+    messages: list[Message] = filter_messages_for_memory(raw_messages, max_chars=max_chars)
     if not has_minimum_dialogue(messages):
         return None
     return EnqueueRequest(

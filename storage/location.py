@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("memq.storage")
 
 # A reader checks once per process and place: the check must not become a per-turn round trip.
-_checked: set[tuple[str, str, str]] = set()
+_checked: set[tuple[str, str, str, str]] = set()
 _checked_lock = threading.Lock()
 _CHECK_TIMEOUT_SECONDS = 0.5
 _MAX_SHOWN = 300  # characters of a folder or host name in a message
@@ -109,7 +109,7 @@ def check_reader(
     """Compare this reader's place with the workers' once per process; log the line (WARNING)
     and return it. Never raises: a reader must work even when the check cannot run."""
     here = location_of(settings)
-    key = (settings.redis_url, settings.key_prefix, here.folder or here.backend)
+    key = _check_key(settings)
     with _checked_lock:
         if key in _checked:
             return None
@@ -132,12 +132,28 @@ def check_reader(
     return line
 
 
-def check_reader_soon(settings: MemqSettings, reader: str) -> None:
-    """:func:`check_reader` on a daemon thread: for readers on an agent's path, whose turn must
-    not wait for the check's round trip (nor its timeout when Redis hangs)."""
+def check_reader_soon(
+    settings: MemqSettings | None, reader: str, client: RedisClient | None = None
+) -> None:
+    """:func:`check_reader` on a daemon thread, once per process and place: for readers on an
+    agent's path (called after a read that worked), whose turn must not wait for the check's
+    round trip. Cheap when already checked: a set lookup."""
+    if settings is None:
+        return
+    with _checked_lock:
+        if _check_key(settings) in _checked:
+            return
     threading.Thread(
-        target=check_reader, args=(settings, reader), name="memq-location-check", daemon=True
+        target=check_reader,
+        args=(settings, reader, client),
+        name="memq-location-check",
+        daemon=True,
     ).start()
+
+
+def _check_key(settings: MemqSettings) -> tuple[str, str, str, str]:
+    # From the settings alone (no file-system call): this runs on every read.
+    return (settings.redis_url, settings.key_prefix, settings.storage, str(settings.storage_dir))
 
 
 def forget_checks() -> None:

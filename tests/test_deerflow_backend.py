@@ -16,6 +16,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 
 from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
+from prompts.injection import FRAME_LINE
 from storage import get_storage
 from storage.document import Fact, MemoryDocument, Section
 from tests.support.celery_procs import CeleryProcs, memq_env
@@ -159,6 +160,8 @@ def test_middleware_context_has_agent_facts_and_user_summaries(made: Any) -> Non
     assert "Backend engineer at Acme" in text and "Prefers uv over pip" in text
     assert "<user_memory>" not in text and "<memory>" not in text  # DeerFlow wraps it
     assert callsites.memory_context(manager, "alice", "coder").startswith("<memory>\n")
+    assert text.startswith(FRAME_LINE + "\n")  # framed as data, never instructions
+    assert callsites.memory_context(manager, "alice", "coder").count(FRAME_LINE) == 1
     assert manager.get_context("nobody", agent_name="coder") == ""
 
 

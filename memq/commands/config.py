@@ -53,6 +53,9 @@ DESCRIPTIONS: dict[str, str] = {
     "context_retention_days": "how long a context nobody extracts is kept after its last "
     "enqueue (a worker outage longer than this loses it)",
     "producer_timeout_seconds": "Redis timeout of a producer call (the agent never waits longer)",
+    "injector_timeout_seconds": (
+        "Redis timeout of the memory read before each agent turn (then skipped for a back-off)"
+    ),
     "spool_max_contexts": "contexts a producer keeps for a later retry while Redis is unreachable",
     "producer_max_chars": "size cap, in characters, of the conversation sent by one enqueue",
     "pending_max_bytes": (
@@ -68,6 +71,8 @@ DESCRIPTIONS: dict[str, str] = {
     "llm_json_mode": "ask for `response_format: json_object`",
     "llm_temperature": "sampling temperature of the extraction call",
     "max_facts": "fact cap per memory document",
+    "fact_max_chars": "longest fact (content or mistake): cut at extraction and import, "
+    "refused by hand",
     "fact_confidence_threshold": "minimum confidence of an extracted fact",
     "conversation_max_tokens": "token budget of the conversation in the update prompt",
     "message_max_chars": "each message is cut to this length in the prompt",

@@ -17,7 +17,7 @@ from typing import Literal
 import redis
 from redis.cluster import RedisCluster
 
-from memq.commands.common import CommandContext, mask_url
+from memq.commands.common import CommandContext, mask_url, shown
 from memq.core.connection import RedisClient
 from memq.core.errors import ConfigError
 from memq.core.keys import CLUSTER_SLOTS
@@ -62,9 +62,9 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         print(json.dumps([c.__dict__ for c in checks], indent=2))
     else:
         for check in checks:
-            print(f"{check.status.upper():4}  {check.name}: {check.detail}")
+            print(f"{check.status.upper():4}  {check.name}: {shown(check.detail)}")
             if check.fix:
-                print(f"      {'fix' if check.status != 'ok' else 'hint'}: {check.fix}")
+                print(f"      {'fix' if check.status != 'ok' else 'hint'}: {shown(check.fix)}")
     failed = [c for c in checks if c.status == "fail"]
     if not args.json:
         print(f"\n{len(failed)} problem(s) found." if failed else "\nAll checks passed.")

@@ -110,6 +110,7 @@ class MemqSettings(BaseSettings):
 
     # --- producer
     producer_timeout_seconds: float = Field(default=0.25, gt=0.0, le=10.0)
+    injector_timeout_seconds: float = Field(default=0.5, gt=0.0, le=10.0)
     spool_max_contexts: int = Field(default=1000, ge=0)
     producer_max_chars: int = Field(default=200_000, ge=1000)
     pending_max_bytes: int = Field(default=1_000_000, ge=10_000)
@@ -129,6 +130,7 @@ class MemqSettings(BaseSettings):
 
     # --- extraction
     max_facts: int = Field(default=200, ge=10, le=5000)
+    fact_max_chars: int = Field(default=1000, ge=50, le=100_000)
     fact_confidence_threshold: float = Field(default=0.7, ge=0.0, le=1.0)
     conversation_max_tokens: int = Field(default=6000, ge=200)
     message_max_chars: int = Field(default=2000, ge=100)

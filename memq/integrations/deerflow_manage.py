@@ -44,7 +44,11 @@ class ManagementCalls:
         def settings(self) -> MemqSettings: ...
 
     def _facts(self) -> FactManager:
-        return FactManager(self._storage, max_facts=self.settings.max_facts)
+        return FactManager(
+            self._storage,
+            max_facts=self.settings.max_facts,
+            fact_max_chars=self.settings.fact_max_chars,
+        )
 
     @staticmethod
     def _scope(user_id: str | None, agent_name: str | None) -> tuple[str, str | None]:
