@@ -557,3 +557,37 @@ def _dump(client: redis.Redis) -> dict[str, str]:
     from memq.testing.redis_dump import dump_redis
 
     return dump_redis(client)
+
+
+def test_hung_redis_costs_get_context_one_short_timeout_then_raises_at_once(
+    make_settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """test_lead_agent_prompt.py (``failure_policy.read: fail_closed``) against a Redis that
+    accepts connections and never answers: the first turn waits one injector timeout, the next
+    ones raise ``MemoryManagerError`` at once while the read backs off (Redis not even tried)."""
+    from memq.testing.hung_server import HungServer
+    from producer import backoff as backoff_module
+
+    monkeypatch.setattr(backoff_module, "BACKOFF_MIN_SECONDS", 600.0)
+    monkeypatch.setattr(backoff_module, "BACKOFF_MAX_SECONDS", 600.0)
+    with HungServer() as hung:
+        settings = make_settings(redis_url=hung.url, storage="redis")
+        config = memq_config(settings, injector_timeout_seconds=0.3)
+        reset_memory_manager()
+        set_memory_config(MemoryConfig(manager_class=MANAGER_CLASS, backend_config=config))
+        manager = get_memory_manager()
+        closed = {"read": "fail_closed"}
+        try:
+            with pytest.raises(MemoryManagerError):
+                callsites.memory_context(manager, "u", "coder", failure_policy=closed)
+            tried = hung.connections
+            assert tried >= 1
+            for _ in range(10):
+                with pytest.raises(MemoryManagerError, match="backing off"):
+                    callsites.memory_context(manager, "u", "coder", failure_policy=closed)
+                assert callsites.memory_context(manager, "u", "coder") == ""
+            assert hung.connections == tried
+        finally:
+            manager.close()
+            reset_memory_manager()
+            set_memory_config(MemoryConfig())

@@ -14,6 +14,8 @@ DeerFlow process) and maps each call of the contract onto memq:
 - ``search`` is BM25 over English and Chinese words, confidence breaking ties.
 - A read that fails (``get_context``, ``search``, ``warm``) raises DeerFlow's
   ``MemoryManagerError``, so its ``failure_policy.read: fail_closed`` sees the outage.
+  ``get_context`` reads as memq's injector does (``injector_timeout_seconds``, then a
+  skip-until back-off): a hung Redis costs one short wait, then nothing until it answers.
 - The management calls (documents, facts, clear, import, agent deletion) are in
   ``deerflow_manage``; the settings, argument checks and error mapping in ``deerflow_boundary``.
 
@@ -33,7 +35,12 @@ from pydantic import ConfigDict, PrivateAttr
 from memq.core.connection import redis_client
 from memq.core.settings import MemqSettings
 from memq.integrations.deerflow_boundary import read_errors, settings_for
-from memq.integrations.deerflow_format import KeepHidden, apply_hidden_filter, deerflow_fact
+from memq.integrations.deerflow_format import (
+    KeepHidden,
+    apply_hidden_filter,
+    deerflow_fact,
+    with_user_summaries,
+)
 from memq.integrations.deerflow_manage import ManagementCalls
 from producer.injector import MemoryInjector
 from producer.producer import MemoryProducer
@@ -60,6 +67,7 @@ class MemqMemoryManager(ManagementCalls, MemoryManager):
     _producer: Any = PrivateAttr(default=None)
     _counter: Any = PrivateAttr(default=None)
     _keep_hidden: Any = PrivateAttr(default=None)
+    _reader: Any = PrivateAttr(default=None)
 
     # A construction error must not echo the backend_config (it may hold a Redis password).
     model_config = ConfigDict(hide_input_in_errors=True)
@@ -73,6 +81,10 @@ class MemqMemoryManager(ManagementCalls, MemoryManager):
             settings, redis=self._redis if settings.storage == "redis" else None
         )
         self._producer = MemoryProducer(settings)
+        # get_context runs before an agent's turn: memq's injector read, on its own client with
+        # the short injector timeout and the skip-until back-off (strict: it raises, and
+        # read_errors turns that into DeerFlow's MemoryManagerError).
+        self._reader = MemoryInjector(settings)
 
     @classmethod
     def from_config(
@@ -144,8 +156,11 @@ class MemqMemoryManager(ManagementCalls, MemoryManager):
         if not (settings.enabled and settings.injection_enabled):
             return ""
         user, agent = self._scope(user_id, agent_name)
+        reader: MemoryInjector = self._reader
         with read_errors("reading memory"):
-            document: MemoryDocument = self._load_scoped(user, agent)
+            document: MemoryDocument = reader.load(user, agent)
+            if agent is not None:
+                document = with_user_summaries(document, reader.load(user, None))
         if self.mode == "tool":
             document = document.model_copy(update={"facts": []})
         if self._counter is None:
@@ -242,6 +257,7 @@ class MemqMemoryManager(ManagementCalls, MemoryManager):
 
     def close(self) -> None:
         self._producer.close()
+        self._reader.close()
         self._redis.close()
 
     def injector(self) -> MemoryInjector:
