@@ -403,3 +403,45 @@ def test_clear_or_delete_is_not_undone_by_an_extraction_in_flight(
     facts = [f["content"] for f in manager.get_memory(user_id="alice", agent_name="coder")["facts"]]
     assert "The user owns a red bicycle" not in facts
     manager.close()
+
+
+def test_deerflows_default_user_is_the_anonymous_user_the_importer_fills(
+    made: Any, tmp_path: Path
+) -> None:
+    """DeerFlow names its user without login ``"default"`` (and some call sites pass None): both
+    are memq's anonymous user, whose memory ``memq import --deerflow`` fills from DeerFlow's
+    ``users/default`` folder, so a deployment without login keeps seeing its memory after the
+    switch. A user named ``default`` inside memq is a different one and sees none of it."""
+    import json
+
+    from memq.core.identity import ANONYMOUS_USER_ID, ContextKey
+    from memq.deerflow_import import import_folder
+
+    manager, settings = made()
+    legacy = tmp_path / "deerflow" / "users" / "default" / "memory.json"
+    legacy.parent.mkdir(parents=True)
+    fact = {"id": "fact_uv", "content": "Uses uv instead of pip", "category": "preference",
+            "confidence": 0.9, "createdAt": "2026-07-14T09:00:00Z", "source": "t-1"}  # fmt: skip
+    legacy.write_text(json.dumps({"version": "1.0", "facts": [fact]}), encoding="utf-8")
+    store = get_storage(settings, redis=manager._redis if settings.storage == "redis" else None)
+    import_folder(store, tmp_path / "deerflow")
+
+    for user in ("default", None):
+        assert [f["content"] for f in manager.get_memory(user_id=user)["facts"]] == [
+            "Uses uv instead of pip"
+        ]
+        assert "Uses uv instead of pip" in manager.get_context(user)
+    assert store.load("default").facts == []  # memq's own literal "default" user: untouched
+
+    callsites.after_agent(
+        manager,
+        "t-d",
+        [HumanMessage("I moved to Berlin"), AIMessage("Noted.")],
+        agent_name=None,
+        user_id="default",
+    )
+    keys = list(manager._redis.scan_iter(match=f"{settings.key_prefix}*ctx:*"))
+    [key] = [k for k in keys if ":ctx:" in k]
+    assert key.endswith(":ctx:t-d:default:")  # the anonymous user's, not "%64efault"
+    assert ContextKey.from_id("t-d:default:").user_id == ANONYMOUS_USER_ID
+    assert manager.discard_pending_updates(user_id="default", agent_name=None) == 1
