@@ -13,10 +13,12 @@ import redis
 
 from memq.cli import main
 from memq.core.errors import StaleClaim
+from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
 from memq.testing.redis_dump import dump_redis
 from storage import Fence, get_storage
 from storage.document import Fact, MemoryDocument
+from storage.erasure import erase
 from tests.test_erasure import T0, World
 from worker.queue import CompleteResult
 
@@ -152,3 +154,29 @@ def test_an_unusable_storage_path_fails_at_construction(make_settings: Any, path
             "memq.integrations.deerflow:MemqMemoryManager", config, storage_path=path
         )
     assert "\n" not in str(raised.value) and len(str(raised.value)) < 400
+
+
+def test_forgetting_the_agent_holding_a_capped_users_last_lease_leaves_no_per_user_set(
+    make_settings: Any, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user at the in-flight cap gets a deferral horizon (`~defer`) in its per-user in-flight
+    set; when the erased agent held the user's last lease, the set must go with the lease, as
+    it does when a run ends, rather than stay behind naming the user with no lease in it."""
+    settings = make_settings(
+        storage="redis", debounce_seconds=60.0, max_delay_seconds=600.0, max_inflight_per_user=1
+    )
+    world = World(settings, redis_client)
+    queue = world.queue
+    users_key = KeySchema(settings.key_prefix, settings.shards).shard(0).user_inflight(KIM)
+    world.enqueue("t-run", KIM, "kim-run", agent="helper", flush=True)
+    world.enqueue("t-wait", KIM, "kim-wait", agent="coder", flush=True)
+    [claimed] = queue.claim(T0 + 1).claims  # one lease: the other is deferred behind it
+    assert claimed.context_id.endswith(":helper")
+    assert redis_client.zscore(users_key, "~defer") is not None
+
+    erase(settings, redis_client, world.storage, KIM, agent_name="helper")
+
+    assert not redis_client.exists(users_key)
+    assert queue.stats()["due"] == 1  # the coder's conversation waits, and is claimed next
+    [next_claim] = queue.claim(T0 + 10_000).claims
+    assert next_claim.context_id.endswith(":coder")
