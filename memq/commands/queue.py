@@ -148,6 +148,7 @@ def stats_summary(shards: list[ShardGauges], snapshot: MetricsSnapshot, now: int
         "prompt_tokens": snapshot.prompt_tokens,
         "completion_tokens": snapshot.completion_tokens,
         "forgets": snapshot.forgets,
+        "context_messages_cut": snapshot.context_messages_cut,
     }
 
 
@@ -200,6 +201,7 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, object]]:
         ("prompt tokens", stats["prompt_tokens"]),
         ("completion tokens", stats["completion_tokens"]),
         ("users forgotten", stats["forgets"]),
+        ("messages cut to context_max_bytes", stats["context_messages_cut"]),
     ]
     return rows
 
