@@ -186,7 +186,17 @@ class ScriptedOpenAI:
 # "not available"; any other when every content word of the gold answer is in the answer. Usage
 # is the character estimate of what was sent and answered, so token counts are computable.
 
-_EVAL_CONVERSATION = re.compile(r"<conversation>\n([\s\S]*?)\n</conversation>")
+
+def _eval_conversation(text: str) -> str | None:
+    """The <conversation> slot's body, found by two linear scans (no lazy pattern to rescan)."""
+    start = text.find("<conversation>\n")
+    if start < 0:
+        return None
+    start += len("<conversation>\n")
+    end = text.find("\n</conversation>", start)
+    return text[start:end] if end >= 0 else None
+
+
 _EVAL_DATE = re.compile(r"^\[[^\]]*\]\s*")
 _EVAL_NAME = re.compile(r"^[A-Z][\w-]*:\s+")
 _EVAL_FACT_LINE = re.compile(r"^- \[[^\]]*\] (.*)$", re.MULTILINE)
@@ -257,8 +267,8 @@ def evaluation_responder(request: dict[str, Any]) -> Reply:
             label = "CORRECT" if correct else "WRONG"
             return _eval_reply(request, json.dumps({"reason": "scripted", "label": label}))
         return _eval_reply(request, "yes" if correct else "no")
-    found = _EVAL_CONVERSATION.search(user)
-    facts = eval_extracted_facts(found.group(1)) if found else []
+    found = _eval_conversation(user)
+    facts = eval_extracted_facts(found) if found is not None else []
     update = {
         "user": {},
         "history": {},
