@@ -10,7 +10,6 @@ degrade into "delete X", so that answer is rejected as a whole (fail closed).
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -24,12 +23,12 @@ from memq.memory.update import (
     UpdateAnswer,
 )
 from storage.document import (
-    CATEGORIES,
     DEFAULT_CATEGORY,
     HISTORY_SECTIONS,
     SECTION_KEYS,
     USER_SECTIONS,
 )
+from storage.vocabulary import known_category, parse_confidence
 
 REQUIRED_KEYS = ("user", "history", "newFacts")
 # Bounds the decoding work on a long answer full of braces, in characters the decoder reads per
@@ -98,20 +97,6 @@ def _first_update_object(text: str) -> dict[str, Any] | None:
     return None
 
 
-def normalise_category(value: Any) -> str | None:
-    """One of our six categories, or None. Free text is not kept (DeerFlow kept any string):
-    ``Preferences`` and `` preference `` are ``preference``; anything unknown is for the caller
-    to default."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    name = value.strip().casefold()
-    if name in CATEGORIES:
-        return name
-    if name.endswith("s") and name[:-1] in CATEGORIES:
-        return name[:-1]
-    return None
-
-
 def _flag(value: Any) -> bool:
     # DeerFlow tested truthiness, so the string "false" meant "update".
     if isinstance(value, bool):
@@ -124,19 +109,8 @@ def _flag(value: Any) -> bool:
 
 
 def _confidence(value: Any, *, missing: float | None) -> float | None:
-    """A finite number clamped to [0, 1]; ``missing`` when absent; None (drop) when unusable."""
-    if value is None:
-        return missing
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            return None
-    if not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return min(1.0, max(0.0, float(value)))
+    """``missing`` when absent; None (drop) when unusable; otherwise clamped to [0, 1]."""
+    return missing if value is None else parse_confidence(value)
 
 
 def _text(value: Any) -> str | None:
@@ -171,7 +145,7 @@ def _new_fact(raw: Any) -> NewFact | None:
         return None
     return NewFact(
         content=content,
-        category=normalise_category(raw.get("category")) or DEFAULT_CATEGORY,
+        category=known_category(raw.get("category")) or DEFAULT_CATEGORY,
         confidence=confidence,
         source_error=_text(raw.get("sourceError", raw.get("source_error"))),
     )
@@ -222,7 +196,7 @@ def _consolidations(value: Any) -> tuple[ConsolidationProposal, ...]:
             ConsolidationProposal(
                 source_ids=ids,
                 content=content,
-                category=normalise_category(merged.get("category")),
+                category=known_category(merged.get("category")),
                 confidence=_confidence(merged.get("confidence"), missing=None),
             )
         )

@@ -6,7 +6,10 @@ added by hand is held to the same cap (and the same eviction order) as one an ex
 
 from __future__ import annotations
 
-from storage.document import CORRECTION, Fact
+from datetime import datetime
+
+from storage.base import Change
+from storage.document import CORRECTION, Fact, utc_now
 
 
 def evict_over_cap(facts: list[Fact], max_facts: int) -> tuple[list[Fact], list[Fact]]:
@@ -23,4 +26,18 @@ def evict_over_cap(facts: list[Fact], max_facts: int) -> tuple[list[Fact], list[
     return (
         [f for i, f in enumerate(facts) if i in keep],
         [f for i, f in enumerate(facts) if i not in keep],
+    )
+
+
+def eviction_change(
+    fact: Fact, max_facts: int, *, at: datetime | None = None, thread_id: str | None = None
+) -> Change:
+    """The history entry of one fact the cap evicted, whichever path applied the cap."""
+    return Change(
+        at=at or utc_now(),
+        action="evict",
+        fact_id=fact.id,
+        content=fact.content,
+        reason=f"over max_facts={max_facts}, lowest confidence ({fact.confidence:.2f})",
+        source_thread_id=thread_id,
     )

@@ -11,7 +11,6 @@ value must never turn a user's whole memory into a "corrupt" file.
 from __future__ import annotations
 
 import logging
-import math
 import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -26,13 +25,16 @@ from pydantic import (
     model_validator,
 )
 
+# The category names are defined with the rest of the vocabulary and re-exported here, where
+# most code looks for them.
+from storage.vocabulary import CATEGORIES as CATEGORIES
+from storage.vocabulary import CORRECTION as CORRECTION
+from storage.vocabulary import DEFAULT_CATEGORY as DEFAULT_CATEGORY
+from storage.vocabulary import normalise_category, parse_confidence
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "memq/1"
-DEFAULT_CATEGORY = "context"
-# What the user said the agent got wrong: kept before any other category (cap, injection budget).
-CORRECTION = "correction"
-CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", CORRECTION)
 FactSource = Literal["conversation", "manual", "consolidation", "import"]
 FACT_SOURCES = ("conversation", "manual", "consolidation", "import")
 MAX_FACT_ID_LENGTH = 128
@@ -71,19 +73,6 @@ def parse_timestamp(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def coerce_confidence(value: Any, default: float = 0.5) -> float:
-    """Missing, null, bool, unparsable or non-finite → ``default``; otherwise clamped to [0, 1]."""
-    if value is None or isinstance(value, bool):
-        return default
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return default
-    if not math.isfinite(number):
-        return default
-    return min(1.0, max(0.0, number))
 
 
 def _object_or_empty(data: Any) -> Any:
@@ -211,14 +200,14 @@ class Fact(BaseModel):
     @field_validator("category", mode="before")
     @classmethod
     def _category(cls, value: Any) -> str:
-        if isinstance(value, str) and value.strip():
-            return value.strip()
-        return DEFAULT_CATEGORY
+        return normalise_category(value)
 
     @field_validator("confidence", mode="before")
     @classmethod
     def _confidence(cls, value: Any) -> float:
-        return coerce_confidence(value)
+        """A stored confidence that cannot be read is the neutral 0.5, never a lost fact."""
+        number = parse_confidence(value)
+        return 0.5 if number is None else number
 
     @field_validator("created_at", "consolidated_at", mode="before")
     @classmethod

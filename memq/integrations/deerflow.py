@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -59,7 +58,7 @@ from prompts.tokens import make_token_counter
 from storage import get_storage
 from storage.document import MemoryDocument, empty_document
 from storage.erasure import ALL_AGENTS, erase
-from storage.management import DuplicateFact, valid_content
+from storage.management import DuplicateFact, valid_confidence, valid_content
 from storage.management import MemoryManager as FactManager
 from storage.search import warm as warm_search
 
@@ -428,9 +427,7 @@ def _content(value: object) -> str:
 
 
 def _confidence(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("confidence")
-    number = float(value)
-    if not math.isfinite(number) or not 0.0 <= number <= 1.0:
-        raise ValueError("confidence")
-    return number
+    try:
+        return valid_confidence(value)
+    except InvalidMemoryData:
+        raise ValueError("confidence") from None

@@ -22,7 +22,7 @@ from memq.memory.scrub import scrub_document
 from memq.memory.staleness import select_stale_removals
 from memq.memory.update import UpdateAnswer
 from storage.base import Change, ChangeAction
-from storage.cap import evict_over_cap
+from storage.cap import evict_over_cap, eviction_change
 from storage.document import (
     CORRECTION,
     HISTORY_SECTIONS,
@@ -32,6 +32,7 @@ from storage.document import (
     Section,
     copy_document,
 )
+from storage.vocabulary import content_key
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +41,6 @@ log = logging.getLogger(__name__)
 class ApplyResult:
     document: MemoryDocument
     changes: list[Change]
-
-
-def content_key(content: str) -> str:
-    """Two facts are the same fact when they differ only in case or whitespace."""
-    return " ".join(content.split()).casefold()
 
 
 def _apply_sections(
@@ -245,14 +241,7 @@ def apply_update(
     changes += _remove_replaced_corrections(doc, answer, added, now, thread_id)
     doc.facts, evicted = evict_over_cap(doc.facts, settings.max_facts)
     changes += [
-        _fact_change(
-            "evict",
-            f,
-            f"over max_facts={settings.max_facts}, lowest confidence ({f.confidence:.2f})",
-            now,
-            thread_id,
-        )
-        for f in evicted
+        eviction_change(f, settings.max_facts, at=now, thread_id=thread_id) for f in evicted
     ]
     # After the cap, so that a merge never names a source the cap just evicted.
     if settings.consolidation_enabled:
