@@ -4,12 +4,13 @@ floor every extraction pays)."""
 
 from __future__ import annotations
 
-import json
 import time
 
 from bench.common import BenchEnv, Result, percentile
 from memq.core.identity import ContextKey
 from memq.core.models import ConversationContext, Message
+from memq.memory.update import NewFact, SectionUpdate, UpdateAnswer
+from memq.testing.openai_server import update_text
 from storage import get_storage
 from storage.base import UpdateResult
 from storage.document import MemoryDocument
@@ -28,18 +29,18 @@ class InstantModel:
     def propose(self, prompt: object) -> ModelAnswer:
         self.calls += 1
         n = self.calls
-        answer = {
-            "user": {"topOfMind": {"summary": f"Billing, step {n}.", "shouldUpdate": True}},
-            "history": {},
-            "newFacts": [
-                {"content": f"User prefers Go for service {n}", "category": "preference",
-                 "confidence": 0.9},
-                {"content": f"User deploys release {n} on Fridays", "category": "behavior",
-                 "confidence": 0.8},
-            ],
-            "factsToRemove": [],
-        }  # fmt: skip
-        return ModelAnswer(json.dumps(answer), prompt_tokens=1000, completion_tokens=80, model="x")
+        summary = SectionUpdate(summary=f"Billing, step {n}.", should_update=True)
+        answer = UpdateAnswer(
+            sections={"top_of_mind": summary},
+            new_facts=(
+                NewFact(content=f"User prefers Go for service {n}", category="preference",
+                        confidence=0.9),
+                NewFact(content=f"User deploys release {n} on Fridays", category="behavior",
+                        confidence=0.8),
+            ),
+        )  # fmt: skip
+        text = update_text(answer)
+        return ModelAnswer(text, prompt_tokens=1000, completion_tokens=80, model="x")
 
     def close(self) -> None:
         return None

@@ -18,13 +18,15 @@ from memq.core.models import Message
 from memq.core.settings import MemqSettings
 from memq.memory.consolidation import qualifying_groups
 from memq.memory.staleness import should_review, stale_candidates
+from prompts.answer import render_answer_schema
 from prompts.conversation import budget_conversation
 from prompts.escaping import prompt_json
 from prompts.review import render_consolidation_section, render_staleness_section
 from prompts.tokens import TokenCounter
 from storage.document import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS, MemoryDocument
 
-SYSTEM_PROMPT = """\
+SYSTEM_PROMPT = (
+    """\
 You maintain the long-term memory of one user of an AI assistant. You receive the memory as it is \
 now (inside <current_memory>) and a recent conversation between the user and the assistant (inside \
 <conversation>). Work out what the conversation teaches about the user that will still matter in \
@@ -74,27 +76,12 @@ exist only for the current session.
 - Do not record one-off task details, secrets, passwords or keys.
 
 Answer with one JSON object and nothing else (no prose, no markdown), exactly in this shape:
-{
-  "user": {
-    "workContext": {"summary": "...", "shouldUpdate": false},
-    "personalContext": {"summary": "...", "shouldUpdate": false},
-    "topOfMind": {"summary": "...", "shouldUpdate": false}
-  },
-  "history": {
-    "recentMonths": {"summary": "...", "shouldUpdate": false},
-    "earlierContext": {"summary": "...", "shouldUpdate": false},
-    "longTermBackground": {"summary": "...", "shouldUpdate": false}
-  },
-  "newFacts": [
-    {"content": "...", "category": "preference", "confidence": 0.9, "sourceError": "..."}
-  ],
-  "factsToRemove": ["<fact id>"],
-  "staleFactsToRemove": [{"id": "<fact id>", "reason": "..."}],
-  "factsToConsolidate": [{"sourceIds": ["<fact id>", "<fact id>"], \
-"consolidated": {"content": "...", "category": "...", "confidence": 0.9}}]
-}
+"""
+    + render_answer_schema()
+    + """
 "sourceError" is optional. Use empty lists when there is nothing to add or remove; \
 "staleFactsToRemove" and "factsToConsolidate" only when the message asks for a review."""
+)
 
 CORRECTION_HINT = """\
 Signal: the user explicitly corrected the assistant in this conversation. Record the right \

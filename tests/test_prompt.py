@@ -253,3 +253,27 @@ def test_a_message_cannot_forge_another_turn_in_the_conversation() -> None:
     assert lines[0] == "User: hi"
     assert all(line.startswith("  ") for line in lines[1:])
     assert not any(line.startswith(("User:", "Assistant:")) for line in lines[1:])
+
+
+def test_the_schema_block_is_the_answer_model() -> None:
+    """The shape the prompt asks for is read back field for field by the answer model: a key
+    renamed on one side only cannot go unnoticed."""
+    from memq.memory.update import UpdateAnswer
+    from prompts.update_prompt import SYSTEM_PROMPT
+
+    block = SYSTEM_PROMPT[SYSTEM_PROMPT.index("exactly in this shape:\n") :]
+    block = block[block.index("{") : block.rindex("}") + 1]
+    example = UpdateAnswer.from_wire(json.loads(block))
+    assert set(example.sections) == {
+        "work_context",
+        "personal_context",
+        "top_of_mind",
+        "recent_months",
+        "earlier_context",
+        "long_term_background",
+    }
+    assert example.dropped_facts == 0
+    for name in UpdateAnswer.model_fields:
+        if name != "dropped_facts":
+            assert getattr(example, name), f"{name} is missing from the prompt's schema block"
+    assert example.to_wire() == json.loads(block)

@@ -54,6 +54,7 @@ class ExtractionReport:
     outcome: Outcome
     facts_added: int = 0
     facts_removed: int = 0
+    facts_invalid: int = 0  # new facts of the answer that did not validate (dropped)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     duration_ms: int = 0
@@ -192,6 +193,7 @@ class ExtractionPipeline:
         except StaleClaim as exc:
             return _stale_report(usage, elapsed_ms(), str(exc))
         report = _saved_report(changes, usage, prompt, selection, elapsed_ms())
+        report = replace(report, facts_invalid=answer.dropped_facts)
         _log_extracted(context, report)
         return report
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from memq.memory.update import UpdateAnswer
+
 
 @dataclass
 class Reply:
@@ -29,14 +31,12 @@ class Reply:
     completion_tokens: int = 20
 
 
-EMPTY_UPDATE = json.dumps(
-    {
-        "user": {},
-        "history": {},
-        "newFacts": [],
-        "factsToRemove": [],
-    }
-)
+def update_text(answer: UpdateAnswer) -> str:
+    """An update answer as a model would send it, written by the one answer model."""
+    return json.dumps(answer.to_wire(), ensure_ascii=False)
+
+
+EMPTY_UPDATE = update_text(UpdateAnswer())
 
 
 def completion_body(reply: Reply, model: str) -> dict[str, Any]:
