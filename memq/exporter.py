@@ -127,6 +127,11 @@ class MemqCollector(Collector):
                 "New facts of saved answers dropped because they did not validate",
                 "facts_invalid",
             ),
+            (
+                "memq_facts_refused",
+                "New facts refused because only assistant messages said them",
+                "facts_refused",
+            ),
             ("memq_forgets", "Users erased with `memq forget`", "forgets"),
             (
                 "memq_dead_lettered",

@@ -128,7 +128,11 @@ def _schema_example() -> UpdateAnswer:
         sections=dict.fromkeys((*USER_SECTIONS, *HISTORY_SECTIONS), section),
         new_facts=(
             NewFact.model_construct(
-                content="...", category="preference", confidence=0.9, source_error="..."
+                content="...",
+                category="preference",
+                confidence=0.9,
+                source_error="...",
+                cites=("m1",),
             ),
         ),
         facts_to_remove=("<fact id>",),

@@ -9,6 +9,7 @@ content can close one of our tags.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,7 +20,7 @@ from memq.core.settings import MemqSettings
 from memq.memory.consolidation import qualifying_groups
 from memq.memory.staleness import should_review, stale_candidates
 from prompts.answer import render_answer_schema
-from prompts.conversation import budget_conversation
+from prompts.conversation import budget_conversation, citation_labels
 from prompts.escaping import prompt_json
 from prompts.review import render_consolidation_section, render_staleness_section
 from prompts.tokens import TokenCounter
@@ -67,6 +68,11 @@ clearly contradicts it.
 Keep proper nouns and technical terms in their original language; note the user's languages in \
 personalContext.
 
+Citations: each message inside <conversation> starts with a label such as [m1]. For every new \
+fact, list in "cites" the labels of the messages it comes from, and only those. Record what \
+the user said, or what the assistant said and the user confirmed; something only the assistant \
+said is not a fact about the user.
+
 Rules:
 - Only record what is new and useful for personalising future help; never repeat an existing fact.
 - When new information contradicts an existing fact, put that fact's id in "factsToRemove" and \
@@ -82,6 +88,10 @@ Answer with one JSON object and nothing else (no prose, no markdown), exactly in
 "sourceError" is optional. Use empty lists when there is nothing to add or remove; \
 "staleFactsToRemove" and "factsToConsolidate" only when the message asks for a review."""
 )
+
+# Names the instructions and answer schema a fact was extracted with (its sources keep it):
+# changes whenever the system prompt does.
+PROMPT_VERSION = "update-" + hashlib.blake2b(SYSTEM_PROMPT.encode(), digest_size=4).hexdigest()
 
 CORRECTION_HINT = """\
 Signal: the user explicitly corrected the assistant in this conversation. Record the right \
@@ -108,6 +118,7 @@ class UpdatePrompt:
     reinforcement: bool = False
     messages_dropped: int = 0
     earlier_shown: int = 0  # already-extracted messages shown as context
+    labels: tuple[str, ...] = ()  # the citation label of each message of ``conversation``
     stale_candidates_shown: int = 0
     consolidation_groups_shown: int = 0
 
@@ -176,9 +187,10 @@ def build_update_prompt(
         shrink=False,
     )
     reviews = review_sections(memory, settings, now)
+    labels = citation_labels(len(conversation.messages))
     user = render_user_message(
         memory,
-        conversation.text,
+        conversation.labelled_text(labels),
         earlier=shown_before.text if shown_before.messages else "",
         sections=[*signal_hints(correction, reinforcement), *reviews.sections],
     )
@@ -190,6 +202,7 @@ def build_update_prompt(
         reinforcement=reinforcement,
         messages_dropped=conversation.dropped,
         earlier_shown=len(shown_before.messages),
+        labels=labels,
         stale_candidates_shown=reviews.stale_shown,
         consolidation_groups_shown=reviews.groups_shown,
     )

@@ -12,7 +12,18 @@ from pydantic import BaseModel, Field
 from storage.document import MemoryDocument, utc_now
 
 ChangeAction = Literal[
-    "add", "remove", "merge", "stale", "edit", "summary", "import", "clear", "evict"
+    "add",
+    "remove",
+    "merge",
+    "stale",
+    "edit",
+    "summary",
+    "import",
+    "clear",
+    "evict",
+    "supersede",
+    "confirm",
+    "forget",
 ]
 
 

@@ -25,12 +25,15 @@ from pydantic import (
     model_validator,
 )
 
+from storage.sources import Source
+
 # The category names are defined with the rest of the vocabulary and re-exported here, where
 # most code looks for them.
 from storage.vocabulary import CATEGORIES as CATEGORIES
 from storage.vocabulary import CORRECTION as CORRECTION
 from storage.vocabulary import DEFAULT_CATEGORY as DEFAULT_CATEGORY
 from storage.vocabulary import normalise_category, parse_confidence
+from storage.vocabulary import parse_timestamp as parse_timestamp
 
 log = logging.getLogger(__name__)
 
@@ -58,21 +61,6 @@ def utc_now() -> datetime:
 
 def new_fact_id() -> str:
     return f"fact_{uuid.uuid4().hex[:8]}"
-
-
-def parse_timestamp(value: Any) -> datetime | None:
-    """ISO-8601 (``Z`` accepted, naive read as UTC) → aware datetime; blank/invalid → None."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _object_or_empty(data: Any) -> Any:
@@ -168,6 +156,10 @@ class Fact(BaseModel):
     consolidated_from: list[str] = Field(
         default_factory=list, validation_alias=AliasChoices("consolidated_from", "consolidatedFrom")
     )
+    # Where it was learnt, newest last and bounded; empty in documents written before sources
+    # existed (see ``provenance``). Confirmations: times it was learnt again after the first.
+    sources: list[Source] = Field(default_factory=list)
+    confirmations: int = Field(default=0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -238,6 +230,68 @@ class Fact(BaseModel):
             return []
         return [item for item in value if isinstance(item, str) and item]
 
+    @field_validator("sources", mode="before")
+    @classmethod
+    def _sources(cls, value: Any) -> list[Any]:
+        """Unreadable sources are dropped, never the fact."""
+        if not isinstance(value, list):
+            return []
+        readable: list[Any] = []
+        for item in value:
+            try:
+                readable.append(item if isinstance(item, Source) else Source.model_validate(item))
+            except ValidationError:
+                continue
+        return readable
+
+    @field_validator("confirmations", mode="before")
+    @classmethod
+    def _confirmations(cls, value: Any) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    def provenance(self) -> list[Source]:
+        """The fact's sources; a fact learnt before sources were kept reads as run-level
+        attribution from its source thread (nothing, when that is unknown too)."""
+        if self.sources:
+            return list(self.sources)
+        if self.source == "conversation" and self.source_thread_id is not None:
+            return [Source(thread_id=self.source_thread_id)]
+        return []
+
+
+SupersededKind = Literal["contradicted", "stale"]
+
+
+class SupersededFact(BaseModel):
+    """A fact that stopped being valid: kept (bounded) for ``why``, export and history, never
+    injected and never shown to the model."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    fact: Fact
+    kind: SupersededKind = "contradicted"
+    superseded_at: datetime | None = None
+    replaced_by: list[str] = Field(default_factory=list)  # ids of the facts that replaced it
+    reason: str = ""
+    thread_id: str | None = None  # the thread whose extraction superseded it
+
+    @field_validator("superseded_at", mode="before")
+    @classmethod
+    def _superseded_at(cls, value: Any) -> datetime | None:
+        return parse_timestamp(value)
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> str:
+        return "stale" if value == "stale" else "contradicted"
+
+    @field_validator("replaced_by", mode="before")
+    @classmethod
+    def _replaced_by(cls, value: Any) -> list[str]:
+        if not isinstance(value, list):
+            return []
+        return [item for item in value if isinstance(item, str) and item]
+
 
 class MemoryDocument(BaseModel):
     """One user's memory for one agent (or the user-global memory when the agent is None)."""
@@ -251,6 +305,8 @@ class MemoryDocument(BaseModel):
     user: UserContext = Field(default_factory=UserContext)
     history: HistoryContext = Field(default_factory=HistoryContext)
     facts: list[Fact] = Field(default_factory=list)
+    # Contradicted and stale facts, oldest first and bounded (``superseded_max_facts``).
+    superseded: list[SupersededFact] = Field(default_factory=list)
 
     @field_validator("version", mode="before")
     @classmethod
@@ -285,6 +341,23 @@ class MemoryDocument(BaseModel):
                     log.warning("dropping an unreadable memory fact %.80r: %s", item, exc)
         return facts
 
+    @field_validator("superseded", mode="before")
+    @classmethod
+    def _readable_superseded(cls, value: Any) -> list[Any]:
+        if not isinstance(value, list):
+            return []
+        readable: list[Any] = []
+        for item in value:
+            try:
+                readable.append(
+                    item
+                    if isinstance(item, SupersededFact)
+                    else SupersededFact.model_validate(item)
+                )
+            except ValidationError:
+                log.warning("dropping an unreadable superseded fact")
+        return readable
+
     def is_empty(self) -> bool:
         sections = [getattr(self.user, n) for n in USER_SECTIONS] + [
             getattr(self.history, n) for n in HISTORY_SECTIONS
@@ -293,6 +366,9 @@ class MemoryDocument(BaseModel):
 
     def fact(self, fact_id: str) -> Fact | None:
         return next((f for f in self.facts if f.id == fact_id), None)
+
+    def superseded_fact(self, fact_id: str) -> SupersededFact | None:
+        return next((s for s in reversed(self.superseded) if s.fact.id == fact_id), None)
 
     def to_json(self) -> dict[str, Any]:
         """The memory.json shape."""
@@ -317,7 +393,20 @@ def copy_document(document: MemoryDocument) -> MemoryDocument:
         update={name: getattr(document.history, name).model_copy() for name in HISTORY_SECTIONS}
     )
     facts = [
-        fact.model_copy(update={"consolidated_from": list(fact.consolidated_from)})
+        fact.model_copy(
+            update={
+                "consolidated_from": list(fact.consolidated_from),
+                "sources": list(fact.sources),
+            }
+        )
         for fact in document.facts
     ]
-    return document.model_copy(update={"user": user, "history": history, "facts": facts})
+    # Superseded entries are replaced, never changed in place: copying the list is enough.
+    return document.model_copy(
+        update={
+            "user": user,
+            "history": history,
+            "facts": facts,
+            "superseded": list(document.superseded),
+        }
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 DEFAULT_CATEGORY = "context"
@@ -72,3 +73,18 @@ def parse_confidence(value: Any, *, clamp: bool = True) -> float | None:
     if clamp:
         return min(1.0, max(0.0, number))
     return number if 0.0 <= number <= 1.0 else None
+
+
+def parse_timestamp(value: Any) -> datetime | None:
+    """ISO-8601 (``Z`` accepted, naive read as UTC) → aware datetime; blank/invalid → None."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

@@ -31,6 +31,7 @@ class Report:
     facts_added: int = 1
     facts_removed: int = 0
     facts_invalid: int = 0
+    facts_refused: int = 0
     prompt_tokens: int = 120
     completion_tokens: int = 30
     duration_ms: int = 5

@@ -69,7 +69,7 @@ def test_two_chat_messages_instructions_then_data() -> None:
     assert "newFacts" in system["content"] and "factsToRemove" in system["content"]
     assert "uploaded" in system["content"]  # the rule never to record uploads
     assert user["content"].index("<current_memory>") < user["content"].index("<conversation>")
-    assert "User: I like tea\n\nAssistant: Noted." in user["content"]
+    assert "[m1] User: I like tea\n\n[m2] Assistant: Noted." in user["content"]
 
 
 def test_memory_is_given_in_camel_case_with_fact_ids_and_manual_marks() -> None:

@@ -16,6 +16,7 @@ from datetime import datetime
 from memq.core.settings import MemqSettings
 from memq.memory.update import ConsolidationProposal
 from storage.document import Fact, MemoryDocument, new_fact_id
+from storage.provenance import merged_sources
 from storage.vocabulary import category_set
 
 
@@ -87,6 +88,7 @@ def apply_consolidations(
             consolidated_at=now,
             consolidated_from=list(ids),
             source_error="\n".join(errors) or None,
+            sources=merged_sources(sources, settings.fact_max_sources),
         )
         result.merged.append(merged)
         result.consumed.update(dict.fromkeys(ids, merged.id))

@@ -30,6 +30,7 @@ from storage.document import DEFAULT_CATEGORY, HISTORY_SECTIONS, SECTION_KEYS, U
 from storage.vocabulary import known_category, parse_confidence
 
 _TRUE_STRINGS = {"true", "yes", "1"}
+_MAX_CITES = 32  # labels read per fact: a fact cannot come from more messages than a prompt holds
 _T = TypeVar("_T", bound=BaseModel)
 
 
@@ -105,6 +106,9 @@ class NewFact(_Answer):
         validation_alias=AliasChoices("source_error", "sourceError"),
         serialization_alias="sourceError",
     )
+    # Labels of the new messages the fact comes from (``m1``…); empty or wrong labels make the
+    # fact's source the whole run.
+    cites: tuple[str, ...] = ()
 
     @field_validator("content", mode="before")
     @classmethod
@@ -128,6 +132,16 @@ class NewFact(_Answer):
     @classmethod
     def _source_error(cls, value: Any) -> str | None:
         return _text(value)
+
+    @field_validator("cites", mode="before")
+    @classmethod
+    def _cites(cls, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):  # one label where a list was asked for
+            value = [value]
+        if not isinstance(value, list | tuple):
+            return ()
+        labels = (_text(item) for item in value[:_MAX_CITES])
+        return tuple(dict.fromkeys(label for label in labels if label is not None))
 
 
 class StaleRemoval(_Answer):
@@ -291,7 +305,7 @@ class UpdateAnswer(_Answer):
                     groups[group][SECTION_KEYS[name]] = section
         lists: dict[str, Any] = {
             _alias("new_facts"): [
-                f.model_dump(by_alias=True, exclude_none=True) for f in self.new_facts
+                f.model_dump(mode="json", by_alias=True, exclude_none=True) for f in self.new_facts
             ],
             _alias("facts_to_remove"): list(self.facts_to_remove),
             _alias("stale_facts_to_remove"): [s.model_dump() for s in self.stale_facts_to_remove],
