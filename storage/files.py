@@ -28,11 +28,12 @@ from pathlib import Path
 from memq.core.errors import CorruptMemoryFile, LockTimeout, StaleClaim, StorageError
 from memq.core.identity import validate_agent_name, validate_user_id
 from memq.core.settings import MemqSettings
-from storage.base import Change, Fence, UpdateFn
+from storage.base import Change, Fence, RewriteFn, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document, utc_now
 from storage.filelock import acquire_flock
 from storage.history import (
     DocumentDecodeError,
+    bounded,
     decode_changes,
     dump_document,
     encode_change,
@@ -40,6 +41,7 @@ from storage.history import (
     parse_document,
     split_update_result,
     stamp_for_save,
+    write_history_file,
 )
 
 log = logging.getLogger(__name__)
@@ -194,6 +196,27 @@ class FileMemoryStorage:
         except OSError as exc:
             raise StorageError(f"cannot read {path}: {exc}") from exc
         return newest_first(decode_changes(lines), limit)
+
+    def rewrite(self, user_id: str | None, agent_name: str | None, fn: RewriteFn) -> bool:
+        directory = self.directory(user_id, agent_name)
+        with self._locked(directory):
+            current = self._read(directory / DOCUMENT_NAME, locked=True)
+            if current is None:
+                return False
+            history_path = directory / HISTORY_NAME
+            try:
+                lines = history_path.read_bytes().splitlines()
+            except FileNotFoundError:
+                lines = []
+            result = fn(copy_document(current), decode_changes(lines))
+            if result is None:
+                return False
+            self._write(directory / DOCUMENT_NAME, stamp_for_save(result[0]))
+            try:
+                write_history_file(history_path, bounded(result[1], self.history_max_entries))
+            except OSError as exc:
+                raise StorageError(f"cannot rewrite {history_path}: {exc}") from exc
+        return True
 
     def list_users(self) -> list[str]:
         users_dir = self.root / "users"

@@ -6,9 +6,13 @@ a history entry means the same thing whichever backend wrote it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import uuid
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -81,8 +85,24 @@ def decode_changes(lines: Iterable[str | bytes]) -> list[Change]:
     return changes
 
 
+def bounded(changes: list[Change], limit: int) -> list[Change]:
+    """The newest ``limit`` entries, oldest first (``limit`` 0 keeps none)."""
+    return changes[-limit:] if limit > 0 else []
+
+
 def newest_first(changes: list[Change], limit: int) -> list[Change]:
     """The last ``limit`` entries, newest first (how `history()` answers on every backend)."""
     if limit <= 0:
         return []
     return list(reversed(changes[-limit:]))
+
+
+def write_history_file(path: Path, changes: list[Change]) -> None:
+    """Replace a history file whole (atomically: a reader sees the old or the new one)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_bytes("".join(encode_change(c) + "\n" for c in changes).encode("utf-8"))
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()

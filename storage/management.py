@@ -20,13 +20,22 @@ from memq.core.errors import CorruptMemoryFile, FactEvicted, FactNotFound, Inval
 from memq.core.identity import validate_agent_name, validate_user_id
 from storage.base import Change, MemoryStorage, UpdateFn, UpdateResult
 from storage.cap import evict_over_cap, eviction_change
-from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, empty_document, new_fact_id
+from storage.document import (
+    DEFAULT_CATEGORY,
+    Fact,
+    MemoryDocument,
+    SupersededFact,
+    empty_document,
+    new_fact_id,
+)
+from storage.provenance import FactExplanation, explain
 from storage.search import search_facts
 from storage.vocabulary import content_key, normalise_category, parse_confidence
 
 log = logging.getLogger(__name__)
 
 MANUAL_REASON = "edited by hand"
+_WHOLE_HISTORY = 1_000_000  # history is bounded by history_max_entries: read all of it
 
 
 class DuplicateFact(InvalidMemoryData):
@@ -168,6 +177,20 @@ class MemoryManager:
     ) -> list[Change]:
         """Recorded changes, newest first."""
         return self.storage.history(user_id, agent_name, limit=limit)
+
+    def why(self, user_id: str, fact_id: str, *, agent_name: str | None = None) -> FactExplanation:
+        """A fact's sources, confirmations and whole change history, including what it
+        superseded and what superseded it (the fact may be current, superseded, or gone)."""
+        document = self.storage.load(user_id, agent_name)
+        history = list(reversed(self.storage.history(user_id, agent_name, limit=_WHOLE_HISTORY)))
+        explanation = explain(document, history, fact_id)
+        if explanation is None:
+            raise FactNotFound(f"Memory fact {fact_id!r} not found.")
+        return explanation
+
+    def superseded(self, user_id: str, *, agent_name: str | None = None) -> list[SupersededFact]:
+        """Facts that stopped being valid (contradicted or stale), newest first; never injected."""
+        return list(reversed(self.storage.load(user_id, agent_name).superseded))
 
     def list_users(self) -> list[str]:
         return self.storage.list_users()

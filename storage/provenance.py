@@ -200,3 +200,58 @@ def history_without_thread(
     fact that forgetting it removed: both may quote the thread's words."""
     gone = set(removed_ids)
     return [c for c in history if c.source_thread_id != thread_id and (c.fact_id or "") not in gone]
+
+
+@dataclass(frozen=True)
+class FactExplanation:
+    """Why memory holds (or held) a fact: its sources, confirmations, what it superseded, what
+    superseded it, and every history entry about it or about the facts it replaced."""
+
+    fact_id: str
+    status: str  # "current", "superseded" or "gone" (only the history remembers it)
+    fact: Fact | None
+    sources: list[Source]
+    confirmations: int
+    superseded: SupersededFact | None  # this fact's own entry, when it was superseded
+    supersedes: list[SupersededFact]  # the facts it replaced
+    history: list[Change]  # oldest first
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "fact_id": self.fact_id,
+            "status": self.status,
+            "fact": None if self.fact is None else self.fact.model_dump(mode="json"),
+            "sources": [s.model_dump(mode="json") for s in self.sources],
+            "confirmations": self.confirmations,
+            "superseded": None
+            if self.superseded is None
+            else self.superseded.model_dump(mode="json", exclude={"fact"}),
+            "supersedes": [s.model_dump(mode="json") for s in self.supersedes],
+            "history": [c.model_dump(mode="json", exclude_none=True) for c in self.history],
+        }
+
+
+def explain(
+    document: MemoryDocument, history: Sequence[Change], fact_id: str
+) -> FactExplanation | None:
+    """The explanation of ``fact_id`` from a document and its history (oldest first); None when
+    neither knows the id."""
+    current = document.fact(fact_id)
+    own = None if current is not None else document.superseded_fact(fact_id)
+    fact = current if current is not None else (own.fact if own is not None else None)
+    supersedes = [e for e in document.superseded if fact_id in e.replaced_by]
+    related = {fact_id} | {e.fact.id for e in supersedes}
+    entries = [c for c in history if c.fact_id in related]
+    if fact is None and not entries:
+        return None
+    status = "current" if current is not None else "superseded" if own is not None else "gone"
+    return FactExplanation(
+        fact_id=fact_id,
+        status=status,
+        fact=fact,
+        sources=[] if fact is None else fact.provenance(),
+        confirmations=0 if fact is None else fact.confirmations,
+        superseded=own,
+        supersedes=supersedes,
+        history=entries,
+    )

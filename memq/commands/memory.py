@@ -114,8 +114,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "pending, in-flight and dead conversations, watermarks",
     )
     forget.add_argument("user")
+    forget.add_argument(
+        "--thread",
+        default=None,
+        help="forget only this thread: facts learnt only from it, its sources in other facts, "
+        "its queued conversations and watermark",
+    )
     forget.add_argument("--json", action="store_true", help="print what was removed as JSON")
     forget.set_defaults(run=run_forget)
+
+    why = sub.add_parser(
+        "why",
+        help="where a fact came from: its sources, confirmations and whole change history",
+    )
+    _user_agent(why)
+    why.add_argument("fact_id")
+    why.add_argument("--json", action="store_true", help="print the explanation as JSON")
+    why.set_defaults(run=run_why)
 
 
 def _user_agent(parser: argparse.ArgumentParser) -> None:
@@ -322,9 +337,21 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_forget(args: argparse.Namespace, context: CommandContext) -> int:
-    from storage.erasure import erase
+    from storage.erasure import erase, erase_thread
 
     user = validate_user_id(args.user)
+    if args.thread is not None:
+        done = erase_thread(context.settings, context.redis, context.storage, user, args.thread)
+        if getattr(args, "json", False):
+            print_json({"user_id": user, "thread_id": args.thread, "removed": done.as_dict()})
+            return 0
+        print(
+            f"forgot thread {args.thread!r} of user {user}: "
+            f"{count(done.facts_removed, 'fact')} removed, "
+            f"{count(done.facts_trimmed, 'fact')} kept without it, "
+            f"{count(done.contexts, 'conversation')} deleted"
+        )
+        return 0
     report = erase(context.settings, context.redis, context.storage, user)
     if getattr(args, "json", False):
         print_json({"user_id": user, "removed": report.as_dict()})
@@ -334,3 +361,49 @@ def run_forget(args: argparse.Namespace, context: CommandContext) -> int:
         return 0
     print(f"forgot user {user}: {report.describe()}")
     return 0
+
+
+def run_why(args: argparse.Namespace, context: CommandContext) -> int:
+    explanation = _manager(context).why(args.user, args.fact_id, agent_name=args.agent)
+    if args.json:
+        print_json(explanation.to_json())
+        return 0
+    fact = explanation.fact
+    print(f"fact {explanation.fact_id} ({explanation.status})")
+    if fact is not None:
+        print(f"  {fact.content}  [{fact.category}, confidence {fact.confidence:.2f}]")
+    if explanation.superseded is not None:
+        entry = explanation.superseded
+        by = ", ".join(entry.replaced_by) or "nothing"
+        print(
+            f"  superseded ({entry.kind}) at {_when(entry.superseded_at)} by {by}: {entry.reason}"
+        )
+    print(f"  confirmations: {explanation.confirmations}")
+    print("sources:")
+    rows = [
+        [
+            s.thread_id or "-",
+            s.attribution,
+            ",".join(s.roles) or "-",
+            str(len(s.messages)),
+            s.run_id or "-",
+            _when(s.at),
+            s.model or "-",
+            s.prompt_version or "-",
+        ]
+        for s in explanation.sources
+    ]
+    header = ["thread", "attribution", "roles", "messages", "run", "when", "model", "prompt"]
+    print(format_table(header, rows) if rows else "  (none recorded)")
+    if explanation.supersedes:
+        print("supersedes:")
+        for entry in explanation.supersedes:
+            print(f"  {entry.fact.id} ({entry.kind}): {entry.fact.content}")
+    print("history:")
+    for change in explanation.history:
+        print(f"  {_when(change.at)}  {change.action:<9} {change.fact_id or '-'}  {change.reason}")
+    return 0
+
+
+def _when(value: object) -> str:
+    return value.isoformat(timespec="seconds") if hasattr(value, "isoformat") else "-"
