@@ -53,7 +53,7 @@ def valid_confidence(value: object) -> float:
     """A hand-entered confidence: a number in [0, 1]; anything else is refused, not clamped."""
     number = None if isinstance(value, str) else parse_confidence(value, clamp=False)
     if number is None:
-        raise InvalidMemoryData(f"confidence must be a number between 0 and 1, got {value!r:.40}")
+        raise InvalidMemoryData(f"confidence must be between 0 and 1, got {value!r:.40}")
     return number
 
 
