@@ -21,11 +21,18 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
 
-from storage.sources import Source
+from storage.sections import HISTORY_SECTIONS as HISTORY_SECTIONS
+from storage.sections import SECTION_KEYS as SECTION_KEYS
+from storage.sections import USER_SECTIONS as USER_SECTIONS
+from storage.sections import HistoryContext as HistoryContext
+from storage.sections import Section as Section
+from storage.sections import UserContext as UserContext
+from storage.sources import Source, repaired_source
 
 # The category names are defined with the rest of the vocabulary and re-exported here, where
 # most code looks for them.
@@ -42,18 +49,6 @@ FactSource = Literal["conversation", "manual", "consolidation", "import"]
 FACT_SOURCES = ("conversation", "manual", "consolidation", "import")
 MAX_FACT_ID_LENGTH = 128
 
-USER_SECTIONS = ("work_context", "personal_context", "top_of_mind")
-HISTORY_SECTIONS = ("recent_months", "earlier_context", "long_term_background")
-# Our section names and DeerFlow's camelCase spelling, which its files and the model's answer use.
-SECTION_KEYS: dict[str, str] = {
-    "work_context": "workContext",
-    "personal_context": "personalContext",
-    "top_of_mind": "topOfMind",
-    "recent_months": "recentMonths",
-    "earlier_context": "earlierContext",
-    "long_term_background": "longTermBackground",
-}
-
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
@@ -63,76 +58,15 @@ def new_fact_id() -> str:
     return f"fact_{uuid.uuid4().hex[:8]}"
 
 
-def _object_or_empty(data: Any) -> Any:
-    """A group or section that is ``null`` or not an object reads as an empty one."""
-    return data if isinstance(data, dict | BaseModel) else {}
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
-
-    summary: str = ""
-    updated_at: datetime | None = Field(
-        default=None, validation_alias=AliasChoices("updated_at", "updatedAt")
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sloppy(cls, data: Any) -> Any:
-        if isinstance(data, str):  # a bare summary where an object was expected
-            return {"summary": data}
-        return _object_or_empty(data)
-
-    @field_validator("summary", mode="before")
-    @classmethod
-    def _summary(cls, value: Any) -> str:
-        return "" if value is None else str(value)
-
-    @field_validator("updated_at", mode="before")
-    @classmethod
-    def _updated_at(cls, value: Any) -> datetime | None:
-        return parse_timestamp(value)
-
-
-class UserContext(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sloppy(cls, data: Any) -> Any:
-        return _object_or_empty(data)
-
-    work_context: Section = Field(
-        default_factory=Section, validation_alias=AliasChoices("work_context", "workContext")
-    )
-    personal_context: Section = Field(
-        default_factory=Section,
-        validation_alias=AliasChoices("personal_context", "personalContext"),
-    )
-    top_of_mind: Section = Field(
-        default_factory=Section, validation_alias=AliasChoices("top_of_mind", "topOfMind")
-    )
-
-
-class HistoryContext(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sloppy(cls, data: Any) -> Any:
-        return _object_or_empty(data)
-
-    recent_months: Section = Field(
-        default_factory=Section, validation_alias=AliasChoices("recent_months", "recentMonths")
-    )
-    earlier_context: Section = Field(
-        default_factory=Section,
-        validation_alias=AliasChoices("earlier_context", "earlierContext"),
-    )
-    long_term_background: Section = Field(
-        default_factory=Section,
-        validation_alias=AliasChoices("long_term_background", "longTermBackground"),
-    )
+def _readable(model: type[BaseModel], value: Any) -> list[Any]:
+    """The items of a list that validate as ``model`` (validated), the others dropped."""
+    readable: list[Any] = []
+    for item in value if isinstance(value, list) else []:
+        try:
+            readable.append(item if isinstance(item, model) else model.model_validate(item))
+        except ValidationError:
+            continue
+    return readable
 
 
 class Fact(BaseModel):
@@ -230,19 +164,20 @@ class Fact(BaseModel):
             return []
         return [item for item in value if isinstance(item, str) and item]
 
-    @field_validator("sources", mode="before")
+    @field_validator("sources", mode="wrap")
     @classmethod
-    def _sources(cls, value: Any) -> list[Any]:
-        """Unreadable sources are dropped, never the fact."""
-        if not isinstance(value, list):
-            return []
-        readable: list[Any] = []
-        for item in value:
-            try:
-                readable.append(item if isinstance(item, Source) else Source.model_validate(item))
-            except ValidationError:
-                continue
-        return readable
+    def _sources(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> list[Source]:
+        """Unreadable sources are dropped, never the fact (a list memq wrote is the fast path)."""
+        try:
+            return handler(value)  # type: ignore[no-any-return]
+        except ValidationError:
+            readable = []
+            for item in value if isinstance(value, list) else []:
+                try:
+                    readable.append(repaired_source(item))
+                except (ValueError, ValidationError):
+                    continue
+            return readable
 
     @field_validator("confirmations", mode="before")
     @classmethod
@@ -341,22 +276,16 @@ class MemoryDocument(BaseModel):
                     log.warning("dropping an unreadable memory fact %.80r: %s", item, exc)
         return facts
 
-    @field_validator("superseded", mode="before")
+    @field_validator("superseded", mode="wrap")
     @classmethod
-    def _readable_superseded(cls, value: Any) -> list[Any]:
-        if not isinstance(value, list):
-            return []
-        readable: list[Any] = []
-        for item in value:
-            try:
-                readable.append(
-                    item
-                    if isinstance(item, SupersededFact)
-                    else SupersededFact.model_validate(item)
-                )
-            except ValidationError:
-                log.warning("dropping an unreadable superseded fact")
-        return readable
+    def _readable_superseded(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler
+    ) -> list[SupersededFact]:
+        try:
+            return handler(value)  # type: ignore[no-any-return]
+        except ValidationError:
+            log.warning("dropping unreadable superseded facts")
+            return handler(_readable(SupersededFact, value))  # type: ignore[no-any-return]
 
     def is_empty(self) -> bool:
         sections = [getattr(self.user, n) for n in USER_SECTIONS] + [

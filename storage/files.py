@@ -33,12 +33,13 @@ from storage.document import MemoryDocument, copy_document, empty_document, utc_
 from storage.filelock import acquire_flock
 from storage.history import (
     DocumentDecodeError,
+    append_history_file,
     bounded,
     decode_changes,
     dump_document,
-    encode_change,
     newest_first,
     parse_document,
+    read_history_file,
     split_update_result,
     stamp_for_save,
     write_history_file,
@@ -204,11 +205,7 @@ class FileMemoryStorage:
             if current is None:
                 return False
             history_path = directory / HISTORY_NAME
-            try:
-                lines = history_path.read_bytes().splitlines()
-            except FileNotFoundError:
-                lines = []
-            result = fn(copy_document(current), decode_changes(lines))
+            result = fn(copy_document(current), read_history_file(history_path))
             if result is None:
                 return False
             self._write(directory / DOCUMENT_NAME, stamp_for_save(result[0]))
@@ -342,25 +339,7 @@ class FileMemoryStorage:
 
     def _append_history(self, directory: Path, changes: list[Change]) -> None:
         """Append under the caller's lock; trim to the bound by an atomic rewrite."""
-        if not changes or self.history_max_entries == 0:
-            return
-        path = directory / HISTORY_NAME
-        lines = "".join(encode_change(c) + "\n" for c in changes).encode("utf-8")
-        try:
-            with open(path, "ab") as f:
-                f.write(lines)
-            kept = path.read_bytes().splitlines(keepends=True)
-            if len(kept) > self.history_max_entries:
-                tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-                try:
-                    tmp.write_bytes(b"".join(kept[-self.history_max_entries :]))
-                    os.replace(tmp, path)
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        tmp.unlink()
-        except OSError as exc:
-            # The document is saved; losing an audit line must not fail the update.
-            log.warning("could not record memory history in %s: %s", path, exc)
+        append_history_file(directory / HISTORY_NAME, changes, self.history_max_entries)
 
     @staticmethod
     def _check_fence(fences: dict[str, int], fence: Fence) -> None:

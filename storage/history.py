@@ -106,3 +106,34 @@ def write_history_file(path: Path, changes: list[Change]) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
+
+
+def read_history_file(path: Path) -> list[Change]:
+    """A history file's entries, oldest first ([] when there is none)."""
+    try:
+        return decode_changes(path.read_bytes().splitlines())
+    except FileNotFoundError:
+        return []
+
+
+def append_history_file(path: Path, changes: list[Change], bound: int) -> None:
+    """Append ``changes`` (the caller holds the document's lock), then trim to the newest
+    ``bound`` entries by an atomic rewrite; 0 keeps no history. A failure is logged: the
+    document is saved, losing an audit line must not fail the update."""
+    if not changes or bound == 0:
+        return
+    lines = "".join(encode_change(c) + "\n" for c in changes).encode("utf-8")
+    try:
+        with open(path, "ab") as f:
+            f.write(lines)
+        kept = path.read_bytes().splitlines(keepends=True)
+        if len(kept) > bound:
+            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+            try:
+                tmp.write_bytes(b"".join(kept[-bound:]))
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+    except OSError as exc:
+        log.warning("could not record memory history in %s: %s", path, exc)

@@ -11,7 +11,7 @@ from datetime import datetime
 
 from storage.base import Change
 from storage.document import Fact, MemoryDocument, SupersededFact, SupersededKind, copy_document
-from storage.sources import Role, Source
+from storage.sources import MAX_SOURCE_MESSAGES, Role, Source
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,7 @@ class RunInfo:
         wanted = list(dict.fromkeys(cites))
         exact = bool(wanted) and all(label in by_label for label in wanted)
         chosen = [by_label[label] for label in wanted] if exact else list(self.messages)
+        chosen = chosen[-MAX_SOURCE_MESSAGES:]  # a long run names its newest messages
         return Source(
             thread_id=self.thread_id,
             messages=tuple(m.digest for m in chosen),

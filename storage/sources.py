@@ -10,10 +10,10 @@ guessed message. Facts written before sources existed read as run-level from the
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from storage.vocabulary import parse_timestamp
 
@@ -47,39 +47,45 @@ class Source(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     thread_id: str | None = None
-    messages: tuple[str, ...] = ()
-    roles: tuple[Role, ...] = ()  # the role of each of ``messages``
+    messages: tuple[str, ...] = Field(default=(), max_length=MAX_SOURCE_MESSAGES)
+    # The role of each of ``messages``.
+    roles: tuple[Role, ...] = Field(default=(), max_length=MAX_SOURCE_MESSAGES)
     attribution: Attribution = "run"
     run_id: str | None = None
-    at: datetime | None = None
+    at: AwareDatetime | None = None
     model: str | None = None
     prompt_version: str | None = None
 
-    @field_validator("thread_id", "run_id", "model", "prompt_version", mode="before")
-    @classmethod
-    def _optional_text(cls, value: Any) -> str | None:
-        return _text_or_none(value)
 
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _messages(cls, value: Any) -> tuple[str, ...]:
-        if not isinstance(value, list | tuple):
-            return ()
-        return tuple(v for v in value if isinstance(v, str) and v)[-MAX_SOURCE_MESSAGES:]
+def repaired_source(data: Any) -> Source:
+    """A source read field by field from what a hand or an older writer left: bad fields get
+    their defaults, lists are cut to their bound, naive times read as UTC. Sources memq wrote
+    validate as they are, without this (the fast path of every document load)."""
+    if isinstance(data, Source):
+        return data
+    if not isinstance(data, Mapping):
+        raise ValueError("a source is an object")
+    return Source.model_validate(_repaired(data))
 
-    @field_validator("roles", mode="before")
-    @classmethod
-    def _roles(cls, value: Any) -> tuple[str, ...]:
-        if not isinstance(value, list | tuple):
-            return ()
-        return tuple(v for v in value if v in ("user", "assistant"))[-MAX_SOURCE_MESSAGES:]
 
-    @field_validator("attribution", mode="before")
-    @classmethod
-    def _attribution(cls, value: Any) -> str:
-        return "message" if value == "message" else "run"
+def _repaired(data: Mapping[str, Any]) -> dict[str, Any]:
+    messages = data.get("messages")
+    roles = data.get("roles")
+    return {
+        "thread_id": _text_or_none(data.get("thread_id")),
+        "messages": tuple(m for m in _items(messages) if isinstance(m, str) and m)[
+            -MAX_SOURCE_MESSAGES:
+        ],
+        "roles": tuple(r for r in _items(roles) if r in ("user", "assistant"))[
+            -MAX_SOURCE_MESSAGES:
+        ],
+        "attribution": "message" if data.get("attribution") == "message" else "run",
+        "run_id": _text_or_none(data.get("run_id")),
+        "at": parse_timestamp(data.get("at")),
+        "model": _text_or_none(data.get("model")),
+        "prompt_version": _text_or_none(data.get("prompt_version")),
+    }
 
-    @field_validator("at", mode="before")
-    @classmethod
-    def _at(cls, value: Any) -> datetime | None:
-        return parse_timestamp(value)
+
+def _items(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, list | tuple) else ()
