@@ -48,7 +48,7 @@ class RunInfo:
         return Source(
             thread_id=self.thread_id,
             messages=tuple(m.digest for m in chosen),
-            roles=tuple(m.role for m in chosen),
+            roles=tuple(dict.fromkeys(m.role for m in chosen)),
             attribution="message" if exact else "run",
             run_id=self.run_id,
             at=self.at,

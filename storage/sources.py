@@ -1,10 +1,11 @@
 """Where a fact came from: one :class:`Source` per time an extraction learnt it.
 
-A source names the thread, the messages (fixed-length digests, never their text), the roles of
-those messages, the extraction run, when, the model and the prompt version. ``attribution`` says
-how exact it is: ``message`` when the model cited the messages the fact came from, ``run`` when it
-did not (or cited wrongly) and the source falls back to every new message of its run — never a
-guessed message. Facts written before sources existed read as run-level from their source thread.
+A source names the thread, the messages (fixed-length digests, never their text), the roles
+among those messages, the extraction run, when, the model and the prompt version.
+``attribution`` says how exact it is: ``message`` when the model cited the messages the fact came
+from, ``run`` when it did not (or cited wrongly) and the source falls back to every new message of
+its run — never a guessed message. Facts written before sources existed read as run-level from
+their source thread.
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ class Source(BaseModel):
 
     thread_id: str | None = None
     messages: tuple[str, ...] = Field(default=(), max_length=MAX_SOURCE_MESSAGES)
-    # The role of each of ``messages``.
-    roles: tuple[Role, ...] = Field(default=(), max_length=MAX_SOURCE_MESSAGES)
+    # Who said ``messages``: each role among them once, in order of appearance (what grounding
+    # asks: did the user say it?).
+    roles: tuple[Role, ...] = Field(default=(), max_length=2)
     attribution: Attribution = "run"
     run_id: str | None = None
     at: AwareDatetime | None = None
@@ -76,9 +78,7 @@ def _repaired(data: Mapping[str, Any]) -> dict[str, Any]:
         "messages": tuple(m for m in _items(messages) if isinstance(m, str) and m)[
             -MAX_SOURCE_MESSAGES:
         ],
-        "roles": tuple(r for r in _items(roles) if r in ("user", "assistant"))[
-            -MAX_SOURCE_MESSAGES:
-        ],
+        "roles": tuple(dict.fromkeys(r for r in _items(roles) if r in ("user", "assistant"))),
         "attribution": "message" if data.get("attribution") == "message" else "run",
         "run_id": _text_or_none(data.get("run_id")),
         "at": parse_timestamp(data.get("at")),
