@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Final
 
-from memq.core.errors import MemqError
+from memq.core.errors import InvalidIdentifier, MemqError
 from memq.core.identity import (
     ContextKey,
+    decode_agent,
     validate_agent_name,
     validate_thread_id,
     validate_user_id,
@@ -92,7 +93,10 @@ _NOUNS = {
 
 
 def _agent_of(context_id: str) -> str | None:
-    return context_id.rsplit(":", 1)[-1] or None
+    try:
+        return decode_agent(context_id.rsplit(":", 1)[-1])
+    except InvalidIdentifier:
+        return None
 
 
 def _thread_of(context_id: str) -> str | None:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from storage.base import Change, UpdateResult
 from storage.document import MemoryDocument, copy_document, utc_now
+from storage.private import append_private, write_private
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ def write_history_file(path: Path, changes: list[Change]) -> None:
     """Replace a history file whole (atomically: a reader sees the old or the new one)."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        tmp.write_bytes("".join(encode_change(c) + "\n" for c in changes).encode("utf-8"))
+        write_private(tmp, "".join(encode_change(c) + "\n" for c in changes).encode("utf-8"))
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -124,13 +125,12 @@ def append_history_file(path: Path, changes: list[Change], bound: int) -> None:
         return
     lines = "".join(encode_change(c) + "\n" for c in changes).encode("utf-8")
     try:
-        with open(path, "ab") as f:
-            f.write(lines)
+        append_private(path, lines)
         kept = path.read_bytes().splitlines(keepends=True)
         if len(kept) > bound:
             tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
             try:
-                tmp.write_bytes(b"".join(kept[-bound:]))
+                write_private(tmp, b"".join(kept[-bound:]))
                 os.replace(tmp, path)
             finally:
                 with contextlib.suppress(FileNotFoundError):

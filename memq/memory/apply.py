@@ -22,7 +22,7 @@ from memq.memory.scrub import scrub_document
 from memq.memory.staleness import select_stale_removals
 from memq.memory.update import UpdateAnswer
 from storage.base import Change, ChangeAction
-from storage.cap import evict_over_cap, eviction_change
+from storage.cap import cap_fact_length, evict_over_cap, eviction_change
 from storage.document import (
     CORRECTION,
     HISTORY_SECTIONS,
@@ -173,29 +173,45 @@ def _add_facts(run: _Run) -> tuple[list[Change], list[Fact]]:
         ):
             run.refused += 1
             continue
-        key = content_key(new.content)
+        fact, cut = _capped(
+            Fact(
+                content=new.content,
+                category=new.category,
+                confidence=new.confidence,
+                created_at=run.now,
+                source="conversation",
+                source_thread_id=run.thread_id,
+                source_error=new.source_error,
+                sources=[] if source is None else [source],
+            ),
+            settings,
+        )
+        # Keyed after the cut: the same long fact proposed again matches the stored, cut one.
+        key = content_key(fact.content)
         known = by_key.get(key)
         if known is not None:
             if source is not None and add_source(known, source, settings.fact_max_sources):
                 changes.append(run.change("confirm", known, f"learnt again ({source.attribution})"))
             continue
-        fact = Fact(
-            content=new.content,
-            category=new.category,
-            confidence=new.confidence,
-            created_at=run.now,
-            source="conversation",
-            source_thread_id=run.thread_id,
-            source_error=new.source_error,
-            sources=[] if source is None else [source],
-        )
         by_key[key] = fact
         run.doc.facts.append(fact)
         added.append(fact)
-        changes.append(
-            run.change("add", fact, f"{fact.category}, confidence {fact.confidence:.2f}")
-        )
+        reason = f"{fact.category}, confidence {fact.confidence:.2f}" + cut
+        changes.append(run.change("add", fact, reason))
     return changes, added
+
+
+def _capped(fact: Fact, settings: MemqSettings) -> tuple[Fact, str]:
+    """``fact`` held to ``fact_max_chars``, and what to add to its change's reason."""
+    capped, over = cap_fact_length(fact, settings.fact_max_chars)
+    if not over:
+        return fact, ""
+    log.info(
+        "a new fact's %s was over fact_max_chars and cut to %d characters",
+        " and ".join(over),
+        settings.fact_max_chars,
+    )
+    return capped, f"; {', '.join(over)} cut to {settings.fact_max_chars} characters"
 
 
 def _consolidate(
@@ -213,10 +229,11 @@ def _consolidate(
         for f in doc.facts
         if f.id in result.consumed
     ]
-    doc.facts = [f for f in doc.facts if f.id not in result.consumed] + result.merged
+    merged = [_capped(m, settings)[0] for m in result.merged]
+    doc.facts = [f for f in doc.facts if f.id not in result.consumed] + merged
     changes += [
         _fact_change("merge", m, "merged from " + ", ".join(m.consolidated_from), now, thread_id)
-        for m in result.merged
+        for m in merged
     ]
     return changes
 
