@@ -130,15 +130,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     forget.add_argument("--json", action="store_true", help="print what was removed as JSON")
     forget.set_defaults(run=run_forget)
 
-    why = sub.add_parser(
-        "why",
-        help="where a fact came from: its sources, confirmations and whole change history",
-    )
-    _user_agent(why)
-    why.add_argument("fact_id")
-    why.add_argument("--json", action="store_true", help="print the explanation as JSON")
-    why.set_defaults(run=run_why)
-
 
 def _user_agent(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("user", help="user id")
@@ -387,49 +378,3 @@ def run_forget(args: argparse.Namespace, context: CommandContext) -> int:
         return 0
     print(f"forgot {who}: {report.describe()}")
     return 0
-
-
-def run_why(args: argparse.Namespace, context: CommandContext) -> int:
-    explanation = _manager(context).why(args.user, args.fact_id, agent_name=args.agent)
-    if args.json:
-        print_json(explanation.to_json())
-        return 0
-    fact = explanation.fact
-    print(f"fact {explanation.fact_id} ({explanation.status})")
-    if fact is not None:
-        print(f"  {fact.content}  [{fact.category}, confidence {fact.confidence:.2f}]")
-    if explanation.superseded is not None:
-        entry = explanation.superseded
-        by = ", ".join(entry.replaced_by) or "nothing"
-        print(
-            f"  superseded ({entry.kind}) at {_when(entry.superseded_at)} by {by}: {entry.reason}"
-        )
-    print(f"  confirmations: {explanation.confirmations}")
-    print("sources:")
-    rows = [
-        [
-            s.thread_id or "-",
-            s.attribution,
-            ",".join(s.roles) or "-",
-            str(len(s.messages)),
-            s.run_id or "-",
-            _when(s.at),
-            s.model or "-",
-            s.prompt_version or "-",
-        ]
-        for s in explanation.sources
-    ]
-    header = ["thread", "attribution", "roles", "messages", "run", "when", "model", "prompt"]
-    print(format_table(header, rows) if rows else "  (none recorded)")
-    if explanation.supersedes:
-        print("supersedes:")
-        for entry in explanation.supersedes:
-            print(f"  {entry.fact.id} ({entry.kind}): {entry.fact.content}")
-    print("history:")
-    for change in explanation.history:
-        print(f"  {_when(change.at)}  {change.action:<9} {change.fact_id or '-'}  {change.reason}")
-    return 0
-
-
-def _when(value: object) -> str:
-    return value.isoformat(timespec="seconds") if hasattr(value, "isoformat") else "-"
