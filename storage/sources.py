@@ -1,6 +1,7 @@
 """Where a fact came from: one :class:`Source` per time an extraction learnt it.
 
-A source names the thread, the messages (fixed-length digests, never their text), the roles
+A source names the thread, the messages (their watermark identities: fixed-length digests of
+their ids or text, never the text), the roles
 among those messages, the extraction run, when, the model and the prompt version.
 ``attribution`` says how exact it is: ``message`` when the model cited the messages the fact came
 from, ``run`` when it did not (or cited wrongly) and the source falls back to every new message of
@@ -10,7 +11,6 @@ their source thread.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -20,20 +20,9 @@ from storage.vocabulary import parse_timestamp
 
 Role = Literal["user", "assistant"]
 Attribution = Literal["message", "run"]
-# Digests of the messages a source names: enough to tell a thread's messages apart, and fixed in
-# length whatever an application uses as message ids.
-MESSAGE_DIGEST_BYTES = 8
 # Messages one source names at most (the newest of its run): a run-level source of a long
 # conversation must not grow a fact without bound.
 MAX_SOURCE_MESSAGES = 16
-
-
-def message_digest(message_id: str | None, role: str, text: str) -> str:
-    """The digest a source keeps for a message: of its id, else of its role and text."""
-    raw = f"id\0{message_id}" if message_id else f"{role}\0{text.strip()}"
-    return hashlib.blake2b(
-        raw.encode("utf-8", "replace"), digest_size=MESSAGE_DIGEST_BYTES
-    ).hexdigest()
 
 
 def _text_or_none(value: Any) -> str | None:

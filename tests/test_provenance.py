@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from memq.core.models import Message
 from memq.core.settings import MemqSettings
 from memq.integrations.deerflow_format import deerflow_document
 from memq.memory.apply import apply_update
@@ -26,7 +27,8 @@ from storage.provenance import (
     history_without_thread,
     section_threads,
 )
-from storage.sources import MAX_SOURCE_MESSAGES, Source, message_digest
+from storage.sources import MAX_SOURCE_MESSAGES, Source
+from worker.watermark import message_identity
 
 NOW = datetime(2026, 7, 15, 12, 0, tzinfo=UTC)
 SETTINGS = MemqSettings(llm_provider="rules")
@@ -34,7 +36,7 @@ SETTINGS = MemqSettings(llm_provider="rules")
 
 def run_of(thread: str, *roles: str, run_id: str = "r1", confirmed: bool = False) -> RunInfo:
     messages = tuple(
-        RunMessage(f"m{i}", message_digest(None, role, f"{thread} {i}"), role)  # type: ignore[arg-type]
+        RunMessage(f"m{i}", message_identity(Message(role, f"{thread} {i}")), role)  # type: ignore[arg-type]
         for i, role in enumerate(roles, start=1)
     )
     return RunInfo(thread, run_id, NOW, messages, "gpt-x", "update-test", confirmed)

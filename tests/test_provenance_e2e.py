@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from memq.core.models import Message
 from memq.core.settings import MemqSettings
 from memq.testing.openai_server import CitingModel, Teach
 from memq.testing.redis_dump import dump_redis
@@ -22,12 +23,12 @@ from prompts.update_prompt import PROMPT_VERSION
 from storage import get_storage
 from storage.document import Fact
 from storage.management import MemoryManager
-from storage.sources import message_digest
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs, memq_env
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import document_of, queue_idle, stack_settings
 from tests.support.waiting import wait_for
 from worker.queue import QueueClient
+from worker.watermark import message_identity
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -93,11 +94,14 @@ def test_citations_confirmations_grounding_and_supersession(
     assert munich is not None
     (source,) = munich.sources
     assert source.attribution == "message" and source.thread_id == "t-munich"
-    assert source.messages == (message_digest(None, "user", SAID),)
+    assert source.messages == (message_identity(Message("user", SAID)),)
     assert source.roles == ("user",)
     assert source.run_id and source.at is not None and source.model
     assert source.prompt_version == PROMPT_VERSION
-    both = (message_digest(None, "user", SAID), message_digest(None, "assistant", "Noted!"))
+    both = (
+        message_identity(Message("user", SAID)),
+        message_identity(Message("assistant", "Noted!")),
+    )
     for content in ("User drinks oolong tea", "User plays chess on Sundays"):
         fact = fact_named(settings, "alice", content)
         assert fact is not None

@@ -29,14 +29,14 @@ from memq.memory.apply import apply_update
 from memq.memory.signals import signals_in
 from memq.memory.update import UpdateAnswer
 from prompts.answer import parse_update_response
+from prompts.conversation import message_text
 from prompts.tokens import TokenCounter, make_token_counter
 from prompts.update_prompt import PROMPT_VERSION, UpdatePrompt, build_update_prompt
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import MemoryDocument, utc_now
 from storage.provenance import RunInfo, RunMessage
-from storage.sources import message_digest
 from worker.model import UpdateModel
-from worker.watermark import ChunkBudget, Selection, split_at_watermark
+from worker.watermark import ChunkBudget, Selection, message_identity, split_at_watermark
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ class ExtractionPipeline:
                 watermark=selection.watermark,
                 more=selection.more,
             )
-        run = run_info(context, prompt, usage, self._clock())
+        run = run_info(context, selection, prompt, usage, self._clock())
         refused: list[int] = [0]
         try:
             saving = None if fence is None else replace(fence, watermark=selection.watermark)
@@ -252,13 +252,20 @@ class ExtractionPipeline:
 
 
 def run_info(
-    context: ConversationContext, prompt: UpdatePrompt, usage: Usage, now: datetime
+    context: ConversationContext,
+    selection: Selection,
+    prompt: UpdatePrompt,
+    usage: Usage,
+    now: datetime,
 ) -> RunInfo:
     """What the sources of the facts this run learns say about it: the labelled new messages
-    (digests and roles, never text), the run id, the model and the prompt version."""
+    (by their watermark identity — a digest, never text), the run id, the model and the prompt
+    version. The prompt sends the newest of the new messages that have text, each maybe cut: the
+    identity is the uncut message's, the one the watermark knows it by."""
+    sent = [m for m in selection.new if message_text(m)][-len(prompt.conversation) :]
     messages = tuple(
-        RunMessage(label, message_digest(m.id, m.role, m.content), m.role)
-        for m, label in zip(prompt.conversation, prompt.labels, strict=True)
+        RunMessage(label, message_identity(m), m.role)
+        for m, label in zip(sent, prompt.labels, strict=True)
     )
     return RunInfo(
         thread_id=context.thread_id,
