@@ -148,27 +148,30 @@ class RedisMemoryStorage:
         deadline = time.monotonic() + self.conflict_timeout_seconds
         while True:
             with _redis_errors("reading a memory document and its history"):
-                text, rev = self.redis.hmget(keys[0], ["doc", "rev"])
-                raw = self.redis.lrange(keys[1], 0, -1)
-            if text is None:
-                return False
+                # One transaction: the history read belongs to the revision read with it.
+                pipe = self.redis.pipeline(transaction=True)
+                pipe.hget(keys[0], "rev")
+                pipe.lrange(keys[1], 0, -1)
+                rev, raw = pipe.execute()
             revision, current = self._fetch(user, agent)
-            if revision != int(rev or 0):
-                continue  # saved in between the two reads: read both again
-            result = fn(current, decode_changes(_text(item) for item in raw))
-            if result is None:
-                return False
-            document, history = result
-            entries = [encode_change(c) for c in bounded(history, self.history_max_entries)]
-            with _redis_errors("rewriting a memory document"):
-                code, _ = self._rewrite_script(
-                    keys=keys,
-                    args=[revision, dump_document(stamp_for_save(document)), *entries],
-                )
-            if int(code) == 1:
-                return True
+            if revision == int(rev or 0):
+                if not self.redis.exists(keys[0]):
+                    return False
+                result = fn(current, decode_changes(_text(item) for item in raw))
+                if result is None:
+                    return False
+                document, history = result
+                entries = [encode_change(c) for c in bounded(history, self.history_max_entries)]
+                with _redis_errors("rewriting a memory document"):
+                    code, _ = self._rewrite_script(
+                        keys=keys,
+                        args=[revision, dump_document(stamp_for_save(document)), *entries],
+                    )
+                if int(code) == 1:
+                    return True
             if time.monotonic() >= deadline:
                 raise LockTimeout(f"memory of user={user} agent={agent or '-'} kept changing")
+            time.sleep(random.uniform(0, 0.01))  # saved in between: read both again
 
     def list_users(self) -> list[str]:
         return sorted({user for user, _ in self._indexed()})

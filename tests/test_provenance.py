@@ -272,3 +272,24 @@ def test_why_explains_a_current_a_superseded_and_an_unknown_fact() -> None:
     assert why_munich.sources == [Source(thread_id="t0")]
     assert json.loads(json.dumps(why_munich.to_json()))["superseded"]["replaced_by"] == [berlin.id]
     assert explain(result.document, history, "nope") is None
+
+
+def test_rewrite_replaces_a_document_and_its_whole_history(manager: MemoryManager) -> None:
+    storage = manager.storage
+    assert storage.rewrite("eve", None, lambda d, h: (d, h)) is False  # nothing stored
+    manager.add_fact("eve", "keep me")
+    secret = manager.add_fact("eve", "forget me")
+    seen: list[list[str]] = []
+
+    def drop_secret(
+        document: MemoryDocument, history: list[Change]
+    ) -> tuple[MemoryDocument, list[Change]]:
+        seen.append([c.content or "" for c in history])
+        document.facts = [f for f in document.facts if f.id != secret.id]
+        return document, [c for c in history if c.fact_id != secret.id]
+
+    assert storage.rewrite("eve", None, drop_secret) is True
+    assert seen == [["keep me", "forget me"]]  # oldest first
+    assert [f.content for f in manager.list_facts("eve")] == ["keep me"]
+    assert [c.content for c in manager.history("eve")] == ["keep me"]
+    assert storage.rewrite("eve", None, lambda d, h: None) is False
