@@ -580,3 +580,23 @@ def test_stored_control_characters_are_shown_escaped_and_json_stays_exact(
 
     code, out, _ = run("facts", "delete", "carol", "f_evil")
     assert code == 0 and "\x1b" not in out and "\\x1b[1A" in out
+
+
+def test_why_shows_sources_escaped_and_an_unknown_fact_in_one_line(
+    run: Run, cli_env: MemqSettings
+) -> None:
+    from storage import get_storage
+    from storage.document import Fact, MemoryDocument
+    from storage.sources import Source
+
+    evil = f"Lives in Berlin{HIDE_LINES}\u202e"
+    source = Source(thread_id=f"auth0|abc{HIDE_LINES}", attribution="message", roles=("user",))
+    fact = Fact(id="f_why", content=evil, sources=[source], confirmations=2)
+    get_storage(cli_env).save("dana", None, MemoryDocument(facts=[fact]))
+    code, out, _ = run("why", "dana", "f_why")
+    assert code == 0 and "\x1b" not in out and "\u202e" not in out
+    assert "confirmations: 2" in out and "message" in out and "auth0|abc\\x1b[1A" in out
+    code, out, _ = run("why", "dana", "f_why", "--json")
+    assert json.loads(out)["fact"]["content"] == evil
+    code, _, err = run("why", "dana", "nope")
+    assert_one_line_error(code, err, "nope")

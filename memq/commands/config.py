@@ -87,6 +87,12 @@ DESCRIPTIONS: dict[str, str] = {
     "message_max_chars": "each message is cut to this length in the prompt",
     "context_messages": "already-extracted messages repeated as context before the new ones",
     "watermark_ttl_days": "how long a thread's extraction watermark is kept after its last run",
+    "fact_max_sources": "sources kept per fact (the newest; each is one time it was learnt)",
+    "superseded_max_facts": "contradicted and stale facts kept per document (the newest)",
+    "grounding_requires_user": (
+        "refuse a fact whose only sources are assistant messages unless the user confirmed it "
+        "in the same run"
+    ),
     "staleness_review_enabled": "ask the model to review old facts",
     "staleness_age_days": "age at which a fact becomes a staleness candidate",
     "staleness_min_candidates": "candidates needed before the review runs",

@@ -151,6 +151,10 @@ class MemqSettings(BaseSettings):
     consolidation_min_facts: int = Field(default=8, ge=3, le=30)
     consolidation_max_groups_per_cycle: int = Field(default=3, ge=1, le=10)
     consolidation_max_sources: int = Field(default=8, ge=2, le=20)
+    # --- provenance
+    fact_max_sources: int = Field(default=5, ge=1, le=50)
+    superseded_max_facts: int = Field(default=50, ge=0, le=5000)
+    grounding_requires_user: bool = True
 
     # --- storage
     # Redis by default: every agent process and worker of a deployment, on any host and in any
