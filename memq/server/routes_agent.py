@@ -9,29 +9,17 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from memq.server.auth import AGENT
 from memq.server.limits import check_count
 from memq.server.models import ContextBlock, FactsOut, HandOffAccepted, HistoryOut
-from memq.server.service import MemqService
+from memq.server.routing import AgentName, Service, new_router
 
-router = APIRouter()
+router = new_router()
 USER = "/v1/users/{user_id}"
 _TAGS: list[str | Enum] = ["agent"]
-
-AgentName = Annotated[
-    str | None,
-    Query(description="agent name; omitted: the user-global memory", max_length=200),
-]
-
-
-def service(request: Request) -> MemqService:
-    return request.app.state.service  # type: ignore[no-any-return]
-
-
-Service = Annotated[MemqService, Depends(service)]
 
 
 class HandOff(BaseModel):
