@@ -234,7 +234,9 @@ class Authorize:
     def __repr__(self) -> str:
         return f"Authorize({self.scope!r})"
 
-    def __call__(
+    # Async, though it never awaits: FastAPI runs a sync dependency in its thread pool, a hop that
+    # costs more than the check itself.
+    async def __call__(
         self,
         request: Request,
         credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008

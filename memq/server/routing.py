@@ -47,7 +47,7 @@ def new_router() -> APIRouter:
     return APIRouter(generate_unique_id_function=operation_id, responses=PROBLEMS)
 
 
-def service(request: Request) -> MemqService:
+async def service(request: Request) -> MemqService:  # async: no thread-pool hop
     return request.app.state.service  # type: ignore[no-any-return]
 
 
