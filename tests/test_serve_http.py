@@ -61,17 +61,13 @@ def test_a_hand_off_is_accepted_once_redis_holds_it(
     server = serve_for(settings)
     body = {"thread_id": "t-1", "messages": turn("I keep bees on my roof."), "flush": True}
     with httpx.Client(base_url=server.url, timeout=10) as http:
-        answer = http.post(
-            "/v1/users/alice@example.com/conversations", json=body, headers=bearer(keys.agent)
-        )
-        if answer.status_code == 422:  # user ids with `@` wait on the id-encoding change
-            body_user = "alice"
-            answer = http.post(
-                f"/v1/users/{body_user}/conversations", json=body, headers=bearer(keys.agent)
-            )
+        answer = http.post("/v1/users/alice/conversations", json=body, headers=bearer(keys.agent))
         assert answer.status_code == 202, answer.text
         accepted = answer.json()
         assert accepted["status"] == "queued"
     stats = QueueClient(settings, redis_client).stats()
     assert stats["due"] == 1
-    assert "bees" not in server.log_text()  # bodies are never logged
+    log = server.log_text()
+    # The access log names the route, never the path (a user id) or the body.
+    assert "POST /v1/users/{user_id}/conversations 202" in log
+    assert "bees" not in log and "/users/alice" not in log

@@ -62,14 +62,19 @@ def run_serve(args: argparse.Namespace, context: CommandContext) -> int:
 
         sys.stdout.write(openapi_document())
         return 0
+    import logging
+
     import uvicorn
 
     from memq.server.app import create_app
     from memq.server.auth import Keyring, check_bind
 
-    settings = context.settings
-    host = args.host or settings.serve_host
-    port = settings.serve_port if args.port is None else args.port
+    host = args.host or context.settings.serve_host
+    port = context.settings.serve_port if args.port is None else args.port
+    # The app (MCP's Host check among others) sees the address actually bound.
+    settings = context.settings.model_copy(update={"serve_host": host, "serve_port": port})
+    # One line per request: method, route template, status, time (never a path or a body).
+    logging.getLogger("memq.server.access").setLevel(logging.INFO)
     keyring = Keyring.from_settings(settings)
     check_bind(host, keyring)
     app = create_app(settings, keyring=keyring, mcp=not args.no_mcp)

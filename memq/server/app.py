@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 from memq.core.settings import MemqSettings
 from memq.server import problems
-from memq.server.auth import Keyring
+from memq.server.auth import Authorize, Keyring
 from memq.server.limits import RequestGuard
 from memq.server.routing import operation_id
 from memq.server.service import MemqService
@@ -86,7 +88,32 @@ def create_app(
     if mcp_app is not None:
         app.router.routes.append(mcp_app.route(keys))
     app.add_middleware(RequestGuard, max_body_bytes=settings.serve_max_body_bytes)
+    _document_public_routes(app)
     return app
+
+
+def _document_public_routes(app: FastAPI) -> None:
+    """The OpenAPI document lists no key for the public routes (the bearer scheme that every
+    `Authorize` is would otherwise be listed on the health probes too)."""
+    public = {
+        route.path
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        and any(
+            isinstance(d.call, Authorize) and d.call.scope is None
+            for d in route.dependant.dependencies
+        )
+    }
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        for path in public:
+            for operation in schema["paths"].get(path, {}).values():
+                operation.pop("security", None)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def openapi_document() -> str:

@@ -25,7 +25,7 @@ from memq.core.connection import REDIS_ERRORS
 from memq.core.errors import MemqError, RedisUnavailable
 from memq.core.identity import validate_agent_name
 from memq.core.settings import MemqSettings
-from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal
+from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal, bearer_token
 from memq.server.auth import Scope as KeyScope
 from memq.server.problems import problem, status_of
 from memq.server.service import MemqService
@@ -223,9 +223,7 @@ class KeyGuard:
     def authorize(self, request: Request) -> Caller:
         from memq.core.identity import validate_user_id
 
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        principal = self.keyring.resolve(token if scheme.lower() == "bearer" else None)
+        principal = self.keyring.resolve(bearer_token(request.headers.get("authorization")))
         principal.require_scope("agent")
         user = validate_user_id(request.headers.get(USER_HEADER) or None)
         principal.require_user(user)

@@ -6,11 +6,13 @@ Query texts travel in request bodies, never in the URL, so no access log or prox
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 from typing import Annotated, Any
 
 from fastapi import Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from memq.server.auth import AGENT
 from memq.server.limits import check_count
@@ -45,17 +47,22 @@ class HandOff(BaseModel):
     status_code=202,
     response_model=HandOffAccepted,
 )
-def hand_off(user_id: str, body: HandOff, request: Request, svc: Service) -> HandOffAccepted:
+async def hand_off(user_id: str, body: HandOff, request: Request, svc: Service) -> HandOffAccepted:
     """Hand a conversation over for extraction: 202 once Redis took it (`queued`), or once the
     server spooled it while Redis is unreachable (`spooled`, sent when Redis is back)."""
     check_count(body.messages, request.app.state.settings.serve_max_messages, "messages")
-    outcome = svc.hand_off(
-        body.thread_id,
-        user_id,
-        body.agent_name,
-        body.messages,
-        flush=body.flush,
-        trace_id=body.trace_id,
+    # The hot path: one explicit hop to a thread for the (blocking) Redis round trip, and the
+    # answer serialised here; a sync handler costs a second hop for the serialisation.
+    outcome = await run_in_threadpool(
+        functools.partial(
+            svc.hand_off,
+            body.thread_id,
+            user_id,
+            body.agent_name,
+            body.messages,
+            flush=body.flush,
+            trace_id=body.trace_id,
+        )
     )
     return HandOffAccepted(
         status=outcome.status,

@@ -26,7 +26,12 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["ops"], dependencies=[Depends(PUBLIC)], response_model=None)
+@router.get(
+    "/readyz",
+    tags=["ops"],
+    dependencies=[Depends(PUBLIC)],
+    response_model=None,
+)
 def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
     """Redis answers and beat ticks (readiness): 200, else 503 naming what is missing."""
     from worker.metrics import read_metrics
