@@ -71,3 +71,45 @@ def test_a_hand_off_is_accepted_once_redis_holds_it(
     # The access log names the route, never the path (a user id) or the body.
     assert "POST /v1/users/{user_id}/conversations 202" in log
     assert "bees" not in log and "/users/alice" not in log
+
+
+def test_with_redis_hung_hand_offs_are_spooled_bad_ones_still_refused_then_replayed(
+    aof_redis: Any, make_settings: Any, serve_for: Any, api_keys: tuple[Keys, Any]
+) -> None:
+    import os
+    import signal
+
+    import redis
+
+    from memq.testing.waiting import wait_for
+
+    keys, _ = api_keys
+    settings: MemqSettings = make_settings(
+        redis_url=aof_redis.url, producer_timeout_seconds=0.3, debounce_seconds=60
+    )
+    server = serve_for(settings)
+    assert aof_redis.process is not None
+    os.kill(aof_redis.process.pid, signal.SIGSTOP)  # connections hang: the worst case
+    try:
+        with httpx.Client(base_url=server.url, timeout=5, headers=bearer(keys.agent)) as http:
+            statuses = []
+            for n in range(6):
+                body = {"thread_id": f"hung-{n % 3}", "messages": turn(f"I collect stamp {n}.")}
+                answer = http.post("/v1/users/ines/conversations", json=body)
+                assert answer.status_code == 202, answer.text
+                statuses.append(answer.json()["status"])
+            # Input memq cannot take is refused as ever, Redis or not.
+            bad = {"thread_id": "a\u0000b", "messages": turn("x")}
+            assert http.post("/v1/users/ines/conversations", json=bad).status_code == 422
+            empty = {"thread_id": "t", "messages": [{"role": "user", "content": "hi"}]}
+            answer = http.post("/v1/users/ines/conversations", json=empty)
+            assert answer.json()["status"] == "nothing_to_remember"
+    finally:
+        os.kill(aof_redis.process.pid, signal.SIGCONT)
+    assert statuses == ["spooled"] * 6
+    client = redis.Redis.from_url(aof_redis.url, decode_responses=True)
+    try:
+        queue = QueueClient(settings, client)
+        wait_for(lambda: queue.stats()["due"] == 3, timeout=20, what="the spool replayed")
+    finally:
+        client.close()
