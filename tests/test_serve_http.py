@@ -113,3 +113,57 @@ def test_with_redis_hung_hand_offs_are_spooled_bad_ones_still_refused_then_repla
         wait_for(lambda: queue.stats()["due"] == 3, timeout=20, what="the spool replayed")
     finally:
         client.close()
+
+
+def test_management_over_http_is_the_cli_s_management(
+    settings: MemqSettings, serve_for: Any, api_keys: tuple[Keys, Any], redis_client: Any
+) -> None:
+    keys, _ = api_keys
+    server = serve_for(settings)
+    with httpx.Client(base_url=server.url, timeout=10, headers=bearer(keys.admin)) as http:
+        added = http.post(
+            "/v1/users/jo/facts",
+            json={"content": "Jo writes Rust", "category": "knowledge", "agent_name": "Coder"},
+        )
+        assert added.status_code == 201, added.text
+        fact_id = added.json()["id"]
+        typo = http.post("/v1/users/jo/facts", json={"content": "x", "category": "knowlege"})
+        assert typo.status_code == 422 and "did you mean 'knowledge'" in typo.json()["detail"]
+
+        edited = http.patch(
+            f"/v1/users/jo/facts/{fact_id}", json={"agent_name": "coder", "confidence": 0.4}
+        )
+        assert edited.json()["confidence"] == 0.4
+        missing = http.patch("/v1/users/jo/facts/fact_nope", json={"agent_name": "coder"})
+        assert missing.status_code == 404
+        assert missing.headers["content-type"] == PROBLEM
+
+        deerflow = http.get(
+            "/v1/users/jo/export", params={"agent_name": "coder", "format": "deerflow"}
+        )
+        assert deerflow.json()["facts"][0]["createdAt"].endswith("Z")  # DeerFlow's shape
+        imported = http.put("/v1/users/kim/memory", json=deerflow.json())
+        assert imported.json() == {"facts": 1}
+        assert [f["content"] for f in http.get("/v1/users/kim/facts").json()["facts"]] == [
+            "Jo writes Rust"
+        ]
+        refused = http.put("/v1/users/kim/memory", json={"hello": "world"})
+        assert refused.status_code == 422
+        assert http.get("/v1/users/kim/facts").json()["facts"]  # a bad import changed nothing
+
+        deleted = http.delete(f"/v1/users/jo/facts/{fact_id}", params={"agent_name": "coder"})
+        assert deleted.json()["id"] == fact_id
+        actions = [
+            c["action"]
+            for c in http.get("/v1/users/jo/history", params={"agent_name": "coder"}).json()[
+                "changes"
+            ]
+        ]
+        assert actions == ["remove", "edit", "add"]
+
+        assert http.get("/v1/dead-letters").json() == {"dead_letters": []}
+        assert http.post("/v1/dead-letters/retry", json={"ids": "all"}).json() == {"count": 0}
+        assert http.get("/v1/queue/stats").json()["due"] == 0
+        # No beat runs here: ready is false, and says why.
+        ready = http.get("/readyz")
+        assert ready.status_code == 503 and "beat is not ticking" in ready.json()["detail"]
