@@ -242,7 +242,7 @@ class Authorize(HTTPBearer):
         if self.scope is None:
             return None
         keyring: Keyring = request.app.state.keyring
-        principal = keyring.resolve(bearer_token(request.headers.get("authorization")))
+        principal = keyring.resolve(self.presented_key(request))
         principal.require_scope(self.scope)
         user_id = request.path_params.get("user_id")
         if user_id is None:
@@ -250,6 +250,11 @@ class Authorize(HTTPBearer):
         else:
             principal.require_user(str(user_id))
         return principal
+
+    def presented_key(self, request: Request) -> str | None:
+        """The key the request carries: the bearer header (a login cookie would be read here
+        too, so HTML pages share this dependency and the route-table sweep)."""
+        return bearer_token(request.headers.get("authorization"))
 
 
 def bearer_token(header: str | None) -> str | None:
