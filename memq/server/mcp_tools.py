@@ -13,10 +13,11 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
 from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -27,6 +28,7 @@ from memq.core.identity import validate_agent_name
 from memq.core.settings import MemqSettings
 from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal, bearer_token
 from memq.server.auth import Scope as KeyScope
+from memq.server.models import TOKEN_BUDGET
 from memq.server.problems import problem, status_of
 from memq.server.service import MemqService
 
@@ -100,7 +102,13 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
             return "will be remembered"
 
     @mcp.tool()
-    def recall(query: str, ctx: Context, max_tokens: int | None = None) -> str:
+    def recall(
+        query: str,
+        ctx: Context,
+        max_tokens: Annotated[
+            int | None, Field(ge=TOKEN_BUDGET["ge"], le=TOKEN_BUDGET["le"])
+        ] = None,
+    ) -> str:
         """What is known about the user that is relevant to `query` (their latest message):
         a <user_memory> block to read before answering; empty when nothing is known."""
         with _as_tool_error():

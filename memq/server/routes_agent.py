@@ -16,7 +16,13 @@ from starlette.concurrency import run_in_threadpool
 
 from memq.server.auth import AGENT
 from memq.server.limits import check_count
-from memq.server.models import ContextBlock, FactsOut, HandOffAccepted, HistoryOut
+from memq.server.models import (
+    TOKEN_BUDGET,
+    ContextBlock,
+    FactsOut,
+    HandOffAccepted,
+    HistoryOut,
+)
 from memq.server.routing import AgentName, Service, new_router
 
 router = new_router()
@@ -79,7 +85,12 @@ class ContextQuery(BaseModel):
     query: str | None = Field(
         default=None, description="the user's latest message: relevant facts first"
     )
-    max_tokens: int | None = Field(default=None, ge=50, le=32000, description="token budget")
+    max_tokens: int | None = Field(
+        default=None,
+        description="token budget (default MEMQ_INJECTED_MEMORY_MAX_TOKENS)",
+        ge=TOKEN_BUDGET["ge"],
+        le=TOKEN_BUDGET["le"],
+    )
 
 
 @router.post(
