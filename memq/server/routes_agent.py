@@ -43,7 +43,7 @@ class HandOff(BaseModel):
     flush: bool = Field(
         default=False, description="due now (before a summary drops messages), skip the debounce"
     )
-    trace_id: str | None = Field(default=None, max_length=200)
+    trace_id: str | None = Field(default=None, description="carried to the worker's log line")
 
 
 @router.post(
@@ -117,7 +117,7 @@ def list_facts(
     user_id: str,
     svc: Service,
     agent_name: AgentName = None,
-    category: Annotated[str | None, Query(max_length=100)] = None,
+    category: str | None = None,
 ) -> FactsOut:
     """The facts, most confident first."""
     facts = svc.manager.list_facts(user_id, agent_name=agent_name, category=category)

@@ -55,5 +55,6 @@ Service = Annotated[MemqService, Depends(service)]
 
 AgentName = Annotated[
     str | None,
-    Query(description="agent name; omitted: the user-global memory", max_length=200),
+    # Its alphabet and length are checked where every agent name is (`validate_agent_name`).
+    Query(description="agent name; omitted: the user-global memory"),
 ]
