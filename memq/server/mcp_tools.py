@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from memq.core.connection import REDIS_ERRORS
-from memq.core.errors import MemqError, RedisUnavailable
+from memq.core.errors import MemqError, RedisUnavailable, StorageError
 from memq.core.identity import validate_agent_name
 from memq.core.settings import MemqSettings
 from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal, bearer_token
@@ -63,7 +63,7 @@ CallerOf = Callable[[Context], Caller]
 @contextlib.contextmanager
 def _as_tool_error() -> Iterator[None]:
     """memq's refusals as the one line a model reads (the SDK hides other errors' text)."""
-    unavailable: tuple[type[Exception], ...] = (RedisUnavailable, *REDIS_ERRORS)
+    unavailable: tuple[type[Exception], ...] = (RedisUnavailable, StorageError, *REDIS_ERRORS)
     try:
         yield
     except unavailable as exc:
