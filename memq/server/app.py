@@ -119,5 +119,6 @@ def _document_public_routes(app: FastAPI) -> None:
 def openapi_document() -> str:
     """The committed ``docs/openapi.json``: the app's OpenAPI on default settings, stable text
     (a test fails when it drifts from the app; regenerate with `memq serve --openapi`)."""
-    app = create_app(MemqSettings(), mcp=False)
+    # No root path: the committed document must not depend on the shell it is generated from.
+    app = create_app(MemqSettings(serve_root_path=""), mcp=False)
     return json.dumps(app.openapi(), indent=2, ensure_ascii=False) + "\n"
