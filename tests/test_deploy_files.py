@@ -158,6 +158,9 @@ def test_dockerfile_installs_every_package_and_runs_a_worker() -> None:
     for package in re.findall(r'"([^"]+)"', packages.group(1)):
         top = package.split(".")[0]  # a subpackage comes with its parent's folder
         assert f"COPY {top} ./{top}" in dockerfile
+    copied = re.findall(r"^COPY (\S+) \./\S+$", dockerfile, re.MULTILINE)
+    missing = [folder for folder in copied if not (ROOT / folder).exists()]
+    assert missing == [], f"the Dockerfile copies folders that do not exist: {missing}"
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.MULTILINE)
     assert cmd is not None
     assert_entry_point_resolves(yaml.safe_load(cmd.group(1)))
