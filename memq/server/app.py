@@ -73,6 +73,10 @@ def create_app(
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
         root_path=settings.serve_root_path,
+        # Swagger UI and ReDoc load their scripts from a CDN: nothing of memq depends on the
+        # internet, so only the OpenAPI document itself is served.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.keyring = keys

@@ -24,10 +24,6 @@ def check_count(items: Sized, cap: int, what: str) -> None:
         raise PayloadTooLarge(f"{len(items)} {what}; at most {cap} per request")
 
 
-class _BodyTooLarge(Exception):
-    pass
-
-
 def _problem_bytes(status: int, detail: str) -> bytes:
     body = {
         "type": "about:blank",
@@ -63,31 +59,43 @@ class RequestGuard:
                     self._log(scope, 413, started)
                     return
         received = [0]
+        over = [False]
 
         async def counted_receive() -> Message:
+            if over[0]:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 received[0] += len(message.get("body", b""))
                 if received[0] > cap:
-                    raise _BodyTooLarge
+                    # The app stops reading as if the client had gone; whatever it answers
+                    # then is replaced by the 413 below.
+                    over[0] = True
+                    return {"type": "http.disconnect"}
             return message
 
-        async def tracked_send(message: Message) -> None:
+        async def guarded_send(message: Message) -> None:
+            if over[0]:
+                if message["type"] == "http.response.start" and not status[0]:
+                    status[0] = 413
+                    await self._send_problem(send, 413, self._too_large())
+                return
             if message["type"] == "http.response.start":
                 status[0] = int(message["status"])
             await send(message)
 
         try:
-            await self.app(scope, counted_receive, tracked_send)
-        except _BodyTooLarge:
-            if not status[0]:
-                status[0] = 413
-                await self._send_problem(send, 413, self._too_large())
+            await self.app(scope, counted_receive, guarded_send)
         except Exception as exc:  # the type only: its text may quote the caller's input
-            log.error("memq serve: unexpected %s on %s", type(exc).__name__, _route(scope))
+            if not over[0]:
+                log.error("memq serve: unexpected %s on %s", type(exc).__name__, _route(scope))
             if not status[0]:
-                status[0] = 500
-                await self._send_problem(send, 500, "internal error; see the server log")
+                status[0] = 413 if over[0] else 500
+                detail = self._too_large() if over[0] else "internal error; see the server log"
+                await self._send_problem(send, status[0], detail)
+        if over[0] and not status[0]:
+            status[0] = 413
+            await self._send_problem(send, 413, self._too_large())
         self._log(scope, status[0], started)
 
     def _too_large(self) -> str:

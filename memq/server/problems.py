@@ -124,6 +124,8 @@ async def on_validation(request: Request, exc: Exception) -> JSONResponse:
 
 async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if isinstance(exc.__cause__, RecursionError):  # json.loads of a too deeply nested body
+        return problem(422, "body: JSON nested too deeply")
     detail = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
     response = problem(exc.status_code, detail)
     if exc.headers:
