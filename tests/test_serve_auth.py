@@ -175,7 +175,7 @@ def test_a_non_loopback_bind_without_keys_is_refused() -> None:
 
     check_bind("127.0.0.1", Keyring())
     check_bind("::1", Keyring())
-    with pytest.raises(ConfigError, match="refusing to bind 0.0.0.0 without API keys"):
+    with pytest.raises(ConfigError, match=r"refusing to bind 0\.0\.0\.0 without API keys"):
         check_bind("0.0.0.0", Keyring())
     check_bind(
         "0.0.0.0", Keyring.from_entries([{"name": "k", "key": "x" * 20, "scopes": ["agent"]}])

@@ -71,7 +71,7 @@ def _turns(count: int, text: str = "I like tea.") -> list[dict[str, str]]:
 def test_a_body_above_the_cap_is_413_before_it_is_read(
     served: tuple[ServeProcess, MemqSettings, httpx.Client], redis_client: Any
 ) -> None:
-    server, settings, http = served
+    _, settings, http = served
     body = {"thread_id": "t", "messages": _turns(2, "x" * (MAX_BODY * 2))}
     answer = http.post("/v1/users/alice/conversations", json=body)
     assert answer.status_code == 413
@@ -83,7 +83,7 @@ def test_a_body_above_the_cap_is_413_before_it_is_read(
 def test_a_chunked_body_without_a_length_is_cut_off_at_the_cap(
     served: tuple[ServeProcess, MemqSettings, httpx.Client], redis_client: Any
 ) -> None:
-    server, settings, http = served
+    _, settings, http = served
     payload = json.dumps({"thread_id": "t", "messages": _turns(2, "y" * MAX_BODY * 3)}).encode()
 
     def chunks() -> Iterator[bytes]:
@@ -131,7 +131,8 @@ MALFORMED: list[tuple[str, bytes]] = [
     ("control chars in thread", b'{"thread_id": "a\\u0000b", "messages": []}'),
     (
         "role not text",
-        b'{"thread_id": "t", "messages": [{"role": 7, "content": "x"}, {"role": "assistant", "content": "ok"}]}',
+        b'{"thread_id": "t", "messages": [{"role": 7, "content": "x"}, '
+        b'{"role": "assistant", "content": "ok"}]}',
     ),
 ]
 
@@ -179,7 +180,7 @@ def test_a_user_id_memq_cannot_store_is_422(
 def test_a_large_message_with_control_and_format_characters_is_accepted(
     served: tuple[ServeProcess, MemqSettings, httpx.Client], redis_client: Any
 ) -> None:
-    _, settings, http = served
+    _, _, http = served
     user = "zed"
     text = "I like tea. \ud800 \x07 \u202e" * 500  # ~20 kB escaped, under the body cap
     body = {"thread_id": "t-\u202e\u200b", "messages": _turns(2, text), "flush": True}
