@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from memq.core.errors import MemqError
+from memq.core.connection import REDIS_ERRORS
+from memq.core.errors import MemqError, RedisUnavailable
 from memq.core.identity import validate_agent_name
 from memq.core.settings import MemqSettings
 from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal
@@ -56,51 +58,77 @@ class Caller:
 CallerOf = Callable[[Context], Caller]
 
 
+@contextlib.contextmanager
+def _as_tool_error() -> Iterator[None]:
+    """memq's refusals as the one line a model reads (the SDK hides other errors' text)."""
+    unavailable: tuple[type[Exception], ...] = (RedisUnavailable, *REDIS_ERRORS)
+    try:
+        yield
+    except unavailable as exc:
+        raise ToolError("memq's store is unavailable; try again shortly") from exc
+    except MemqError as exc:
+        raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+
+
 def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
-    mcp = MCPServer(name="memq", instructions=INSTRUCTIONS)
+    # Warnings only: the SDK logs each tool error at INFO, and a refusal may name what was sent.
+    mcp = MCPServer(name="memq", instructions=INSTRUCTIONS, log_level="WARNING")
 
     @mcp.tool()
     def remember(text: str, ctx: Context) -> str:
         """Remember something the user said about themselves (extracted into facts within
         seconds). Pass their own words; one topic per call is best."""
-        caller = caller_of(ctx)
-        caller.require("agent")
-        messages = [
-            {"role": "user", "content": text},
-            {"role": "assistant", "content": "I will remember that."},
-        ]
-        outcome = service.hand_off(
-            REMEMBER_THREAD, caller.user_id, caller.agent_name, messages, flush=True, trace_id=None
-        )
-        if outcome.status == "nothing_to_remember":
-            return "nothing to remember in that text"
-        if outcome.status == "spooled":
-            return "will be remembered (kept by the server until memq's store is back)"
-        return "will be remembered"
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("agent")
+            messages = [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": "I will remember that."},
+            ]
+            outcome = service.hand_off(
+                REMEMBER_THREAD,
+                caller.user_id,
+                caller.agent_name,
+                messages,
+                flush=True,
+                trace_id=None,
+            )
+            if outcome.status == "nothing_to_remember":
+                return "nothing to remember in that text"
+            if outcome.status == "spooled":
+                return "will be remembered (kept by the server until memq's store is back)"
+            return "will be remembered"
 
     @mcp.tool()
     def recall(query: str, ctx: Context, max_tokens: int | None = None) -> str:
         """What is known about the user that is relevant to `query` (their latest message):
         a <user_memory> block to read before answering; empty when nothing is known."""
-        caller = caller_of(ctx)
-        caller.require("agent")
-        return service.block(
-            caller.user_id, caller.agent_name, query=query or None, max_tokens=max_tokens
-        )
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("agent")
+            return service.block(
+                caller.user_id, caller.agent_name, query=query or None, max_tokens=max_tokens
+            )
 
     @mcp.tool()
     def list_facts(ctx: Context, category: str | None = None) -> list[dict[str, Any]]:
         """Every stored fact about the user (id, content, category, confidence), most confident
         first; use the ids with edit_fact and delete_fact."""
-        caller = caller_of(ctx)
-        caller.require("agent")
-        facts = service.manager.list_facts(
-            caller.user_id, agent_name=caller.agent_name, category=category
-        )
-        return [
-            {"id": f.id, "content": f.content, "category": f.category, "confidence": f.confidence}
-            for f in facts
-        ]
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("agent")
+            facts = service.manager.list_facts(
+                caller.user_id, agent_name=caller.agent_name, category=category
+            )
+            return [
+                {
+                    "id": f.id,
+                    "content": f.content,
+                    "category": f.category,
+                    "confidence": f.confidence,
+                }
+                for f in facts
+            ]
 
     @mcp.tool()
     def edit_fact(
@@ -114,37 +142,42 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         wrong or out of date."""
         from memq.commands.memory import check_category
 
-        caller = caller_of(ctx)
-        caller.require("admin")
-        if category is not None:
-            check_category(category)
-        fact = service.manager.edit_fact(
-            caller.user_id,
-            fact_id,
-            agent_name=caller.agent_name,
-            content=content,
-            category=category,
-            confidence=confidence,
-        )
-        return {"id": fact.id, "content": fact.content, "category": fact.category}
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("admin")
+            if category is not None:
+                check_category(category)
+            fact = service.manager.edit_fact(
+                caller.user_id,
+                fact_id,
+                agent_name=caller.agent_name,
+                content=content,
+                category=category,
+                confidence=confidence,
+            )
+            return {"id": fact.id, "content": fact.content, "category": fact.category}
 
     @mcp.tool()
     def delete_fact(fact_id: str, ctx: Context) -> str:
         """Delete a stored fact, when the user asks to forget it."""
-        caller = caller_of(ctx)
-        caller.require("admin")
-        fact = service.manager.delete_fact(caller.user_id, fact_id, agent_name=caller.agent_name)
-        return f"deleted {fact.id}"
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("admin")
+            fact = service.manager.delete_fact(
+                caller.user_id, fact_id, agent_name=caller.agent_name
+            )
+            return f"deleted {fact.id}"
 
     @mcp.resource("memq://users/{user_id}/memory", mime_type="application/json")
     def memory_document(user_id: str, ctx: Context) -> str:
         """The user's whole memory document (memq memory.json); only the connection's user."""
-        caller = caller_of(ctx)
-        caller.require("agent")
-        if user_id != caller.user_id:
-            raise Forbidden("this connection reads only its own user's memory")
-        document = service.manager.document(caller.user_id, agent_name=caller.agent_name)
-        return json.dumps(document.to_json(), ensure_ascii=False)
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("agent")
+            if user_id != caller.user_id:
+                raise Forbidden("this connection reads only its own user's memory")
+            document = service.manager.document(caller.user_id, agent_name=caller.agent_name)
+            return json.dumps(document.to_json(), ensure_ascii=False)
 
     return mcp
 
