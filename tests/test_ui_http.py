@@ -1,0 +1,318 @@
+"""The inspector over HTTP against a real `memq serve`: its route table, logins and scopes, CSRF
+on every POST, the security headers, stored text escaped, the preview equal to what an agent
+gets. The browser tests (test_ui_browser.py) drive the same pages in Chromium."""
+
+from __future__ import annotations
+
+import html
+import re
+import uuid
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+from starlette.routing import Mount
+
+from memq.core.settings import MemqSettings
+from memq.redis_server import RedisServer
+from memq.server import create_app
+from memq.server.ui.access import Access
+from memq.server.ui.render import CONTENT_SECURITY_POLICY
+from memq.testing.celery_procs import memq_env
+from memq.testing.serve_proc import ServeProcess
+from storage import get_storage
+from storage.management import MemoryManager
+from tests.support.inspector import HOSTILE_FACTS, UiClient
+from tests.support.serve import Keys, bearer
+
+pytestmark = [pytest.mark.integration]
+_PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
+# Served without a session on purpose: the login form and its POST (which checks the CSRF token
+# of the login page's own session).
+LOGIN_PATHS = {"/login"}
+
+
+def inspector_app() -> FastAPI:
+    app = create_app(MemqSettings(), mcp=False)
+    (mount,) = [r for r in app.routes if isinstance(r, Mount) and r.path == "/ui"]
+    assert isinstance(mount.app, FastAPI)
+    return mount.app
+
+
+def accesses(route: APIRoute) -> list[Access]:
+    found: list[Access] = []
+    stack = list(route.dependant.dependencies)
+    while stack:
+        dep = stack.pop()
+        if isinstance(dep.call, Access):
+            found.append(dep.call)
+        stack += dep.dependencies
+    return found
+
+
+def ui_routes() -> list[tuple[str, str]]:
+    return [
+        (method, route.path)
+        for route in inspector_app().routes
+        if isinstance(route, APIRoute)
+        for method in sorted(route.methods)
+    ]
+
+
+def test_every_inspector_route_declares_one_access_and_every_post_checks_csrf() -> None:
+    checked = 0
+    for route in inspector_app().routes:
+        if isinstance(route, Mount):
+            assert route.path == "/static", f"unchecked mount {route.path}"
+            continue
+        assert isinstance(route, APIRoute), f"unchecked route {route}"
+        found = accesses(route)
+        if route.path in LOGIN_PATHS:
+            assert found == [], "the login form cannot need a login"
+            continue
+        assert len(found) == 1, f"{route.path} lacks Depends(Access(...))"
+        if "POST" in route.methods:
+            assert found[0].form, f"POST {route.path} does not check the CSRF token"
+        checked += 1
+    assert checked >= 12
+
+
+@pytest.fixture(scope="module")
+def ui_server(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServeProcess, MemqSettings]]:
+    """One `memq serve` for the module (each test uses its own users)."""
+    tmp = tmp_path_factory.mktemp("ui-http")
+    settings = MemqSettings(
+        redis_url=redis_server.url,
+        key_prefix=f"t{uuid.uuid4().hex[:10]}",
+        storage_dir=tmp / "memory",
+        data_dir=tmp / "data",
+        llm_provider="rules",
+    )
+    keys_file = tmp / "keys.json"
+    keys_file.write_text(Keys().file_text(), encoding="utf-8")
+    env = memq_env(settings, MEMQ_SERVE_API_KEYS_FILE=str(keys_file))
+    with ServeProcess(env, tmp / "serve.log") as server:
+        yield server, settings
+
+
+def _manager(settings: MemqSettings) -> MemoryManager:
+    return MemoryManager(get_storage(settings), max_facts=settings.max_facts)
+
+
+def _fill(path: str, user: str, fact_id: str) -> str:
+    values = {"user_id": user, "fact_id": fact_id}
+    return _PARAM.sub(lambda m: values.get(m.group(1), "x"), path)
+
+
+@pytest.mark.parametrize(("method", "path"), [r for r in ui_routes() if r[0] == "POST"])
+def test_a_post_without_the_sessions_csrf_token_is_refused_and_changes_nothing(
+    ui_server: tuple[Any, MemqSettings], ui_client: Any, method: str, path: str
+) -> None:
+    server, settings = ui_server
+    manager = _manager(settings)
+    user = f"app1-csrf-{uuid.uuid4().hex[:6]}"
+    fact = manager.add_fact(user, "The user sails", confidence=0.8)
+    before = (manager.export(user), manager.history(user))
+    ui: UiClient = ui_client(server)
+    assert ui.login(Keys().admin).status_code == 200
+    url = _fill(path, user, fact.id)
+    form = {
+        "content": "changed",
+        "confirm": user,
+        "thread_id": "t-1",
+        "context_id": "all",
+        "key": Keys().admin,
+        "query": "q",
+        "budget": "200",
+    }
+    for token in (None, "", "not-the-token", ui.csrf[:-1]):
+        body = form if token is None else {**form, "csrf_token": token}
+        answer = ui.http.post(url, data=body)
+        assert answer.status_code == 403, f"{url} with token {token!r}: {answer.status_code}"
+        assert "CSRF" in answer.text
+    assert (manager.export(user), manager.history(user)) == before
+    # Another session's token is refused too: the token is per session.
+    other: UiClient = UiClient(server.url)
+    try:
+        other.login(Keys().admin)
+        answer = ui.http.post(url, data={**form, "csrf_token": other.csrf})
+        assert answer.status_code == 403
+    finally:
+        other.close()
+    assert (manager.export(user), manager.history(user)) == before
+
+
+class Markup(HTMLParser):
+    """Collects what a browser would build: elements, their attributes, and each stored-text
+    span's text."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.texts: list[str] = []
+        self._depth = 0
+        self._buffer: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        classes = (dict(attrs).get("class") or "").split()
+        if self._depth:
+            self._depth += 1
+        elif tag == "span" and "ut" in classes:
+            self._depth, self._buffer = 1, []
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._depth:
+            self._depth -= 1
+            if not self._depth:
+                self.texts.append("".join(self._buffer))
+
+    def handle_data(self, data: str) -> None:
+        if self._depth:
+            self._buffer.append(data)
+
+
+def parsed(page: str) -> Markup:
+    markup = Markup()
+    markup.feed(page)
+    return markup
+
+
+def test_hostile_stored_text_is_text_on_every_page_under_a_strict_csp(
+    ui_server: tuple[Any, MemqSettings], ui_client: Any
+) -> None:
+    server, settings = ui_server
+    manager = _manager(settings)
+    facts = [manager.add_fact("app1-eve", text, confidence=0.7) for text in HOSTILE_FACTS]
+    manager.add_fact("app1-eve", HOSTILE_FACTS[0], agent_name="helper", category="goal")
+    ui: UiClient = ui_client(server)
+    ui.login(Keys().admin)
+    pages = [
+        "/users",
+        "/users/app1-eve",
+        "/users/app1-eve/memory",
+        "/users/app1-eve/memory?tab=history",
+        "/users/app1-eve/memory?tab=summaries",
+        "/users/app1-eve/memory?tab=superseded",
+        "/users/app1-eve/memory?agent=helper",
+        "/users/app1-eve/preview",
+        "/queue",
+        *(f"/users/app1-eve/facts/{f.id}" for f in facts),
+    ]
+    for path in pages:
+        answer = ui.get(path)
+        assert answer.status_code == 200, path
+        assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["cache-control"] == "no-store"
+        markup = parsed(answer.text)
+        for tag, attrs in markup.tags:
+            assert tag not in {"img", "svg", "iframe", "object", "embed"}, (path, tag)
+            assert tag != "script" or attrs.get("src"), f"{path}: an inline script"
+            assert not [a for a in attrs if a.startswith("on") or a == "style"], (path, attrs)
+    memory = parsed(ui.get("/users/app1-eve/memory").text).texts
+    for text in HOSTILE_FACTS:
+        assert text in memory, f"not shown exactly: {text[:40]!r}"
+    one = parsed(ui.get(f"/users/app1-eve/facts/{facts[2].id}").text)
+    assert HOSTILE_FACTS[2] in one.texts
+    # The badge names the hidden characters, so an operator sees them.
+    assert "U+200B U+202C U+202E" in ui.get(f"/users/app1-eve/facts/{facts[2].id}").text
+
+
+def test_logins_scopes_and_prefixes_are_the_api_keys(
+    ui_server: tuple[Any, MemqSettings], ui_client: Any
+) -> None:
+    server, settings = ui_server
+    manager = _manager(settings)
+    fact = manager.add_fact("app1-bob", "The user likes tea", confidence=0.8)
+    manager.add_fact("app2-carol", "The user likes coffee", confidence=0.8)
+    keys = Keys()
+    nobody: UiClient = ui_client(server)
+    answer = nobody.get("/users/app1-bob/memory")
+    assert answer.url.path == "/ui/login" and "API key" in answer.text
+    assert nobody.login("memq_not_a_key_0123456789abcdef").status_code == 401
+    forged = httpx.get(server.url + "/ui/users", cookies={"memq_ui": "eyJjIjoieCIsImsiOm51bGx9"})
+    assert forged.status_code == 303 and forged.headers["location"].endswith("/ui/login")
+    # A bearer key is not a session: the pages want a login.
+    bearer_only = httpx.get(server.url + "/ui/users", headers=bearer(keys.admin))
+    assert bearer_only.status_code == 303
+
+    agent: UiClient = ui_client(server)
+    assert agent.login(keys.agent).status_code == 200
+    assert "The user likes tea" in agent.get("/users/app1-bob/memory").text
+    assert agent.post("/users/app1-bob/facts", {"content": "x"}).status_code == 403
+    edit = agent.post(f"/users/app1-bob/facts/{fact.id}/edit", {"content": "The user hates tea"})
+    assert edit.status_code == 403
+    assert agent.get("/queue").status_code == 403
+    preview = agent.post("/users/app1-bob/preview", {"query": "tea", "budget": "500"})
+    assert preview.status_code == 200 and "The user likes tea" in preview.text
+
+    bound: UiClient = ui_client(server)
+    assert bound.login(keys.app1_admin).status_code == 200
+    listing = bound.get("/users").text
+    assert "app1-bob" in listing and "app2-carol" not in listing
+    assert bound.get("/users/app2-carol/memory").status_code == 403
+    assert bound.get("/queue").status_code == 403
+    assert bound.post("/users/app2-carol/forget", {"confirm": "app2-carol"}).status_code == 403
+    assert manager.list_facts("app2-carol") != []
+
+    out = bound.post("/logout", {})
+    assert out.url.path == "/ui/login"
+    assert bound.get("/users").url.path == "/ui/login"
+    logs = server.log_text()
+    assert keys.admin not in logs and "likes tea" not in logs
+
+
+def test_preview_is_the_block_an_agent_gets_and_names_what_the_budget_left_out(
+    ui_server: tuple[Any, MemqSettings], ui_client: Any
+) -> None:
+    server, settings = ui_server
+    manager = _manager(settings)
+    for n in range(30):
+        manager.add_fact("app1-dan", f"The user owns item-{n} " + "word " * 10, confidence=0.5)
+    manager.add_fact("app1-dan", "The user sails on weekends", confidence=0.6)
+    ui: UiClient = ui_client(server)
+    ui.login(Keys().admin)
+    answer = ui.post("/users/app1-dan/preview", {"query": "sailing weekends", "budget": "120"})
+    assert answer.status_code == 200
+    with httpx.Client(base_url=server.url, headers=bearer(Keys().agent)) as api:
+        body = {"query": "sailing weekends", "max_tokens": 120}
+        block = api.post("/v1/users/app1-dan/context", json=body).json()["block"]
+    page = parsed(answer.text)
+    pre = re.search(r'<pre class="block" id="block">([\s\S]*?)</pre>', answer.text)
+    assert pre is not None
+    assert html.unescape(pre.group(1)) == block
+    assert "The user sails on weekends" in block
+    left = re.search(r'<ul id="left-out">([\s\S]*?)</ul>', answer.text)
+    assert left is not None
+    shown_left = [t for t in parsed(left.group(1)).texts if t.startswith("The user")]
+    in_block = [f for f in manager.list_facts("app1-dan") if f.content in block]
+    assert len(shown_left) + len(in_block) == 31 and shown_left
+    assert not any(text in block for text in shown_left)
+    assert page.texts  # the page rendered its stored text through the escaping macro
+    bad = ui.post("/users/app1-dan/preview", {"query": "x", "budget": "10"})
+    assert bad.status_code == 422 and "budget" in bad.text
+
+
+def test_forgetting_a_user_needs_the_user_id_typed_back(
+    ui_server: tuple[Any, MemqSettings], ui_client: Any
+) -> None:
+    server, settings = ui_server
+    manager = _manager(settings)
+    manager.add_fact("app1-fay", "The user flies kites", confidence=0.8)
+    ui: UiClient = ui_client(server)
+    ui.login(Keys().admin)
+    for typed in ("", "app1-fa", "APP1-FAY", "app1-fay "):
+        answer = ui.post("/users/app1-fay/forget", {"confirm": typed})
+        assert answer.status_code == 422 and "type the user id" in answer.text
+    assert [f.content for f in manager.list_facts("app1-fay")] == ["The user flies kites"]
+    answer = ui.post("/users/app1-fay/forget", {"confirm": "app1-fay"})
+    assert answer.status_code == 200 and "Forgotten" in answer.text
+    assert manager.list_facts("app1-fay") == []
+    assert "app1-fay" not in manager.list_users()
