@@ -27,6 +27,7 @@ BENCHMARKS = {
     "P7": "bench.p7_injection",
     "P9": "bench.p9_search",
     "P10": "bench.p10_cache_rss",
+    "INSPECTOR": "bench.p12_inspector",
     "P3": "bench.p3_flush",
     "BURST": "bench.p8_burst",
     "P4": "bench.p4_throughput",

@@ -5,6 +5,7 @@ click by click, and what a hostile fact can do to the page (nothing)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
 
 from memq.core.settings import MemqSettings
 from memq.testing.waiting import wait_for
@@ -58,11 +61,21 @@ def no_alert(driver: WebDriver) -> bool:
     return False
 
 
+def navigate(driver: WebDriver, action: Callable[[], object], *, alert: bool = False) -> None:
+    """Do what loads a new page (a click, a submit) and wait until the old page is gone, so
+    the next lookup never finds an element of the page being left."""
+    old = driver.find_element(By.TAG_NAME, "html")
+    action()
+    if alert:
+        WebDriverWait(driver, 10).until(expected_conditions.alert_is_present()).accept()
+    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(old))
+
+
 def log_in(driver: WebDriver, url: str, key: str) -> None:
     driver.get(url + "/ui/users")
     wait_for(lambda: driver.current_url.endswith("/ui/login"), timeout=10, what="the login page")
     by_id(driver, "key").send_keys(key)
-    by_id(driver, "login").click()
+    navigate(driver, by_id(driver, "login").click)
     wait_for(lambda: driver.current_url.endswith("/ui/users"), timeout=10, what="the users page")
 
 
@@ -101,11 +114,12 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     # Log in; find the user by a prefix of their id.
     log_in(browser, server.url, Keys().admin)
     by_id(browser, "prefix").send_keys("app1-g")
-    by_id(browser, "find-user").submit()
-    browser.find_element(By.LINK_TEXT, "app1-gus").click()
+    navigate(browser, by_id(browser, "find-user").submit)
+    assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#users a")] == ["app1-gus"]
+    navigate(browser, browser.find_element(By.LINK_TEXT, "app1-gus").click)
     facts_cell = browser.find_element(By.CSS_SELECTOR, "#agents [data-facts]")
     assert text_of(facts_cell) == "2"
-    browser.find_element(By.CSS_SELECTOR, "#agents a").click()
+    navigate(browser, browser.find_element(By.CSS_SELECTOR, "#agents a").click)
 
     # Open a fact: it says where it came from.
     rows = browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr")
@@ -113,7 +127,7 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
         fact_for("item-1"),
         fact_for("item-2"),
     ]
-    browser.find_element(By.LINK_TEXT, fact_for("item-1")).click()
+    navigate(browser, browser.find_element(By.LINK_TEXT, fact_for("item-1")).click)
     assert text_of(by_id(browser, "fact-content")) == fact_for("item-1")
     threads = [text_of(c) for c in browser.find_elements(By.CSS_SELECTOR, "#provenance .ut")]
     assert "trip-1" in threads
@@ -124,7 +138,7 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     content = by_id(browser, "edit-content")
     content.clear()
     content.send_keys("The user owns item-1, a red dinghy")
-    by_id(browser, "save-fact").click()
+    navigate(browser, by_id(browser, "save-fact").click)
     assert "edited" in by_id(browser, "notice").text
     assert text_of(by_id(browser, "fact-content")) == "The user owns item-1, a red dinghy"
     first = browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")[0]
@@ -132,36 +146,34 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     assert cells[1].text == "edit" and "red dinghy" in cells[2].text and cells[4].text == "by hand"
 
     # Delete it (the browser asks first).
-    by_id(browser, "delete-fact-button").click()
-    browser.switch_to.alert.accept()
-    wait_for(lambda: "deleted" in by_id(browser, "notice").text, timeout=10, what="deleted")
+    navigate(browser, by_id(browser, "delete-fact-button").click, alert=True)
+    assert "deleted" in by_id(browser, "notice").text
     rows = browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr .fact-content")
     assert [text_of(r) for r in rows] == [fact_for("item-2")]
     assert [f.content for f in manager.list_facts("app1-gus")] == [fact_for("item-2")]
 
     # Preview the block an agent would get for a query.
-    by_id(browser, "tab-preview").click()
+    navigate(browser, by_id(browser, "tab-preview").click)
     by_id(browser, "query").send_keys("what do I own?")
     budget = by_id(browser, "budget")
     budget.clear()
     budget.send_keys("300")
-    by_id(browser, "preview-button").click()
+    navigate(browser, by_id(browser, "preview-button").click)
     block = text_of(by_id(browser, "block"))
     assert block.startswith("<user_memory>") and fact_for("item-2") in block
     assert int(text_of(by_id(browser, "token-count")).split()[0]) > 0
 
     # Forget a thread, where this memq's management API offers it.
-    browser.find_element(By.LINK_TEXT, "user-global").click()
+    navigate(browser, browser.find_element(By.LINK_TEXT, "user-global").click)
     offered = browser.find_elements(By.ID, "forget-thread")
     assert bool(offered) == hasattr(manager, "forget_thread")
     if offered:
         by_id(browser, "thread-id").send_keys("trip-2")
-        by_id(browser, "forget-thread-button").click()
-        browser.switch_to.alert.accept()
+        navigate(browser, by_id(browser, "forget-thread-button").click, alert=True)
         wait_for(lambda: manager.list_facts("app1-gus") == [], timeout=10, what="forgotten")
 
     # The queue: the dead letter with its reason; retry it once the model is healthy.
-    browser.find_element(By.LINK_TEXT, "Queue").click()
+    navigate(browser, browser.find_element(By.LINK_TEXT, "Queue").click)
     dead = browser.find_elements(By.CSS_SELECTOR, "#dead tbody tr[data-context]")
     assert len(dead) == 1
     cells = dead[0].find_elements(By.TAG_NAME, "td")
@@ -173,7 +185,7 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
         what="the queue figures refreshed by the page's script",
     )
     model.healthy.set()
-    dead[0].find_element(By.CLASS_NAME, "retry").click()
+    navigate(browser, dead[0].find_element(By.CLASS_NAME, "retry").click)
     assert "1 dead letter(s) retried" in by_id(browser, "notice").text
     wait_for(
         lambda: fact_for(POISON) in [f.content for f in manager.list_facts("app1-gus")],
@@ -184,8 +196,8 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     assert browser.find_elements(By.CSS_SELECTOR, "#dead tbody tr[data-context]") == []
 
     # Log out: the pages want a login again.
-    by_id(browser, "logout").click()
-    wait_for(lambda: browser.current_url.endswith("/ui/login"), timeout=10, what="logged out")
+    navigate(browser, by_id(browser, "logout").click)
+    assert browser.current_url.endswith("/ui/login")
     browser.get(server.url + "/ui/users/app1-gus/memory")
     assert browser.current_url.endswith("/ui/login")
     assert console_errors(browser) == []
@@ -213,7 +225,7 @@ def test_a_hostile_fact_renders_as_text_and_runs_nothing(
         assert text_of(browser.find_element(By.CSS_SELECTOR, "#fact-content .ut")) == text
         assert by_id(browser, "edit-content").get_property("value") == text
     browser.get(server.url + "/ui/users/app1-eve/preview")
-    by_id(browser, "preview-button").click()
+    navigate(browser, by_id(browser, "preview-button").click)
     assert no_alert(browser)
     block = text_of(by_id(browser, "block"))
     assert block.startswith("<user_memory>") and block.count("</user_memory>") == 1
@@ -235,7 +247,7 @@ def test_a_change_without_the_csrf_token_is_refused_in_the_browser(
     content = by_id(browser, "edit-content")
     content.clear()
     content.send_keys("The user burns maps")
-    by_id(browser, "save-fact").click()
+    navigate(browser, by_id(browser, "save-fact").click)
     assert "CSRF" in by_id(browser, "error-message").text
     assert [f.content for f in manager.list_facts("app1-ivy")] == ["The user reads maps"]
     assert [c.action for c in manager.history("app1-ivy")] == ["add"]

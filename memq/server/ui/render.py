@@ -8,6 +8,7 @@ inline script or style at all, so even markup that slipped through could not run
 
 from __future__ import annotations
 
+import time
 import unicodedata
 from collections.abc import Mapping
 from datetime import datetime
@@ -15,6 +16,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
+from markupsafe import Markup, escape
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 CONTENT_SECURITY_POLICY = (
@@ -33,7 +35,8 @@ NO_STORE = (b"cache-control", b"no-store")
 
 
 class SecurityHeaders:
-    """ASGI middleware of the inspector: the headers above on every response."""
+    """ASGI middleware of the inspector: the headers above on every response, and a
+    ``Server-Timing`` header with the time the page took to build (what the benchmark reads)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -43,6 +46,7 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
         static = scope.get("path", "").startswith("/static/")
+        started = time.perf_counter()
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -54,6 +58,8 @@ class SecurityHeaders:
                 headers += list(SECURITY_HEADERS)
                 if not static:
                     headers.append(NO_STORE)
+                took_ms = (time.perf_counter() - started) * 1000
+                headers.append((b"server-timing", f"app;dur={took_ms:.2f}".encode()))
                 message["headers"] = headers
             await send(message)
 
@@ -86,12 +92,30 @@ def when_ms(epoch_ms: int | None) -> str:
 def hidden_characters(text: str) -> list[str]:
     """Code points of the invisible and control characters in ``text`` (``U+202E``), so an
     operator sees that a fact holds them; the text itself is shown as stored."""
+    if text.isprintable():  # the common case, in C: no control, format or private character
+        return []
     found = {
         f"U+{ord(c):04X}"
         for c in text
         if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co") and c not in "\n\t"
     }
     return sorted(found)
+
+
+def stored_text(value: object, css_class: str = "") -> Markup:
+    """A stored string as page text: escaped, isolated from the page's direction (so a direction
+    override inside it cannot reorder what surrounds it), flagged when it holds invisible or
+    control characters. A filter, not a macro: a page of 200 facts calls it a thousand times."""
+    text = "" if value is None else str(value)
+    classes = escape(f"ut {css_class}".strip())
+    out = f'<span class="{classes}">{escape(text)}</span>'
+    hidden = hidden_characters(text)
+    if hidden:
+        out += (
+            ' <span class="hidden-chars" title="invisible or control characters in the stored '
+            f'text">{" ".join(hidden)}</span>'
+        )
+    return Markup(out)
 
 
 def build_environment() -> Environment:
@@ -105,7 +129,7 @@ def build_environment() -> Environment:
     env.filters["seg"] = path_segment
     env.filters["when"] = when
     env.filters["when_ms"] = when_ms
-    env.filters["hidden"] = hidden_characters
+    env.filters["ut"] = stored_text
     env.globals["query"] = query
     return env
 
