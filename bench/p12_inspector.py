@@ -24,8 +24,10 @@ from worker.queue import QueueClient
 KEY = "memq_bench_admin_key_0123456789abcdef"
 USER = "bench-200"
 DEAD = 50
-# A page that renders in one request: p99 of the server time under this, on the bench machine.
-GOAL_MS = 100.0
+# A page over 200 facts is one request costing a small multiple of the API's JSON of the same
+# data (the same load, plus the HTML): round-trip p50 ratios, measured side by side.
+GOAL_MEMORY_RATIO = 3.0
+GOAL_QUEUE_RATIO = 2.0
 _TIMING = re.compile(r"app;dur=([0-9.]+)")
 
 
@@ -101,7 +103,6 @@ def run(env: BenchEnv) -> Result:
     memory, queue = figures["memory"], figures["queue"]
     ratio = percentile(memory["trip"], 50) / percentile(memory["base"], 50)
     qratio = percentile(queue["trip"], 50) / percentile(queue["base"], 50)
-    worst = max(percentile(memory["server"], 99), percentile(queue["server"], 99))
     return Result(
         key="INSPECTOR",
         title="inspector pages: memory of 200 facts, queue with 50 dead letters (server time)",
@@ -111,8 +112,11 @@ def run(env: BenchEnv) -> Result:
             f"({percentile(memory['base'], 50):.1f} ms p50), queue {qratio:.1f}x "
             f"({percentile(queue['base'], 50):.1f} ms p50)"
         ),
-        goal=f"one request per page, server time p99 < {GOAL_MS:.0f} ms",
-        met=worst < GOAL_MS,
+        goal=(
+            f"one request per page; round trip p50 <= {GOAL_MEMORY_RATIO:.0f}x the API's JSON "
+            f"(memory), <= {GOAL_QUEUE_RATIO:.0f}x (queue)"
+        ),
+        met=ratio <= GOAL_MEMORY_RATIO and qratio <= GOAL_QUEUE_RATIO,
         details=[
             f"{rounds} requests per page over loopback, each followed by its baseline",
             f"memory page round trip {_p(memory['trip'])}; API JSON {_p(memory['base'])}",

@@ -8,6 +8,7 @@ a fact corrected by hand, and one thread that died on an unparsable answer.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import tempfile
@@ -112,8 +113,18 @@ def shoot(url: str, out: Path) -> list[Path]:
     taken: list[Path] = []
 
     def save(name: str) -> None:
+        # The whole page, not the first screenful (Chromium's own full-page capture).
+        height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+        shot = driver.execute_cdp_cmd(
+            "Page.captureScreenshot",
+            {
+                "format": "png",
+                "captureBeyondViewport": True,
+                "clip": {"x": 0, "y": 0, "width": 1280, "height": min(height, 2400), "scale": 1},
+            },
+        )
         path = out / f"{name}.png"
-        driver.save_screenshot(str(path))
+        path.write_bytes(base64.b64decode(shot["data"]))
         taken.append(path)
 
     try:
@@ -131,7 +142,7 @@ def shoot(url: str, out: Path) -> list[Path]:
         driver.find_element(By.ID, "query").send_keys("What should I cook for the team dinner?")
         budget = driver.find_element(By.ID, "budget")
         budget.clear()
-        budget.send_keys("80")
+        budget.send_keys("110")
         driver.find_element(By.ID, "preview-button").click()
         save("preview")
         driver.get(url + "/ui/queue")
