@@ -462,12 +462,13 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
 
     from tests.support.waiting import wait_for
 
-    port, exporter_port = free_port(), free_port()
+    port, exporter_port, serve_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
     env.update(
         MEMQ_DATA_DIR=str(tmp_path / "data"),
         MEMQ_FLOWER_PORT=str(port),
         MEMQ_EXPORTER_PORT=str(exporter_port),
+        MEMQ_SERVE_PORT=str(serve_port),
         MEMQ_STORAGE_DIR=str(tmp_path / "memory"),
         PYTHONUNBUFFERED="1",
     )
@@ -511,6 +512,17 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
                 return False
 
         wait_for(metrics_served, timeout=30, interval=0.2, what="the supervised exporter")
+
+        def serve_ready() -> bool:
+            # /readyz: the supervised `memq serve` reaches the private Redis and sees beat tick.
+            try:
+                url = f"http://127.0.0.1:{serve_port}/readyz"
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        wait_for(serve_ready, timeout=30, interval=0.2, what="the supervised memq serve")
         assert any((tmp_path / "data" / "redis").glob("appendonly*"))  # private Redis, AOF on
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=30) == 0

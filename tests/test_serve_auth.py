@@ -51,8 +51,9 @@ def _routes() -> list[tuple[str, str, bool]]:
     out = []
     for route in app.routes:
         if isinstance(route, APIRoute):
-            (auth,) = _authorizations(route)
-            out += [(m, route.path, auth.scope is None) for m in sorted(route.methods)]
+            # A route without `Authorize` is swept as keyed: it must answer 403 like the rest.
+            public = any(auth.scope is None for auth in _authorizations(route))
+            out += [(m, route.path, public) for m in sorted(route.methods)]
     return out
 
 

@@ -128,6 +128,16 @@ MALFORMED: list[tuple[str, bytes]] = [
         "nested objects",
         b'{"thread_id": "t", "messages": ' + b'{"a":' * 5_000 + b"1" + b"}" * 5_000 + b"}",
     ),
+    (
+        "trace id too long",
+        b'{"thread_id": "t", "trace_id": "' + b"x" * 5000 + b'", "messages": [{"role": "user", '
+        b'"content": "I like tea."}, {"role": "assistant", "content": "ok"}]}',
+    ),
+    (
+        "agent name with a slash",
+        b'{"thread_id": "t", "agent_name": "a/b", "messages": [{"role": "user", '
+        b'"content": "I like tea."}, {"role": "assistant", "content": "ok"}]}',
+    ),
     ("control chars in thread", b'{"thread_id": "a\\u0000b", "messages": []}'),
     (
         "role not text",
@@ -206,3 +216,14 @@ def test_a_slow_client_does_not_hold_other_requests(
         )
         assert http.get("/healthz").status_code == 200
         assert http.get("/v1/users/alice/memory").status_code == 200
+
+
+@pytest.mark.parametrize("agent", ["x" * 300, "a/b", "..", "\u202e"])
+def test_a_read_with_an_agent_name_memq_cannot_store_is_422(
+    served: tuple[ServeProcess, MemqSettings, httpx.Client], agent: str
+) -> None:
+    _, _, http = served
+    answer = http.get("/v1/users/alice/memory", params={"agent_name": agent})
+    assert answer.status_code == 422, answer.text
+    assert answer.headers["content-type"] == PROBLEM
+    assert "agent_name" in answer.json()["detail"]

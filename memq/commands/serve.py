@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--host", default=None, help="bind address (MEMQ_SERVE_HOST)")
     serve.add_argument("--port", type=int, default=None, help="port (MEMQ_SERVE_PORT)")
     serve.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")
+    serve.add_argument("--openapi", action="store_true", help="print the OpenAPI document and exit")
     serve.set_defaults(run=run_serve)
 
     mcp = sub.add_parser(
@@ -56,14 +57,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run_serve(args: argparse.Namespace, context: CommandContext) -> int:
+    if args.openapi:
+        from memq.server.app import openapi_document
+
+        sys.stdout.write(openapi_document())
+        return 0
+    import logging
+
     import uvicorn
 
     from memq.server.app import create_app
     from memq.server.auth import Keyring, check_bind
 
-    settings = context.settings
-    host = args.host or settings.serve_host
-    port = settings.serve_port if args.port is None else args.port
+    host = args.host or context.settings.serve_host
+    port = context.settings.serve_port if args.port is None else args.port
+    # The app (MCP's Host check among others) sees the address actually bound.
+    settings = context.settings.model_copy(update={"serve_host": host, "serve_port": port})
+    # One line per request: method, route template, status, time (never a path or a body).
+    logging.getLogger("memq.server.access").setLevel(logging.INFO)
     keyring = Keyring.from_settings(settings)
     check_bind(host, keyring)
     app = create_app(settings, keyring=keyring, mcp=not args.no_mcp)
@@ -114,6 +125,7 @@ def run_api_key_new(args: argparse.Namespace, context: CommandContext) -> int:
     key = new_key()
     entries.append(json.loads(key_file_entry(args.name, key, args.scopes, args.user_prefix)))
     Keyring.from_entries(entries)  # a duplicate name or a bad file: refuse before writing
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_private(path, json.dumps({"keys": entries}, indent=2) + "\n")
     print(key)
     print(

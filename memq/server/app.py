@@ -6,16 +6,19 @@ endpoint are built here, per app, so two apps in one process (tests, benchmarks)
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from memq.core.settings import MemqSettings
 from memq.server import problems
-from memq.server.auth import Keyring
+from memq.server.auth import Authorize, Keyring
 from memq.server.limits import RequestGuard
+from memq.server.routing import operation_id
 from memq.server.service import MemqService
 
 API_VERSION = "v1"
@@ -25,11 +28,6 @@ DESCRIPTION = (
     "caller never waits on extraction); read the memory block before the next. Every error is "
     "`application/problem+json`. Send `Authorization: Bearer <key>`."
 )
-
-
-def _operation_id(route: APIRoute) -> str:
-    # Stable, readable ids for generated clients: the handler's name.
-    return route.name
 
 
 def create_app(
@@ -71,7 +69,7 @@ def create_app(
         version=API_VERSION,
         description=DESCRIPTION,
         lifespan=lifespan,
-        generate_unique_id_function=_operation_id,
+        generate_unique_id_function=operation_id,
         root_path=settings.serve_root_path,
         # Swagger UI and ReDoc load their scripts from a CDN: nothing of memq depends on the
         # internet, so only the OpenAPI document itself is served.
@@ -94,4 +92,37 @@ def create_app(
 
     app.mount("/ui", build_inspector(settings, keys, handles), name="ui")
     app.add_middleware(RequestGuard, max_body_bytes=settings.serve_max_body_bytes)
+    _document_public_routes(app)
     return app
+
+
+def _document_public_routes(app: FastAPI) -> None:
+    """The OpenAPI document lists no key for the public routes (the bearer scheme that every
+    `Authorize` is would otherwise be listed on the health probes too)."""
+    public = {
+        route.path
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        and any(
+            isinstance(d.call, Authorize) and d.call.scope is None
+            for d in route.dependant.dependencies
+        )
+    }
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = generate()
+        for path in public:
+            for operation in schema["paths"].get(path, {}).values():
+                operation.pop("security", None)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def openapi_document() -> str:
+    """The committed ``docs/openapi.json``: the app's OpenAPI on default settings, stable text
+    (a test fails when it drifts from the app; regenerate with `memq serve --openapi`)."""
+    # No root path: the committed document must not depend on the shell it is generated from.
+    app = create_app(MemqSettings(serve_root_path=""), mcp=False)
+    return json.dumps(app.openapi(), indent=2, ensure_ascii=False) + "\n"

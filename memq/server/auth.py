@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Request
+from fastapi.security import HTTPBearer
 
 from memq.core.errors import ConfigError, MemqError
 from memq.core.settings import MemqSettings
@@ -217,32 +217,32 @@ def write_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
-_bearer = HTTPBearer(auto_error=False, description="an API key issued by the operator")
-
-
-class Authorize:
+class Authorize(HTTPBearer):
     """The dependency every route declares: ``Depends(Authorize("agent"))``.
 
     ``scope=None`` marks a public route (health probes): no key needed. Otherwise the key must
     hold the scope, and a key bound to a user-id prefix reaches only routes whose ``{user_id}``
-    carries that prefix (never the routes that span every user).
+    carries that prefix (never the routes that span every user). It is FastAPI's bearer scheme
+    itself (so the OpenAPI document names it) and reads the header in the same step: a
+    sub-dependency would cost more per request than the check.
     """
 
     def __init__(self, scope: Scope | None) -> None:
+        super().__init__(
+            scheme_name="HTTPBearer",
+            description="an API key issued by the operator",
+            auto_error=False,
+        )
         self.scope = scope
 
     def __repr__(self) -> str:
         return f"Authorize({self.scope!r})"
 
-    def __call__(
-        self,
-        request: Request,
-        credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
-    ) -> Principal | None:
+    async def __call__(self, request: Request) -> Principal | None:  # type: ignore[override]
         if self.scope is None:
             return None
         keyring: Keyring = request.app.state.keyring
-        principal = keyring.resolve(credentials.credentials if credentials else None)
+        principal = keyring.resolve(self.presented_key(request))
         principal.require_scope(self.scope)
         user_id = request.path_params.get("user_id")
         if user_id is None:
@@ -250,6 +250,17 @@ class Authorize:
         else:
             principal.require_user(str(user_id))
         return principal
+
+    def presented_key(self, request: Request) -> str | None:
+        """The key the request carries: the bearer header (a login cookie would be read here
+        too, so HTML pages share this dependency and the route-table sweep)."""
+        return bearer_token(request.headers.get("authorization"))
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header; None for anything else."""
+    scheme, _, token = (header or "").partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
 
 
 PUBLIC = Authorize(None)

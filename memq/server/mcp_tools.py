@@ -13,20 +13,22 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
 from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from memq.core.connection import REDIS_ERRORS
-from memq.core.errors import MemqError, RedisUnavailable
+from memq.core.errors import MemqError, RedisUnavailable, StorageError
 from memq.core.identity import validate_agent_name
 from memq.core.settings import MemqSettings
-from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal
+from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal, bearer_token
 from memq.server.auth import Scope as KeyScope
+from memq.server.models import TOKEN_BUDGET
 from memq.server.problems import problem, status_of
 from memq.server.service import MemqService
 
@@ -61,7 +63,7 @@ CallerOf = Callable[[Context], Caller]
 @contextlib.contextmanager
 def _as_tool_error() -> Iterator[None]:
     """memq's refusals as the one line a model reads (the SDK hides other errors' text)."""
-    unavailable: tuple[type[Exception], ...] = (RedisUnavailable, *REDIS_ERRORS)
+    unavailable: tuple[type[Exception], ...] = (RedisUnavailable, StorageError, *REDIS_ERRORS)
     try:
         yield
     except unavailable as exc:
@@ -100,7 +102,13 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
             return "will be remembered"
 
     @mcp.tool()
-    def recall(query: str, ctx: Context, max_tokens: int | None = None) -> str:
+    def recall(
+        query: str,
+        ctx: Context,
+        max_tokens: Annotated[
+            int | None, Field(ge=TOKEN_BUDGET["ge"], le=TOKEN_BUDGET["le"])
+        ] = None,
+    ) -> str:
         """What is known about the user that is relevant to `query` (their latest message):
         a <user_memory> block to read before answering; empty when nothing is known."""
         with _as_tool_error():
@@ -223,9 +231,7 @@ class KeyGuard:
     def authorize(self, request: Request) -> Caller:
         from memq.core.identity import validate_user_id
 
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        principal = self.keyring.resolve(token if scheme.lower() == "bearer" else None)
+        principal = self.keyring.resolve(bearer_token(request.headers.get("authorization")))
         principal.require_scope("agent")
         user = validate_user_id(request.headers.get(USER_HEADER) or None)
         principal.require_user(user)

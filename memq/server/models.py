@@ -3,11 +3,28 @@ the API shows exactly what memq stores (one schema, not a copy)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
+from memq.core.settings import MemqSettings
 from memq.server.service import HandOffStatus
 from storage.base import Change
 from storage.document import Fact
+
+
+def setting_bounds(name: str) -> dict[str, Any]:
+    """The ``ge``/``le``/``gt``/``lt`` of a setting, for a request field that overrides it per
+    call (the per-call token budget is held to the limits of the setting it overrides)."""
+    bounds: dict[str, Any] = {}
+    for constraint in MemqSettings.model_fields[name].metadata:
+        for kind in ("ge", "le", "gt", "lt"):
+            if hasattr(constraint, kind):
+                bounds[kind] = getattr(constraint, kind)
+    return bounds
+
+
+TOKEN_BUDGET = setting_bounds("injected_memory_max_tokens")
 
 
 class HandOffAccepted(BaseModel):

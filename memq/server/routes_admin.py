@@ -7,15 +7,15 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, Query
+from fastapi import Body, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from memq.commands.memory import check_category
 from memq.server.auth import ADMIN
-from memq.server.routes_agent import AgentName, Service
+from memq.server.routing import AgentName, Service, new_router
 from storage.document import DEFAULT_CATEGORY, Fact
 
-router = APIRouter()
+router = new_router()
 USER = "/v1/users/{user_id}"
 _TAGS: list[str | Enum] = ["admin"]
 

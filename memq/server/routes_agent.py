@@ -6,32 +6,28 @@ Query texts travel in request bodies, never in the URL, so no access log or prox
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from memq.server.auth import AGENT
 from memq.server.limits import check_count
-from memq.server.models import ContextBlock, FactsOut, HandOffAccepted, HistoryOut
-from memq.server.service import MemqService
+from memq.server.models import (
+    TOKEN_BUDGET,
+    ContextBlock,
+    FactsOut,
+    HandOffAccepted,
+    HistoryOut,
+)
+from memq.server.routing import AgentName, Service, new_router
 
-router = APIRouter()
+router = new_router()
 USER = "/v1/users/{user_id}"
 _TAGS: list[str | Enum] = ["agent"]
-
-AgentName = Annotated[
-    str | None,
-    Query(description="agent name; omitted: the user-global memory", max_length=200),
-]
-
-
-def service(request: Request) -> MemqService:
-    return request.app.state.service  # type: ignore[no-any-return]
-
-
-Service = Annotated[MemqService, Depends(service)]
 
 
 class HandOff(BaseModel):
@@ -47,7 +43,7 @@ class HandOff(BaseModel):
     flush: bool = Field(
         default=False, description="due now (before a summary drops messages), skip the debounce"
     )
-    trace_id: str | None = Field(default=None, max_length=200)
+    trace_id: str | None = Field(default=None, description="carried to the worker's log line")
 
 
 @router.post(
@@ -57,17 +53,22 @@ class HandOff(BaseModel):
     status_code=202,
     response_model=HandOffAccepted,
 )
-def hand_off(user_id: str, body: HandOff, request: Request, svc: Service) -> HandOffAccepted:
+async def hand_off(user_id: str, body: HandOff, request: Request, svc: Service) -> HandOffAccepted:
     """Hand a conversation over for extraction: 202 once Redis took it (`queued`), or once the
     server spooled it while Redis is unreachable (`spooled`, sent when Redis is back)."""
     check_count(body.messages, request.app.state.settings.serve_max_messages, "messages")
-    outcome = svc.hand_off(
-        body.thread_id,
-        user_id,
-        body.agent_name,
-        body.messages,
-        flush=body.flush,
-        trace_id=body.trace_id,
+    # The hot path: one explicit hop to a thread for the (blocking) Redis round trip, and the
+    # answer serialised here; a sync handler costs a second hop for the serialisation.
+    outcome = await run_in_threadpool(
+        functools.partial(
+            svc.hand_off,
+            body.thread_id,
+            user_id,
+            body.agent_name,
+            body.messages,
+            flush=body.flush,
+            trace_id=body.trace_id,
+        )
     )
     return HandOffAccepted(
         status=outcome.status,
@@ -84,7 +85,12 @@ class ContextQuery(BaseModel):
     query: str | None = Field(
         default=None, description="the user's latest message: relevant facts first"
     )
-    max_tokens: int | None = Field(default=None, ge=50, le=32000, description="token budget")
+    max_tokens: int | None = Field(
+        default=None,
+        description="token budget (default MEMQ_INJECTED_MEMORY_MAX_TOKENS)",
+        ge=TOKEN_BUDGET["ge"],
+        le=TOKEN_BUDGET["le"],
+    )
 
 
 @router.post(
@@ -111,7 +117,7 @@ def list_facts(
     user_id: str,
     svc: Service,
     agent_name: AgentName = None,
-    category: Annotated[str | None, Query(max_length=100)] = None,
+    category: str | None = None,
 ) -> FactsOut:
     """The facts, most confident first."""
     facts = svc.manager.list_facts(user_id, agent_name=agent_name, category=category)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import Depends, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,9 +13,9 @@ from memq.core.connection import REDIS_ERRORS
 from memq.server.auth import ADMIN, PUBLIC
 from memq.server.limits import check_count
 from memq.server.problems import problem
-from memq.server.routes_agent import Service
+from memq.server.routing import Service, new_router
 
-router = APIRouter()
+router = new_router()
 # Beat is "ticking" while its last tick is younger than this many ticks (and at least 10 s).
 _TICK_GRACE = 10
 
@@ -26,7 +26,12 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["ops"], dependencies=[Depends(PUBLIC)], response_model=None)
+@router.get(
+    "/readyz",
+    tags=["ops"],
+    dependencies=[Depends(PUBLIC)],
+    response_model=None,
+)
 def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
     """Redis answers and beat ticks (readiness): 200, else 503 naming what is missing."""
     from worker.metrics import read_metrics
