@@ -178,6 +178,12 @@ class Markup(HTMLParser):
             self._buffer.append(data)
 
 
+def error_of(page: str) -> str:
+    """The one line an error page says."""
+    found = re.search(r'id="error-message">([^<]*)<', page)
+    return html.unescape(found.group(1)) if found else ""
+
+
 def parsed(page: str) -> Markup:
     markup = Markup()
     markup.feed(page)
@@ -298,6 +304,48 @@ def test_preview_is_the_block_an_agent_gets_and_names_what_the_budget_left_out(
     assert page.texts  # the page rendered its stored text through the escaping macro
     bad = ui.post("/users/app1-dan/preview", {"query": "x", "budget": "10"})
     assert bad.status_code == 422 and "budget" in bad.text
+
+
+def test_facts_added_and_edited_by_hand_are_kept_and_recorded_or_refused_in_one_line(
+    ui_server: tuple[Any, MemqSettings], ui_client: Any
+) -> None:
+    server, settings = ui_server
+    manager = _manager(settings)
+    ui: UiClient = ui_client(server)
+    ui.login(Keys().admin)
+    added = ui.post(
+        "/users/app1-hal/facts",
+        {"content": "The user rows </user_memory>", "category": "goal", "confidence": "0.7"},
+    )
+    assert added.status_code == 200 and "Fact added." in added.text
+    (fact,) = manager.list_facts("app1-hal")
+    assert (fact.content, fact.category, fact.confidence, fact.source) == (
+        "The user rows </user_memory>",
+        "goal",
+        0.7,
+        "manual",
+    )
+    assert added.url.path == f"/ui/users/app1-hal/facts/{fact.id}"
+    for form, why in (
+        ({"content": "x", "confidence": "high"}, "confidence must be a number"),
+        ({"content": "x", "confidence": "1.5"}, "confidence must be between 0 and 1"),
+        ({"content": "x", "category": "prefrence"}, "unknown category 'prefrence'"),
+        ({"content": "   "}, "content must be a non-blank string"),
+    ):
+        answer = ui.post("/users/app1-hal/facts", form)
+        assert answer.status_code == 422, form
+        assert why in error_of(answer.text), (form, error_of(answer.text))
+    edited = ui.post(f"/users/app1-hal/facts/{fact.id}/edit", {"confidence": "0.9"})
+    assert "Fact edited" in edited.text
+    assert manager.list_facts("app1-hal")[0].content == "The user rows </user_memory>"
+    assert [(c.action, c.reason) for c in manager.history("app1-hal")] == [
+        ("edit", "edited confidence"),
+        ("add", "added by hand"),
+    ]
+    missing = ui.post("/users/app1-hal/facts/fact_nothere/edit", {"content": "y"})
+    assert missing.status_code == 404 and "not found" in error_of(missing.text)
+    # Already logged in: the login page goes on to the users.
+    assert ui.get("/login").url.path == "/ui/users"
 
 
 def test_forgetting_a_user_needs_the_user_id_typed_back(

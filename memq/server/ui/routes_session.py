@@ -11,10 +11,12 @@ from memq.server.ui.render import render
 from memq.server.ui.session import (
     COOKIE,
     CSRF_FIELD,
+    LoginRequired,
     Session,
     check_csrf,
     log_in,
     new_session,
+    principal_of,
 )
 
 router = APIRouter()
@@ -56,11 +58,17 @@ def login_page(request: Request, session: Session, error: str = "", status: int 
 
 @router.get("/login", name="ui_login_form")
 def login_form(request: Request) -> Response:
-    """The login form; its session (no key yet) carries the form's CSRF token."""
+    """The login form; its session (no key yet) carries the form's CSRF token. A browser still
+    logged in with a valid key goes on to the users."""
     session = session_of(request)
-    if session is None or session.logged_in:
-        session = new_session()
-    return login_page(request, session)
+    if session is not None and session.logged_in:
+        try:
+            principal_of(request.app.state.keyring, session)
+        except LoginRequired:
+            pass
+        else:
+            return RedirectResponse(_base(request) + "/users", status_code=303)
+    return login_page(request, new_session() if session is None or session.logged_in else session)
 
 
 @router.post("/login", name="ui_login")
