@@ -303,7 +303,11 @@ def test_preview_is_the_block_an_agent_gets_and_names_what_the_budget_left_out(
     assert not any(text in block for text in shown_left)
     assert page.texts  # the page rendered its stored text through the escaping macro
     bad = ui.post("/users/app1-dan/preview", {"query": "x", "budget": "10"})
-    assert bad.status_code == 422 and "budget" in bad.text
+    assert bad.status_code == 422 and "budget" in error_of(bad.text)
+    # A blank budget is the configured one, as for an agent that sends none.
+    default = ui.post("/users/app1-dan/preview", {"query": "sailing", "budget": ""})
+    assert default.status_code == 200
+    assert f'value="{settings.injected_memory_max_tokens}"' in default.text
 
 
 def test_facts_added_and_edited_by_hand_are_kept_and_recorded_or_refused_in_one_line(

@@ -19,9 +19,11 @@ from memq.server.ui.render import path_segment, query
 
 router = APIRouter()
 USER = "/users/{user_id}"
-AgentField = Annotated[str, Form(max_length=200)]
-Content = Annotated[str, Form(max_length=100_000)]
-Short = Annotated[str, Form(max_length=200)]
+# No length limits of their own: the request body cap bounds a form, and the memory manager checks
+# agent names, contents and categories as everywhere else in memq.
+AgentField = Annotated[str, Form()]
+Content = Annotated[str, Form()]
+Short = Annotated[str, Form()]
 
 
 def _agent(value: str) -> str | None:

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Query
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from memq.server.models import TOKEN_BUDGET
 from memq.server.ui import views
 from memq.server.ui.access import Reader, Viewer
 from prompts.tokens import make_token_counter
@@ -15,7 +16,8 @@ router = APIRouter()
 USER = "/users/{user_id}"
 # Users listed at once: a prefix narrows a deployment of millions to a page.
 MAX_LISTED_USERS = 200
-AgentParam = Annotated[str | None, Query(alias="agent", max_length=200)]
+# The agent name is checked by the storage, as everywhere in memq (an invalid one is a 422 page).
+AgentParam = Annotated[str | None, Query(alias="agent")]
 
 
 def _agent(value: str | None) -> str | None:
@@ -154,9 +156,9 @@ def preview_form(user_id: str, page: Viewer, agent: AgentParam = None) -> HTMLRe
 def preview(
     user_id: str,
     page: Reader,
-    agent: Annotated[str, Form(max_length=200)] = "",
-    query_text: Annotated[str, Form(alias="query", max_length=20_000)] = "",
-    budget: Annotated[int, Form(ge=50, le=32_000)] = 2000,
+    agent: Annotated[str, Form()] = "",
+    query_text: Annotated[str, Form(alias="query")] = "",
+    budget: Annotated[int | None, Form(ge=TOKEN_BUDGET["ge"], le=TOKEN_BUDGET["le"])] = None,
 ) -> HTMLResponse:
     """Exactly the block an agent gets for this query and budget (the injector's own call), its
     token count, and the facts it left out. A POST so the query never sits in a URL."""
@@ -170,7 +172,7 @@ def preview(
         user_id=user_id,
         agent=agent_name,
         query_text=query_text,
-        budget=budget,
+        budget=budget or svc.settings.injected_memory_max_tokens,
         result={
             "block": block,
             "tokens": count(block) if block else 0,

@@ -70,16 +70,12 @@ def _ids(context_id: str) -> list[str] | Literal["all"]:
 
 
 @router.post("/queue/dead/retry", name="ui_dead_retry")
-def retry(
-    page: QueueChanger, context_id: Annotated[str, Form(max_length=2000)]
-) -> RedirectResponse:
+def retry(page: QueueChanger, context_id: Annotated[str, Form()]) -> RedirectResponse:
     count = page.svc.queue.dead_retry(_ids(context_id))
     return RedirectResponse(page.base + "/queue" + query({"done": "retried", "count": count}), 303)
 
 
 @router.post("/queue/dead/purge", name="ui_dead_purge")
-def purge(
-    page: QueueChanger, context_id: Annotated[str, Form(max_length=2000)]
-) -> RedirectResponse:
+def purge(page: QueueChanger, context_id: Annotated[str, Form()]) -> RedirectResponse:
     count = page.svc.queue.dead_purge(_ids(context_id))
     return RedirectResponse(page.base + "/queue" + query({"done": "purged", "count": count}), 303)
