@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from memq.commands import config, doctor, exporter, memory, queue, serve, up
 from memq.commands import demo as demo_command
-from memq.commands.common import CommandContext, mask_url
+from memq.commands import eval as eval_command
+from memq.commands.common import CommandContext, mask_url, shown
 from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
 from memq.core.errors import ConfigError, MemqError
 
@@ -29,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (up, demo_command, queue, memory, doctor, config, exporter, serve):
+    for module in (up, demo_command, queue, memory, doctor, config, exporter, eval_command, serve):
         module.register(sub)
     return parser
 
@@ -49,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        print(f"memq {args.command}: {_explain(exc, context)}", file=sys.stderr)
+        print(f"memq {args.command}: {shown(_explain(exc, context))}", file=sys.stderr)
         return EXIT_ERROR
     finally:
         context.close()

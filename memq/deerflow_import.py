@@ -18,6 +18,7 @@ learned since the first run stay.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +29,14 @@ import yaml
 from memq.core.errors import InvalidIdentifier, InvalidMemoryData
 from memq.core.identity import DEFAULT_USER_ID, validate_agent_name, validate_user_id
 from storage.base import Change, MemoryStorage, UpdateResult
+from storage.cap import DEFAULT_FACT_MAX_CHARS, cap_fact_length
 from storage.document import HISTORY_SECTIONS, USER_SECTIONS, MemoryDocument
 from storage.management import parse_import
 
+log = logging.getLogger(__name__)
+
 DEFAULT_AGENT_BUCKET = "__default__"
+DEERFLOW_DEFAULT_USER = "default"
 PREVIOUS_DEFAULT_AGENT = "lead-agent"
 
 
@@ -57,12 +62,14 @@ class ImportReport:
     facts_present: int
     summaries_set: int
     files: int
+    facts_cut: int = 0  # added facts cut to fact_max_chars
 
     def describe(self) -> str:
+        cut = f", {self.facts_cut} over-long fact(s) cut" if self.facts_cut else ""
         return (
             f"{self.users} user(s), {self.documents} memory document(s) from {self.files} "
-            f"file(s): {self.facts_added} fact(s) added, {self.facts_present} already present, "
-            f"{self.summaries_set} summary section(s) set"
+            f"file(s): {self.facts_added} fact(s) added{cut}, {self.facts_present} already "
+            f"present, {self.summaries_set} summary section(s) set"
         )
 
 
@@ -175,7 +182,10 @@ def read_folder(root: Path) -> list[ScopeImport]:
         if not user_dir.is_dir():
             continue
         try:
-            user = validate_user_id(user_dir.name)
+            # DeerFlow's "default" is its user without authentication: memq's anonymous user,
+            # which also gets the legacy DIR/memory.json above.
+            name = user_dir.name
+            user = DEFAULT_USER_ID if name == DEERFLOW_DEFAULT_USER else validate_user_id(name)
         except InvalidIdentifier as exc:
             raise DeerFlowImportError(f"{user_dir}: {exc}") from exc
         found.extend(_scopes_of_user(user_dir, user))
@@ -214,19 +224,28 @@ def merge(current: MemoryDocument, imported: MemoryDocument) -> tuple[MemoryDocu
     return document, len(added), summaries
 
 
-def import_folder(storage: MemoryStorage, root: Path) -> ImportReport:
-    """Import (merge) a DeerFlow memory folder into ``storage``; safe to run again."""
+def import_folder(
+    storage: MemoryStorage, root: Path, *, fact_max_chars: int = DEFAULT_FACT_MAX_CHARS
+) -> ImportReport:
+    """Import (merge) a DeerFlow memory folder into ``storage``; safe to run again. Facts longer
+    than ``fact_max_chars`` (pass ``settings.fact_max_chars``) are cut, and counted."""
     scopes = read_folder(root)
-    added_total = present_total = summaries_total = 0
+    added_total = present_total = summaries_total = cut_total = 0
     for scope in scopes:
-        counts: list[int] = [0, 0]
+        counts: list[int] = [0, 0, 0]
+        capped = [cap_fact_length(f, fact_max_chars) for f in scope.document.facts]
+        scope.document.facts = [fact for fact, _ in capped]
+        cut_ids = {fact.id for fact, over in capped if over}
 
         def apply(
-            document: MemoryDocument, scope: ScopeImport = scope, counts: list[int] = counts
+            document: MemoryDocument,
+            scope: ScopeImport = scope,
+            counts: list[int] = counts,
+            cut_ids: set[str] = cut_ids,
         ) -> UpdateResult:
             merged, added, summaries = merge(document, scope.document)
-            counts[:] = [added, summaries]
             new_ids = {f.id for f in merged.facts} - {f.id for f in document.facts}
+            counts[:] = [added, summaries, len(new_ids & cut_ids)]
             changes = [
                 Change(action="import", fact_id=f.id, content=f.content, reason="from DeerFlow")
                 for f in merged.facts
@@ -238,6 +257,11 @@ def import_folder(storage: MemoryStorage, root: Path) -> ImportReport:
         added_total += counts[0]
         present_total += len(scope.document.facts) - counts[0]
         summaries_total += counts[1]
+        cut_total += counts[2]
+    if cut_total:
+        log.info(
+            "DeerFlow import: %d over-long fact(s) cut to %d characters", cut_total, fact_max_chars
+        )
     return ImportReport(
         users=len({s.user_id for s in scopes}),
         documents=len(scopes),
@@ -245,6 +269,7 @@ def import_folder(storage: MemoryStorage, root: Path) -> ImportReport:
         facts_present=present_total,
         summaries_set=summaries_total,
         files=sum(len(s.files) for s in scopes),
+        facts_cut=cut_total,
     )
 
 

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
 
-from memq.commands.common import agent_label, format_table
+from memq.commands.common import agent_label, format_table, shown
 from memq.core.errors import MemqError
 from memq.core.settings import MemqSettings, load_settings
 from memq.stack import Stack, StackOptions
@@ -161,9 +161,9 @@ def _report(settings: MemqSettings, conversations: list[Conversation], out: Text
         for section in ("work_context", "personal_context", "top_of_mind"):
             summary = getattr(document.user, section).summary.strip()
             if summary:
-                _say(out, f"{section.replace('_', ' ')}: {summary}")
+                _say(out, f"{section.replace('_', ' ')}: {shown(summary)}")
         _say(out, f"\n-- the block an agent would get (MemoryInjector.block({user!r}, {agent!r}))")
-        _say(out, injector.block(user, agent) or "(empty)")
+        _say(out, shown(injector.block(user, agent), keep_newlines=True) or "(empty)")
         _say(out, "")
 
 

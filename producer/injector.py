@@ -3,6 +3,13 @@
 Every call reads the latest memory (DeerFlow froze it per thread, so what a thread taught
 was only seen by the next one); the file backend's stat-checked cache keeps that cheap. Injection is
 best effort: any failure is logged and the agent simply gets no memory for that turn.
+
+The read runs before every agent turn, so it gets the producer's protections: a Redis client with
+the short ``injector_timeout_seconds`` (built here unless a storage is passed in), and the same
+skip-until back-off (:mod:`producer.backoff`): when Redis does not answer, a turn waits at most one
+timeout, and the turns after it do not try Redis again until the back-off ends. :meth:`load` and
+:meth:`text` are the strict reads (they raise :class:`RedisUnavailable`, also while backing off);
+:meth:`block` fails open.
 """
 
 from __future__ import annotations
@@ -10,28 +17,40 @@ from __future__ import annotations
 import logging
 import threading
 
+from memq.core.connection import RedisClient, redis_client
+from memq.core.errors import RedisUnavailable
 from memq.core.identity import DEFAULT_USER_ID
 from memq.core.settings import MemqSettings, load_settings
+from memq.memory.blocks import INJECTED_MEMORY_TAG
+from producer.backoff import Backoff
 from prompts.injection import format_memory_for_injection
 from prompts.tokens import TokenCounter, make_token_counter
 from storage.base import MemoryStorage
+from storage.document import MemoryDocument
+from storage.location import check_reader_soon
 
 log = logging.getLogger(__name__)
 
-OPEN_TAG = "<user_memory>"
-CLOSE_TAG = "</user_memory>"
+OPEN_TAG = f"<{INJECTED_MEMORY_TAG}>"
+CLOSE_TAG = f"</{INJECTED_MEMORY_TAG}>"
 
 
 class MemoryInjector:
-    """``MemoryInjector().block(user_id, agent_name)`` → the block to put before the user's turn."""
+    """``MemoryInjector().block(user_id, agent_name)`` → the block to put before the user's turn.
+
+    With ``storage`` omitted the backend is built from the settings on first use, on a Redis client
+    with ``injector_timeout_seconds`` (closed by :meth:`close`); a storage passed in is used as it
+    is configured, so give its client a short timeout too."""
 
     def __init__(
         self, settings: MemqSettings | None = None, storage: MemoryStorage | None = None
     ) -> None:
         self._settings = settings
         self._storage = storage
+        self._client: RedisClient | None = None
         self._counter: TokenCounter | None = None
         self._setup_lock = threading.Lock()
+        self._backoff = Backoff()
 
     def _ready(self) -> tuple[MemqSettings, MemoryStorage, TokenCounter]:
         # Built on first use, inside `block`'s safety net: a bad config or an unreachable backend
@@ -42,15 +61,49 @@ class MemoryInjector:
             if self._storage is None:
                 from storage import get_storage
 
-                self._storage = get_storage(self._settings)
+                settings = self._settings
+                if settings.storage == "redis":
+                    self._client = redis_client(
+                        settings, socket_timeout=settings.injector_timeout_seconds
+                    )
+                self._storage = get_storage(settings, redis=self._client)
             if self._counter is None:
                 self._counter = make_token_counter(self._settings.token_counting)
             return self._settings, self._storage, self._counter
 
+    def load(self, user_id: str | None, agent_name: str | None = None) -> MemoryDocument:
+        """The stored memory document, read with the short timeout and the back-off: the strict
+        read (for a backend that reports an outage to its framework). Raises
+        :class:`RedisUnavailable` when Redis did not answer, at once while backing off after
+        that; other storage errors as the backend raises them."""
+        _, storage, _ = self._ready()
+        return self._guarded_load(storage, user_id, agent_name)
+
+    def _guarded_load(
+        self, storage: MemoryStorage, user_id: str | None, agent_name: str | None
+    ) -> MemoryDocument:
+        if self._backoff.skipping():
+            raise RedisUnavailable(
+                "memory read skipped: Redis did not answer a moment ago (backing off)"
+            )
+        try:
+            document = storage.load(DEFAULT_USER_ID if user_id is None else user_id, agent_name)
+        except RedisUnavailable as exc:
+            if self._backoff.failed():
+                log.warning(
+                    "memq: Redis unavailable, injecting no memory until it answers: %s", exc
+                )
+            raise
+        if self._backoff.recovered():
+            log.warning("memq: Redis reachable again; injecting memory")
+        check_reader_soon(self._settings, "injector", self._client)  # once: workers elsewhere?
+        return document
+
     def text(
         self, user_id: str | None, agent_name: str | None = None, *, query: str | None = None
     ) -> str:
-        """The memory text without the wrapper; raises on failure (for tools and the CLI).
+        """The memory text without the wrapper; raises on failure (for tools and the CLI), like
+        :meth:`load`.
 
         ``query`` (typically the user's latest message) fills the budget by relevance blended
         with confidence; without it facts come by confidence alone."""
@@ -58,7 +111,7 @@ class MemoryInjector:
         if not (settings.enabled and settings.injection_enabled):
             return ""
         return format_memory_for_injection(
-            storage.load(DEFAULT_USER_ID if user_id is None else user_id, agent_name),
+            self._guarded_load(storage, user_id, agent_name),
             settings.injected_memory_max_tokens,
             guaranteed_categories=settings.guaranteed_categories,
             guaranteed_token_budget=settings.guaranteed_token_budget,
@@ -74,9 +127,18 @@ class MemoryInjector:
         ``query``: see :meth:`text`."""
         try:
             content = self.text(user_id, agent_name, query=query)
+        except RedisUnavailable:
+            return ""  # logged once per outage by the read itself
         except Exception:
             log.exception("memory injection failed for user=%s agent=%s", user_id, agent_name)
             return ""
         if not content.strip():
             return ""
         return f"{OPEN_TAG}\n{content}\n{CLOSE_TAG}"
+
+    def close(self) -> None:
+        """Close the Redis client the injector built (a storage passed in is the caller's)."""
+        with self._setup_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()

@@ -2,25 +2,23 @@
 
 The producer receives the whole message list of a thread after every agent run. Only user inputs and
 final assistant answers carry facts about the user; framework-injected messages, tool traffic and
-upload payloads must never reach the memory LLM (the injected memory block itself would otherwise
-feed back into memory). Messages arrive as OpenAI-style dicts or as LangChain message objects, which
-are duck-typed so that LangChain stays an optional dependency.
+upload payloads must never reach the memory LLM, nor recalled memory an agent echoes (it would
+otherwise feed back into memory): :mod:`memq.memory.blocks` strips both, in one linear pass over
+each message after it is cut to the size cap. Messages arrive as OpenAI-style dicts or as
+LangChain message objects, which are duck-typed so that LangChain stays an optional dependency.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from memq.core.errors import InvalidMessages
 from memq.core.models import Message
+from memq.memory.blocks import strip_blocks
 
 log = logging.getLogger(__name__)
-
-_UPLOAD_MARKER = "<uploaded_files>"
-_UPLOAD_BLOCK = re.compile(r"<uploaded_files>[\s\S]*?</uploaded_files>\n*", re.IGNORECASE)
 
 # OpenAI roles and LangChain types mapped to the two kinds memory keeps; anything else is dropped.
 _HUMAN = "human"
@@ -104,10 +102,29 @@ def _human_input(item: Any, is_map: bool) -> object:
     return _extra(item, is_map).get("human_input_response")
 
 
-def filter_messages_for_memory(raw: Iterable[object]) -> list[Message]:
-    """User inputs and final assistant answers, in order, as plain-text :class:`Message` objects.
+def memory_text(content: object, max_chars: int | None = None) -> tuple[str, bool]:
+    """A message's text as memory may see it, and whether blocks were stripped from it.
 
-    One pass with one flag: the assistant's reply to an upload-only turn is dropped with it.
+    Cut to its last ``max_chars`` first, so no pattern ever runs over more than the cap; then the
+    upload and recalled-memory blocks go."""
+    text = content_text(content)
+    head_cut = max_chars is not None and len(text) > max_chars
+    if head_cut:
+        text = text[len(text) - max_chars :] if max_chars else ""
+    stripped = strip_blocks(text, head_cut=head_cut)
+    if stripped == text:
+        return text, False
+    return stripped.strip(), True
+
+
+def filter_messages_for_memory(
+    raw: Iterable[object], *, max_chars: int | None = None
+) -> list[Message]:
+    """User inputs and final assistant answers, in order, as plain-text :class:`Message` objects,
+    each at most ``max_chars`` long (its tail).
+
+    One pass with one flag: the assistant's reply to a turn that was nothing but uploads or
+    recalled memory is dropped with it; an answer that was nothing but echoed memory is dropped.
     Raises :class:`InvalidMessages` for anything that is not a list of messages.
     """
     if isinstance(raw, (str, bytes, Mapping)) or not isinstance(raw, Iterable):
@@ -146,18 +163,19 @@ def filter_messages_for_memory(raw: Iterable[object]) -> list[Message]:
             if skip_next_ai:
                 skip_next_ai = False
                 continue
-            kept.append(Message("assistant", content_text(content), mid))
+            text, stripped = memory_text(content, max_chars)
+            if stripped and not text:
+                continue  # nothing but an echo of recalled memory
+            kept.append(Message("assistant", text, mid))
             continue
         if _is_hidden(item, is_map) and not is_valid_human_input_response(
             _human_input(item, is_map)
         ):
             continue  # framework-injected; does not touch skip_next_ai
-        text = content_text(content)
-        if _UPLOAD_MARKER in text:
-            text = _UPLOAD_BLOCK.sub("", text).strip()
-            if not text:
-                skip_next_ai = True  # upload-only turn: its reply says nothing about the user
-                continue
+        text, stripped = memory_text(content, max_chars)
+        if stripped and not text:
+            skip_next_ai = True  # upload-only turn: its reply says nothing about the user
+            continue
         skip_next_ai = False
         kept.append(Message("user", text, mid))
     return kept
@@ -174,24 +192,3 @@ def has_minimum_dialogue(messages: Iterable[Message]) -> bool:
         if seen_user and seen_assistant:
             return True
     return False
-
-
-def keep_newest_within(messages: list[Message], max_chars: int) -> list[Message]:
-    """The newest messages whose contents fit in ``max_chars`` in total, so one endless thread
-    cannot grow its Redis hash without bound. When even the newest message alone is too long, its
-    tail is kept (the end of a message is usually its conclusion)."""
-    total = 0
-    for index in range(len(messages) - 1, -1, -1):
-        total += len(messages[index].content)
-        if total > max_chars:
-            if index == len(messages) - 1:
-                last = messages[index]
-                return [Message(last.role, last.content[-max_chars:], last.id)]
-            log.info(
-                "memq: conversation of %d messages over %d chars; keeping the newest %d",
-                len(messages),
-                max_chars,
-                len(messages) - index - 1,
-            )
-            return messages[index + 1 :]
-    return messages

@@ -2,8 +2,11 @@
 
 ``after_agent`` and ``flush`` never raise and never wait long: Redis calls carry the short
 ``producer_timeout_seconds``; when Redis does not answer the context goes to a bounded in-process
-spool, Redis is skipped for a back-off so the next calls do not pay the timeout again, and a daemon
-thread replays the spool once Redis answers. ``enqueue`` is the strict variant (typed errors) for
+spool, Redis is skipped for a back-off (:mod:`producer.backoff`) so the next calls do not pay the
+timeout again, and a daemon thread replays the spool once Redis answers. A request that fails for
+any other reason says nothing about Redis: it never starts the back-off, it goes to the back of the
+spool, and after a few failed tries it is dropped (counted as ``poisoned``), so one request that
+cannot be sent never holds up the others. ``enqueue`` is the strict variant (typed errors) for
 the CLI and for callers that want to know.
 """
 
@@ -13,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 
 from memq.core.connection import RedisClient, redis_client
@@ -21,28 +24,32 @@ from memq.core.errors import MemqError, RedisUnavailable
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings, load_settings
+from producer.backoff import Backoff
 from producer.enqueue import Enqueuer, EnqueueRequest, EnqueueResult, build_request
 from producer.spool import Spool
 
 log = logging.getLogger(__name__)
 
-_BACKOFF_MIN_SECONDS = 0.5
-_BACKOFF_MAX_SECONDS = 5.0
 _REPLAY_BATCH = 100
+# Tries of a request that fails for a reason other than Redis before it is dropped.
+_MAX_UNEXPECTED_FAILURES = 3
 _CLOSE_JOIN_SECONDS = 2.0
+_UNEXPECTED_PAUSE_SECONDS = 0.5
 
 
 @dataclass(frozen=True, slots=True)
 class ProducerStats:
     """Counters since the producer was built: contexts sent on the call (``enqueued``), kept for
     later (``spooled``), sent later from the spool (``replayed``), lost to a full spool
-    (``dropped``), and calls refused for bad input or an unexpected failure (``errors``)."""
+    (``dropped``), calls refused for bad input or an unexpected failure (``errors``), and requests
+    dropped because they kept failing for a reason other than Redis (``poisoned``)."""
 
     enqueued: int = 0
     spooled: int = 0
     replayed: int = 0
     dropped: int = 0
     errors: int = 0
+    poisoned: int = 0
 
 
 def _wall_clock_ms() -> int:
@@ -79,14 +86,15 @@ class MemoryProducer:
             max_delay_ms=s.max_delay_ms,
             retention_ms=s.context_retention_ms,
             pending_max_bytes=s.pending_max_bytes,
+            context_max_bytes=s.context_max_bytes,
         )
         self._clock_ms = clock_ms or _wall_clock_ms
         self._spool = Spool(s.spool_max_contexts)
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(("enqueued", "spooled", "replayed", "dropped", "errors"), 0)
-        self._outage = False
-        self._backoff_seconds = 0.0
-        self._skip_until = 0.0  # time.monotonic() before which Redis is not tried
+        self._counts = dict.fromkeys(
+            ("enqueued", "spooled", "replayed", "dropped", "errors", "poisoned"), 0
+        )
+        self._backoff = Backoff()
         self._replayer: threading.Thread | None = None
         self._closed = threading.Event()
 
@@ -163,9 +171,8 @@ class MemoryProducer:
             except RedisUnavailable as exc:
                 self._record_failure(exc)
                 break
-            except Exception:  # what failed is back in the spool; close() must not raise
+            except Exception:  # close() must not raise; this is not Redis failing
                 log.exception("memq: unexpected error replaying the spool")
-                self._record_failure(RuntimeError("replay failed"))
                 break
         return replayed
 
@@ -246,6 +253,8 @@ class MemoryProducer:
             flush=flush,
             trace_id=trace_id,
             max_chars=self._settings.producer_max_chars,
+            max_messages=self._settings.producer_max_messages,
+            max_bytes=self._settings.context_max_bytes,
             # Stamped now, not when sent: a spooled request must never pass for a newer turn.
             captured_ms=self._clock_ms(),
         )
@@ -271,7 +280,7 @@ class MemoryProducer:
             return False
         if request is None:
             return False
-        if self._skip_until and time.monotonic() < self._skip_until:
+        if self._backoff.skipping():
             self._keep_for_later(request)  # Redis failed just now: do not pay the timeout again
             return False
         older = self._spool.take(request.context_id)
@@ -283,16 +292,12 @@ class MemoryProducer:
             self._record_failure(exc)
             self._keep_for_later(request)
             return False
-        except Exception:
-            # Not the agent's problem, and not a reason to lose this turn (nor what it took from
-            # the spool): keep it for the replay, which backs off if this keeps failing.
-            self._count("errors")
-            log.exception("memq: unexpected error enqueueing %s; spooled", request.key.describe())
-            self._keep_for_later(request)
+        except Exception as exc:
+            # Not the agent's problem, and not Redis failing: the replay tries it a few more times.
+            self._failed_unexpectedly(request, exc)
             return False
         self._count("enqueued")
-        if self._outage:
-            self._record_recovery()
+        self._record_recovery()
         if len(self._spool):
             self._ensure_replayer()
         return True
@@ -314,50 +319,55 @@ class MemoryProducer:
         if len(self._spool):
             self._ensure_replayer()
 
-    def _record_failure(self, exc: BaseException) -> None:
-        with self._lock:
-            self._backoff_seconds = min(
-                _BACKOFF_MAX_SECONDS, max(_BACKOFF_MIN_SECONDS, self._backoff_seconds * 2)
+    def _failed_unexpectedly(self, request: EnqueueRequest, exc: Exception) -> None:
+        """A send failed for a reason other than Redis: back of the spool for another try, or
+        dropped once it has failed too often. Logged by type only: the message of an arbitrary
+        error may quote the conversation."""
+        self._count("errors")
+        failures = request.failures + 1
+        if failures >= _MAX_UNEXPECTED_FAILURES:
+            self._count("poisoned")
+            log.warning(
+                "memq: dropped %s after %d failed tries (%s, not a Redis error)",
+                request.key.describe(),
+                failures,
+                type(exc).__name__,
             )
-            self._skip_until = time.monotonic() + self._backoff_seconds
-            first = not self._outage
-            self._outage = True
-        if first:
+            return
+        self._keep_for_later(replace(request, failures=failures))
+
+    def _record_failure(self, exc: BaseException) -> None:
+        if self._backoff.failed():
             log.warning("memq: Redis unavailable, spooling conversations locally: %s", exc)
 
     def _record_recovery(self) -> None:
-        with self._lock:
-            was_out = self._outage
-            self._outage = False
-            self._backoff_seconds = 0.0
-            self._skip_until = 0.0
-        if was_out:
+        if self._backoff.recovered():
             log.warning(
                 "memq: Redis reachable again; replaying %d spooled contexts", len(self._spool)
             )
 
     def _replay_batch(self) -> int:
         batch = self._spool.pop_batch(_REPLAY_BATCH)
+        sent = 0
         for index, request in enumerate(batch):
             try:
                 self._enqueue(request, self._clock_ms())
-            except Exception as exc:
+            except RedisUnavailable:
                 # Back in oldest-first order, merged with any copy spooled meanwhile (the one
                 # captured later keeps its messages).
-                unexpected = not isinstance(exc, RedisUnavailable)
-                for rest in reversed(batch[index + int(unexpected) :]):
+                for rest in reversed(batch[index:]):
                     if self._spool.put_back(rest):
                         self._count("dropped")
-                if unexpected:
-                    # At the back, so a request that keeps failing cannot hold up the others.
-                    self._count("errors")
-                    if self._spool.put(request):
-                        self._count("dropped")
                 raise
+            except Exception as exc:
+                # At the back (or dropped), so a request that keeps failing cannot hold up the
+                # others; the rest of the batch goes on.
+                self._failed_unexpectedly(request, exc)
+                continue
+            sent += 1
             self._count("replayed")
-            if self._outage:
-                self._record_recovery()
-        return len(batch)
+            self._record_recovery()
+        return sent
 
     def _ensure_replayer(self) -> None:
         with self._lock:
@@ -370,7 +380,7 @@ class MemoryProducer:
 
     def _replay_loop(self) -> None:
         while not self._closed.is_set():
-            wait = self._skip_until - time.monotonic()
+            wait = self._backoff.wait_seconds()
             if wait > 0 and self._closed.wait(wait):
                 break
             try:
@@ -379,7 +389,10 @@ class MemoryProducer:
                 self._record_failure(exc)
             except Exception:  # a daemon thread that dies silently would strand the spool
                 log.exception("memq: unexpected error replaying the spool")
-                self._record_failure(RuntimeError("replay failed"))
+                # Not Redis failing, so no back-off for the agents; a pause keeps this from
+                # spinning if it repeats.
+                if self._closed.wait(_UNEXPECTED_PAUSE_SECONDS):
+                    break
             with self._lock:
                 if not len(self._spool) or self._closed.is_set():
                     self._replayer = None

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from memq.core.errors import ResponseParseError
+from memq.memory.blocks import strip_blocks, tag_pattern
 from memq.memory.update import (
     ConsolidationProposal,
     NewFact,
@@ -38,9 +38,7 @@ REQUIRED_KEYS = ("user", "history", "newFacts")
 _DECODE_WORK_PER_CHAR = 16
 _DECODE_WORK_FLOOR = 1_000_000
 # Closed reasoning blocks come before the answer and may be full of braces, or of drafts.
-_REASONING_BLOCK = re.compile(
-    r"<(think|thinking|reasoning|reflection)>[\s\S]*?</\1>", re.IGNORECASE
-)
+_REASONING_BLOCK = tag_pattern(("think", "thinking", "reasoning", "reflection"))
 _TRUE_STRINGS = {"true", "yes", "1"}
 
 
@@ -72,7 +70,7 @@ def response_text(content: Any) -> str:
 def find_update_object(text: str) -> dict[str, Any] | None:
     """The first JSON object in ``text`` that has every required key, wherever it starts; closed
     reasoning blocks (``<think>…</think>``) are skipped unless nothing outside them is found."""
-    without_reasoning = _REASONING_BLOCK.sub("\n", text)
+    without_reasoning = strip_blocks(text, _REASONING_BLOCK, unclosed="keep")
     if without_reasoning != text:
         found = _first_update_object(without_reasoning)
         if found is not None:

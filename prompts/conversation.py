@@ -9,18 +9,16 @@ Which messages are new since the last extraction is the worker's business (``wor
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memq.core.models import Message
+from memq.memory.blocks import strip_blocks
 from prompts.escaping import indented
 from prompts.tokens import TokenCounter
 
 log = logging.getLogger(__name__)
 
-# Defence in depth: the producer strips upload blocks, but a caller may bypass it.
-_UPLOAD_BLOCK = re.compile(r"<(uploaded_files|current_uploads)>[\s\S]*?</\1>\n*", re.IGNORECASE)
 _ROLE_LABEL = {"user": "User", "assistant": "Assistant"}
 _MIN_KEEP_CHARS = 40
 
@@ -35,11 +33,9 @@ def truncate_middle(text: str, max_chars: int) -> str:
 
 
 def message_text(message: Message) -> str:
-    """The text of ``message`` as the prompt sends it (upload blocks removed, stripped)."""
-    text = message.content
-    if message.role == "user" and "<" in text:
-        text = _UPLOAD_BLOCK.sub("", text)
-    return text.strip()
+    """The text of ``message`` as the prompt sends it (upload and recalled-memory blocks removed,
+    stripped). Defence in depth: the producer strips the same blocks, but a caller may bypass it."""
+    return strip_blocks(message.content).strip()
 
 
 def render_line(message: Message) -> str:

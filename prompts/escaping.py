@@ -9,10 +9,22 @@ looks like one of ours. One policy for every slot:
 * JSON slots (the current memory) escape ``<``, ``>`` and ``&`` as JSON ``\\u`` escapes. The JSON
   still means the same strings, so the model reads ``<`` and anything it copies back parses to
   ``<`` again — unlike HTML entities, which DeerFlow's models copied into summaries as ``&quot;``.
-* Text slots neutralise only what could start a tag (``<`` before a name, ``/``, ``!`` or ``?``);
-  ``a < b`` and ``R&D`` reach the model unchanged. A line break is what ``str.splitlines`` splits
-  at (a model reads all of them as one): an item that must stay one line has them folded to a
-  space, a message that may span lines has its continuation lines indented.
+* Text slots neutralise only what could start a tag (a ``<`` before a name, ``/``, ``!`` or
+  ``?``, as ``&lt;``); ``a < b`` and ``R&D`` reach the model unchanged. A line break is what
+  ``str.splitlines`` splits at (a model reads all of them as one): an item that must stay one
+  line has them folded to a space, a message that may span lines has its continuation lines
+  indented.
+
+A model does not read code points, it reads what they look like: ``<\\u200b/user_memory>``,
+``＜/user_memory＞`` and ``‹/user_memory›`` all close the block to it. So text slots first drop
+invisible characters (format characters, Unicode category Cf, and the other default-ignorables),
+keeping only the joiners and variation selectors that scripts and emoji need; then every
+``<``-like character (``<`` and whatever folds or looks like it) that starts something tag-like is
+neutralised, looking past joiners and combining marks. ``<`` and its NFKC forms stay only before
+a space (not followed by a slash), a digit, ASCII punctuation or the end, so ``a < b`` and
+``x <= 3`` stay; the mere lookalikes only count before a Latin letter, ``!``, ``?`` or a slash, so
+``〈論文〉`` stays; Chinese, emoji and accents are never touched. JSON slots ``\\u``-escape the
+same characters instead, so their strings still mean exactly what was stored.
 """
 
 from __future__ import annotations
@@ -21,16 +33,43 @@ import json
 import re
 from typing import Any
 
-# "< /conversation>" is still a closing tag to a model; "a < b" is a comparison.
-_TAG_START = re.compile(r"<(?=\s*/|[!?A-Za-z])")
+# `regex`, not `re`: it knows Unicode properties (Cf, default-ignorable, marks).
+import regex
+
+# Characters that are, fold to (NFKC) or look like "<" and ">", and like "/" after a space.
+LT_LIKE = "<\ufe64\uff1c\u2039\u2329\u3008\u27e8\u276c\u276e\u2770\u02c2\u1438\u29fc"
+GT_LIKE = ">\ufe65\uff1e\u203a\u232a\u3009\u27e9\u276d\u276f\u2771\u02c3\u1433\u29fd"
+_SLASH_LIKE = "/\uff0f\u2215\u2044\u29f8"
+# Invisible: format characters and default-ignorables, less what Persian, Indic scripts and emoji
+# need (the joiners, variation selectors); those are looked past instead.
+_INVISIBLE_CLASS = r"[[\p{Cf}\p{DI}]--[\u200c\u200d\p{Variation_Selector}]]"
+_INVISIBLE = regex.compile(_INVISIBLE_CLASS, regex.V1)
+_PAST = r"[\u200c\u200d\p{M}]"  # joiners and combining marks (variation selectors are marks)
+# What may follow a "<" that is not a tag: a space (unless a slash comes next), a digit, ASCII
+# punctuation other than "/", "!" and "?", or the end. Anything else (a letter of any script, a
+# full-width or mathematical form, a symbol) is treated as a tag name.
+_NOT_A_TAG = r"[\s0-9=<>\-+*().,;:|'\"\[\]{}$%&^~`@#_\\]"
+# "<" itself and its NFKC forms open a tag before anything else; the mere lookalikes (also CJK
+# title brackets: 〈論文〉) only before a Latin letter, "!" or "?".
+_LT_FOLDS = "<\ufe64\uff1c"
+_LOOKALIKES = LT_LIKE.removeprefix(_LT_FOLDS)
+_TAG_START = regex.compile(
+    rf"(?:[{_LT_FOLDS}](?={_PAST}*+(?!{_NOT_A_TAG}|\Z))"
+    rf"|[{_LOOKALIKES}](?={_PAST}*+[A-Za-z\uff21-\uff3a\uff41-\uff5a!?\uff01\uff1f]))"
+    rf"|[{LT_LIKE}](?=(?:\s|{_PAST})*+[{_SLASH_LIKE}])"
+)
+_JSON_UNSAFE = regex.compile(rf"[&{LT_LIKE}{GT_LIKE}]|{_INVISIBLE_CLASS}|[\ud800-\udfff]", regex.V1)
 # Every line boundary str.splitlines knows: CR LF, CR, LF, VT, FF, FS, GS, RS, NEL, LS, PS.
 LINE_BREAK = re.compile(r"\r\n|[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]")
 _FOLD = re.compile(rf"\s*(?:{LINE_BREAK.pattern})+\s*")
 
 
 def neutralise_tags(text: str) -> str:
-    """Make sure ``text`` cannot open or close a tag of ours; the rest is left as written."""
-    return _TAG_START.sub("&lt;", text)
+    """Make sure ``text`` cannot open or close a tag of ours, nor hide anything from a reader:
+    invisible characters are dropped, tag-like openings neutralised, the rest left as written."""
+    if text.isascii():  # the common case: no invisible or lookalike character to look for
+        return _TAG_START.sub("&lt;", text) if "<" in text else text
+    return _TAG_START.sub("&lt;", _INVISIBLE.sub("", text))
 
 
 def one_line(text: str) -> str:
@@ -61,8 +100,16 @@ def prompt_json(data: Any) -> str:
         text = "{\n" + ",\n".join(parts) + "\n}"
     else:
         text = _compact(data)
-    # Outside strings JSON never contains these characters, so a plain replace is exact.
-    return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
+    # Outside strings JSON never contains these characters, so escaping them is exact.
+    return _JSON_UNSAFE.sub(_json_escape, text)
+
+
+def _json_escape(match: regex.Match[str]) -> str:
+    point = ord(match.group())
+    if point < 0x10000:
+        return f"\\u{point:04x}"
+    point -= 0x10000  # a UTF-16 surrogate pair, as JSON spells characters beyond the BMP
+    return f"\\u{0xD800 + (point >> 10):04x}\\u{0xDC00 + (point & 0x3FF):04x}"
 
 
 def _compact(data: Any) -> str:

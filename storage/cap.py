@@ -1,12 +1,49 @@
-"""The fact cap of a memory document: which facts go when there are more than ``max_facts``.
+"""The caps on facts: which facts go when a document holds more than ``max_facts``, and how long
+one fact may be (``fact_max_chars``).
 
-A pure function of the fact list, shared by the extraction's apply step and by hand edits, so a fact
-added by hand is held to the same cap (and the same eviction order) as one an extraction learned.
+Pure functions, shared by the extraction's apply step, hand edits and imports, so a fact added
+by hand or imported is held to the same caps (and the same eviction order) as one an extraction
+learned.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from memq.core.settings import MemqSettings
 from storage.document import CORRECTION, Fact
+
+# For callers without settings at hand (a manager built on a bare storage): the settings' default.
+DEFAULT_FACT_MAX_CHARS = int(MemqSettings.model_fields["fact_max_chars"].default)
+# The free-text fields of a fact that are rendered into every prompt.
+FACT_TEXT_FIELDS = ("content", "source_error")
+CUT_MARK = "…"
+
+
+def cap_fact_length(fact: Fact, max_chars: int) -> tuple[Fact, tuple[str, ...]]:
+    """``fact`` with each text field over ``max_chars`` characters cut to that length (the cut ends
+    in "…"), and the names of the fields it cut. The input is not modified; a fact within the
+    limit comes back as is.
+
+    Every door a fact comes in by uses this one function: extraction and import keep the cut fact,
+    the management API refuses the fact, naming the fields.
+    """
+    over = tuple(name for name in FACT_TEXT_FIELDS if len(getattr(fact, name) or "") > max_chars)
+    if not over:
+        return fact, ()
+    cut = {name: getattr(fact, name)[: max_chars - len(CUT_MARK)] + CUT_MARK for name in over}
+    return fact.model_copy(update=cut), over
+
+
+def cap_facts_length(facts: Iterable[Fact], max_chars: int) -> tuple[list[Fact], int]:
+    """Every fact through :func:`cap_fact_length`; returns them and how many were cut."""
+    out: list[Fact] = []
+    cut = 0
+    for fact in facts:
+        capped, over = cap_fact_length(fact, max_chars)
+        out.append(capped)
+        cut += bool(over)
+    return out, cut
 
 
 def evict_over_cap(facts: list[Fact], max_facts: int) -> tuple[list[Fact], list[Fact]]:

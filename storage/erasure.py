@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Final
 
-from memq.core.identity import validate_agent_name, validate_user_id
+from memq.core.errors import InvalidIdentifier
+from memq.core.identity import decode_agent, validate_agent_name, validate_user_id
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
 from storage.base import MemoryStorage
@@ -78,7 +79,10 @@ _NOUNS = {
 
 
 def _agent_of(context_id: str) -> str | None:
-    return context_id.rsplit(":", 1)[-1] or None
+    try:
+        return decode_agent(context_id.rsplit(":", 1)[-1])
+    except InvalidIdentifier:
+        return None
 
 
 def erase(

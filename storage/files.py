@@ -26,7 +26,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from memq.core.errors import CorruptMemoryFile, LockTimeout, StaleClaim, StorageError
-from memq.core.identity import validate_agent_name, validate_user_id
+from memq.core.identity import (
+    decode_segment,
+    decode_user,
+    encode_agent,
+    encode_user,
+    validate_agent_name,
+    validate_user_id,
+)
 from memq.core.settings import MemqSettings
 from storage.base import Change, Fence, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document, utc_now
@@ -41,6 +48,7 @@ from storage.history import (
     split_update_result,
     stamp_for_save,
 )
+from storage.private import append_private, write_private
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +110,9 @@ class FileMemoryStorage:
     # --- paths
     def directory(self, user_id: str | None, agent_name: str | None) -> Path:
         user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
-        base = self.root / "users" / user
-        return base if agent is None else base / "agents" / agent
+        # Encoded (reversibly, never a separator or a dot): any printable id is one folder name.
+        base = self.root / "users" / encode_user(user)
+        return base if agent is None else base / "agents" / encode_agent(agent)
 
     def path(self, user_id: str | None, agent_name: str | None = None) -> Path:
         """Where the memory.json of that (user, agent) lives (whether or not it exists yet)."""
@@ -202,7 +211,7 @@ class FileMemoryStorage:
         users = []
         for entry in sorted(users_dir.iterdir()):
             try:
-                user = validate_user_id(entry.name)
+                user = validate_user_id(decode_user(entry.name))
             except ValueError:
                 continue  # not ours (a stray file or folder someone put there)
             if self.list_agents(user):
@@ -219,8 +228,12 @@ class FileMemoryStorage:
         agents_dir = base / "agents"
         if agents_dir.is_dir():
             for entry in sorted(agents_dir.iterdir()):
-                if entry.name == entry.name.lower() and _has_data(entry):
-                    found.append(entry.name)
+                try:
+                    agent = decode_segment(entry.name)
+                except ValueError:
+                    continue  # not ours
+                if agent == agent.lower() and _has_data(entry):
+                    found.append(agent)
         return found
 
     def delete(self, user_id: str | None, agent_name: str | None) -> bool:
@@ -303,10 +316,7 @@ class FileMemoryStorage:
         payload = dump_document(document).encode("utf-8")
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
-            with open(tmp, "xb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
+            write_private(tmp, payload, sync=True)
             os.replace(tmp, path)
             _fsync_dir(path.parent)
             sig = _signature(os.stat(path))
@@ -324,13 +334,12 @@ class FileMemoryStorage:
         path = directory / HISTORY_NAME
         lines = "".join(encode_change(c) + "\n" for c in changes).encode("utf-8")
         try:
-            with open(path, "ab") as f:
-                f.write(lines)
+            append_private(path, lines)
             kept = path.read_bytes().splitlines(keepends=True)
             if len(kept) > self.history_max_entries:
                 tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
                 try:
-                    tmp.write_bytes(b"".join(kept[-self.history_max_entries :]))
+                    write_private(tmp, b"".join(kept[-self.history_max_entries :]))
                     os.replace(tmp, path)
                 finally:
                     with contextlib.suppress(FileNotFoundError):
@@ -370,7 +379,7 @@ class FileMemoryStorage:
         path = directory / FENCE_NAME
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
-            tmp.write_text(json.dumps(fences, separators=(",", ":")), encoding="utf-8")
+            write_private(tmp, json.dumps(fences, separators=(",", ":")).encode("utf-8"))
             os.replace(tmp, path)
         except OSError as exc:
             with contextlib.suppress(OSError):

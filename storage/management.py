@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from memq.core.errors import CorruptMemoryFile, FactEvicted, FactNotFound, InvalidMemoryData
 from memq.core.identity import validate_agent_name, validate_user_id
 from storage.base import Change, MemoryStorage, UpdateFn, UpdateResult
-from storage.cap import evict_over_cap
+from storage.cap import DEFAULT_FACT_MAX_CHARS, cap_fact_length, cap_facts_length, evict_over_cap
 from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, empty_document, new_fact_id
 from storage.search import search_facts
 
@@ -32,6 +32,22 @@ MANUAL_REASON = "edited by hand"
 class DuplicateFact(InvalidMemoryData):
     """``add_fact(..., reject_duplicate=True)``: a fact with the same content (case-folded) is
     already stored."""
+
+
+class FactTooLong(InvalidMemoryData):
+    """A fact typed by hand is longer than ``fact_max_chars``: refused (a person can shorten it;
+    cutting it silently would store something they did not write)."""
+
+
+def refuse_too_long(fact: Fact, max_chars: int) -> None:
+    """Raise :class:`FactTooLong` naming the first field of ``fact`` over ``max_chars``."""
+    _, over = cap_fact_length(fact, max_chars)
+    if over:
+        name = over[0]
+        raise FactTooLong(
+            f"{name} is {len(getattr(fact, name))} characters, over the limit of {max_chars} "
+            "(MEMQ_FACT_MAX_CHARS)"
+        )
 
 
 def valid_content(value: object) -> str:
@@ -135,13 +151,24 @@ class MemoryManager:
 
     ``agent_name=None`` is the user-global memory throughout. ``max_facts`` is the fact cap
     ``add_fact`` applies (pass ``settings.max_facts``); None leaves documents uncapped.
+    ``fact_max_chars`` (pass ``settings.fact_max_chars``) is the longest fact: refused when added
+    or edited by hand, cut (and counted) on import.
     """
 
-    def __init__(self, storage: MemoryStorage, *, max_facts: int | None = None) -> None:
+    def __init__(
+        self,
+        storage: MemoryStorage,
+        *,
+        max_facts: int | None = None,
+        fact_max_chars: int = DEFAULT_FACT_MAX_CHARS,
+    ) -> None:
         if max_facts is not None and max_facts < 1:
             raise InvalidMemoryData(f"max_facts must be at least 1, got {max_facts}")
+        if fact_max_chars < 2:
+            raise InvalidMemoryData(f"fact_max_chars must be at least 2, got {fact_max_chars}")
         self.storage = storage
         self.max_facts = max_facts
+        self.fact_max_chars = fact_max_chars
 
     # --- reading
     def document(self, user_id: str, *, agent_name: str | None = None) -> MemoryDocument:
@@ -210,6 +237,7 @@ class MemoryManager:
             source="manual",
             source_error=source_error,
         )
+        refuse_too_long(fact, self.fact_max_chars)
         kept: list[bool] = [True]
 
         def add(document: MemoryDocument) -> UpdateResult:
@@ -248,6 +276,7 @@ class MemoryManager:
 
         def edit(document: MemoryDocument) -> UpdateResult:
             fact = self._find(document, fact_id)
+            refuse_too_long(fact.model_copy(update=updates), self.fact_max_chars)
             for name, value in updates.items():
                 setattr(fact, name, value)
             edited[:] = [fact.model_copy()]
@@ -288,11 +317,27 @@ class MemoryManager:
         agent_name: str | None = None,
     ) -> MemoryDocument:
         """Replace the document with an imported DeerFlow or memq memory.json."""
+        return self.import_document_counted(user_id, data, agent_name=agent_name)[0]
+
+    def import_document_counted(
+        self,
+        user_id: str,
+        data: Mapping[str, Any] | str | bytes,
+        *,
+        agent_name: str | None = None,
+    ) -> tuple[MemoryDocument, int]:
+        """:meth:`import_document`, and how many facts were cut to ``fact_max_chars``."""
         imported = parse_import(data)
-        change = Change(action="import", reason=f"imported {len(imported.facts)} facts")
-        return self._replace(
+        imported.facts, cut = cap_facts_length(imported.facts, self.fact_max_chars)
+        reason = f"imported {len(imported.facts)} facts"
+        if cut:
+            reason += f", {cut} cut to {self.fact_max_chars} characters"
+            log.info("import: %d over-long fact(s) cut to %d characters", cut, self.fact_max_chars)
+        change = Change(action="import", reason=reason)
+        document = self._replace(
             user_id, agent_name, lambda _current: UpdateResult(imported, [change]), imported, change
         )
+        return document, cut
 
     def clear(self, user_id: str, *, agent_name: str | None = None) -> int:
         """Empty the document (history kept, with the clear recorded); returns facts removed."""

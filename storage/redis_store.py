@@ -20,6 +20,7 @@ from typing import Any
 from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS, RedisClient, redis_client
 from memq.core.errors import (
     CorruptMemoryFile,
+    InvalidIdentifier,
     LockTimeout,
     RedisUnavailable,
     StaleClaim,
@@ -149,7 +150,7 @@ class RedisMemoryStorage:
             removed = self.redis.delete(
                 self.keys.memory_document(user, agent), self.keys.memory_history(user, agent)
             )
-            self.redis.srem(self.keys.memory_index(), f"{user}:{agent or ''}")
+            self.redis.srem(self.keys.memory_index(), self.keys.index_member(user, agent))
         return bool(removed)
 
     # --- internals
@@ -186,7 +187,7 @@ class RedisMemoryStorage:
         with _redis_errors("saving a memory document"):
             # Indexed first: a crash between the two leaves an entry without a document (filtered
             # on listing), never a document that `forget` cannot find.
-            self.redis.sadd(self.keys.memory_index(), f"{user}:{agent or ''}")
+            self.redis.sadd(self.keys.memory_index(), self.keys.index_member(user, agent))
             code, _revision = self._save_script(
                 keys=keys,
                 args=[
@@ -202,7 +203,7 @@ class RedisMemoryStorage:
         if int(code) == 2 and fence is not None:
             with _redis_errors("saving a memory document"):
                 if not self.redis.exists(keys[0]):  # indexed above for nothing
-                    self.redis.srem(self.keys.memory_index(), f"{user}:{agent or ''}")
+                    self.redis.srem(self.keys.memory_index(), self.keys.index_member(user, agent))
             raise StaleClaim(
                 f"claim {fence.token} of {fence.context_id} is no longer current; not saved"
             )
@@ -214,8 +215,10 @@ class RedisMemoryStorage:
             members = sorted(_text(m) for m in self.redis.smembers(self.keys.memory_index()))
             pairs: list[tuple[str, str | None]] = []
             for member in members:
-                user, _, agent = member.partition(":")
-                pairs.append((user, agent or None))
+                try:
+                    pairs.append(self.keys.parse_index_member(member))
+                except InvalidIdentifier:
+                    continue  # not written by memq
             pipe = self.redis.pipeline(transaction=False)
             for owner, agent_name in pairs:
                 pipe.exists(self.keys.memory_document(owner, agent_name))

@@ -181,7 +181,7 @@ def test_enqueue_missing_file_and_bad_user(run: Run, cli_env: MemqSettings, tmp_
     code, _, err = run("enqueue", str(tmp_path / "nope.json"), "--thread", "t", "--user", "u")
     assert_one_line_error(code, err, "no such file", "nope.json")
     path = write_json(tmp_path / "chat.json", CONVERSATION)
-    code, _, err = run("enqueue", path, "--thread", "t", "--user", "../etc")
+    code, _, err = run("enqueue", path, "--thread", "t", "--user", "bad\tuser")
     assert_one_line_error(code, err, "user_id")
 
 
@@ -550,3 +550,45 @@ def test_stack_stops_everything_when_a_child_keeps_dying(settings: MemqSettings)
     os.killpg(worker.process.pid, signal.SIGKILL)
     assert stack.supervise(poll_seconds=0.05) == 1
     assert beat.process.poll() is not None  # the survivor was stopped too
+
+
+# --- stored text never drives the operator's terminal
+HIDE_LINES = "\x1b[1A\x1b[2K"  # cursor up one line, erase it
+
+
+def test_stored_control_characters_are_shown_escaped_and_json_stays_exact(
+    run: Run, cli_env: MemqSettings, redis_client: redis.Redis
+) -> None:
+    from storage import get_storage
+    from storage.document import Fact, MemoryDocument, Section
+
+    evil = f"Likes tea{HIDE_LINES}\rall good\u202eevil\u2028\x07"
+    document = MemoryDocument(
+        facts=[Fact(id="f_evil", content=evil, category=f"pref{HIDE_LINES}", confidence=0.9)]
+    )
+    document.user.work_context = Section(summary=f"Engineer{HIDE_LINES}\nuser root · agent x")
+    get_storage(cli_env).save("carol", None, document)
+    raw = ("\x1b", "\r", "\u202e", "\u2028", "\x07")
+    for argv in (("show", "carol"), ("facts", "search", "carol", "tea"), ("inject", "carol")):
+        code, out, _ = run(*argv)
+        assert code == 0, argv
+        assert not any(char in out for char in raw), (argv, out)
+        assert "\\x1b[1A\\x1b[2K" in out, argv
+    code, out, _ = run("show", "carol")
+    assert "Engineer\\x1b[1A\\x1b[2K\\nuser root" in out  # a stored line break forges no line
+    code, out, _ = run("show", "carol", "--json")
+    (memory,) = json.loads(out)["memories"]
+    assert memory["memory"]["facts"][0]["content"] == evil  # JSON output stays exact
+
+    with MemoryProducer(cli_env, redis_client) as producer:
+        assert producer.enqueue("t-esc", "carol", None, CONVERSATION, flush=True) is not None
+    queue = QueueClient(cli_env, redis_client)
+    (claim,) = queue.claim().claims
+    queue.fail(claim.context_id, claim.token, f"LLMError{HIDE_LINES}", None)
+    code, out, _ = run("dead", "list")
+    assert code == 0 and "\x1b" not in out and "LLMError\\x1b[1A\\x1b[2K" in out
+    code, out, _ = run("dead", "list", "--json")
+    assert json.loads(out)[0]["last_error"] == f"LLMError{HIDE_LINES}"
+
+    code, out, _ = run("facts", "delete", "carol", "f_evil")
+    assert code == 0 and "\x1b" not in out and "\\x1b[1A" in out

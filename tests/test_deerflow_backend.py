@@ -16,6 +16,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 
 from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
+from prompts.injection import FRAME_LINE
 from storage import get_storage
 from storage.document import Fact, MemoryDocument, Section
 from tests.support.celery_procs import CeleryProcs, memq_env
@@ -31,6 +32,7 @@ if str(STANDIN) not in sys.path:
 from deerflow import callsites  # noqa: E402
 from deerflow.agents.memory.manager import (  # noqa: E402
     MemoryManager,
+    MemoryManagerError,
     build_memory_manager,
 )
 
@@ -158,6 +160,8 @@ def test_middleware_context_has_agent_facts_and_user_summaries(made: Any) -> Non
     assert "Backend engineer at Acme" in text and "Prefers uv over pip" in text
     assert "<user_memory>" not in text and "<memory>" not in text  # DeerFlow wraps it
     assert callsites.memory_context(manager, "alice", "coder").startswith("<memory>\n")
+    assert text.startswith(FRAME_LINE + "\n")  # framed as data, never instructions
+    assert callsites.memory_context(manager, "alice", "coder").count(FRAME_LINE) == 1
     assert manager.get_context("nobody", agent_name="coder") == ""
 
 
@@ -302,7 +306,8 @@ def test_shutdown_flush_with_redis_down_then_up(tmp_path: Path, make_settings: A
         settings = make_settings(redis_url=server.url, producer_timeout_seconds=0.2)
         manager = build(settings)
         server.stop()
-        assert manager.warm() is False  # Redis does not answer
+        with pytest.raises(MemoryManagerError):  # Redis does not answer
+            manager.warm()
         turn = [HumanMessage("I prefer uv."), AIMessage("Noted: uv.")]
         callsites.after_agent(manager, "t-1", turn, agent_name="coder", user_id="alice")
         assert manager._producer.spool_size == 1

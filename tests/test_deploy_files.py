@@ -67,6 +67,18 @@ def test_compose_redis_persists_and_never_evicts() -> None:
     assert "--maxmemory-policy noeviction" in command
 
 
+def test_compose_redis_requires_a_password_kept_off_argv() -> None:
+    """A Redis without a password is open to anything on its network; a password on argv is
+    open to every user of the host (`ps`)."""
+    redis = compose()["services"]["redis"]
+    assert redis["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+    script = redis["entrypoint"][2]
+    assert "requirepass $$REDIS_PASSWORD" in script and 'exec "$$server" -' in script
+    assert not any("requirepass" in arg or "PASSWORD" in arg for arg in redis["command"])
+    assert "REDISCLI_AUTH" in redis["healthcheck"]["test"][1]
+    assert "REDIS_PASSWORD" in (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+
+
 def test_compose_worker_scales_and_flower_is_protected() -> None:
     services = compose()["services"]
     worker = services["worker"]
@@ -77,7 +89,9 @@ def test_compose_worker_scales_and_flower_is_protected() -> None:
     assert "FLOWER_BASIC_AUTH" in flower["environment"]
     for name in ("worker", "beat", "flower", "exporter", "serve"):
         env = services[name]["environment"]
-        assert env["MEMQ_REDIS_URL"] == "redis://redis:6379/0"
+        assert env["MEMQ_REDIS_URL"] == (
+            "redis://:${REDIS_PASSWORD:?set REDIS_PASSWORD (URL-safe)}@redis:6379/0"
+        )
         assert env["MEMQ_STORAGE"] == "redis"  # one memory for every worker container
 
 

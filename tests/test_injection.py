@@ -13,9 +13,18 @@ import pytest
 
 from memq.core.settings import MemqSettings
 from producer.injector import MemoryInjector
-from prompts.injection import format_memory_for_injection
+from prompts.injection import FRAME_LINE, format_memory_for_injection
 from storage.document import Fact, MemoryDocument
 from storage.files import FileMemoryStorage
+
+FRAME = FRAME_LINE + "\n"
+F = len(FRAME)  # what the frame line costs with count_tokens=len
+
+
+def body(text: str) -> str:
+    """The block without its frame line (which every non-empty block opens with)."""
+    assert text.startswith(FRAME), text
+    return text.removeprefix(FRAME)
 
 
 def fact(content: str, confidence: float, category: str = "preference", **extra: Any) -> Fact:
@@ -49,7 +58,7 @@ def test_renders_the_sections_of_the_deerflow_example() -> None:
             ],
         }
     )
-    assert format_memory_for_injection(document, token_counting=False) == (
+    assert format_memory_for_injection(document, token_counting=False) == FRAME + (
         "User Context:\n"
         "- Work: Backend dev at Acme\n"
         "- Current Focus: Migrating to uv\n"
@@ -72,23 +81,41 @@ def test_empty_memory_renders_nothing() -> None:
 def test_regular_facts_fill_the_budget_in_confidence_order() -> None:
     document = doc(fact("ccc", 0.5), fact("aaa", 0.9), fact("bbb", 0.7))
     # "Facts:\n" (7) + three lines of 25 joined by "\n" = 7 + 25 + 26 + 26 = 84
-    assert format_memory_for_injection(document, 84, count_tokens=len).splitlines() == [
+    assert body(format_memory_for_injection(document, 84 + F, count_tokens=len)).splitlines() == [
         "Facts:",
         "- [preference | 0.90] aaa",
         "- [preference | 0.70] bbb",
         "- [preference | 0.50] ccc",
     ]
-    assert format_memory_for_injection(document, 83, count_tokens=len).splitlines()[1:] == [
+    assert body(format_memory_for_injection(document, 83 + F, count_tokens=len)).splitlines()[
+        1:
+    ] == [
         "- [preference | 0.90] aaa",
         "- [preference | 0.70] bbb",
     ]
 
 
-def test_a_short_low_ranked_fact_never_slips_past_a_skipped_one() -> None:
-    document = doc(fact("top", 0.95), fact("x" * 60, 0.9), fact("tiny", 0.5))
-    # budget 53 after the header: "top" (25) fits, the long fact does not, "tiny" (27) would.
-    text = format_memory_for_injection(document, 60, count_tokens=len)
-    assert text == "Facts:\n- [preference | 0.95] top"
+def test_one_fact_over_the_budget_never_hides_the_facts_after_it() -> None:
+    document = doc(fact("top", 0.95), fact("x" * 60, 0.9), fact("tiny", 0.5), fact("low", 0.4))
+    # budget 60 after the header: "top" (25) fits, the long fact (83) does not and is skipped,
+    # "tiny" (27) still fits, "low" (26) no longer does.
+    text = format_memory_for_injection(document, 67 + F, count_tokens=len)
+    assert body(text) == "Facts:\n- [preference | 0.95] top\n- [preference | 0.50] tiny"
+
+
+def test_a_huge_top_ranked_fact_leaves_the_rest_of_memory_visible() -> None:
+    facts = [fact("y" * 50_000, 1.0)] + [fact(f"fact {i}", 0.9 - i / 100) for i in range(20)]
+    text = format_memory_for_injection(doc(*facts), 2000, count_tokens=len)
+    assert "y" * 100 not in text
+    assert all(f"fact {i}" in text for i in range(20))
+
+
+def test_an_oversized_guaranteed_fact_never_hides_the_next_one() -> None:
+    document = doc(
+        fact("c" * 200, 0.99, "correction"), fact("small fix", 0.9, "correction"), fact("p", 0.5)
+    )
+    text = format_memory_for_injection(document, 2000, count_tokens=len, guaranteed_token_budget=40)
+    assert "- [correction | 0.90] small fix" in text and "c" * 50 not in text
 
 
 def test_guaranteed_facts_have_their_own_budget() -> None:
@@ -98,7 +125,7 @@ def test_guaranteed_facts_have_their_own_budget() -> None:
         fact("a preference", 0.7),
     )
     text = format_memory_for_injection(document, 2000, count_tokens=len, guaranteed_token_budget=40)
-    assert text.splitlines()[1:] == [
+    assert body(text).splitlines()[1:] == [
         "- [correction | 0.90] first correction",  # 38: fits the 40 of the guaranteed budget
         "- [preference | 0.70] a preference",  # the second correction never falls back to regular
     ]
@@ -107,22 +134,22 @@ def test_guaranteed_facts_have_their_own_budget() -> None:
 def test_guaranteed_facts_survive_an_exhausted_budget_and_only_leading_text_is_cut() -> None:
     correction = fact("Run it with make dev", 0.95, "correction", source_error="npm start")
     document = doc(correction, fact("Likes tea", 0.99), work_context="w" * 400)
-    max_tokens = 100
+    max_tokens = 100 + F
 
     text = format_memory_for_injection(document, max_tokens, count_tokens=len)
 
     correction_line = "- [correction | 0.95] Run it with make dev (avoid: npm start)"
     assert text.endswith("\n\nFacts:\n" + correction_line)  # the facts block is intact
     assert "Likes tea" not in text  # no regular budget left
-    assert text.startswith("User Context:\n- Work: www")
+    assert body(text).startswith("User Context:\n- Work: www")
     assert text.split("\n\nFacts:")[0].endswith("\n...")  # the leading sections were cut
     assert len(text) <= max_tokens + len(correction_line)
 
 
 def test_overflow_without_facts_cuts_the_leading_sections_to_the_budget() -> None:
-    text = format_memory_for_injection(doc(recent_months="r" * 500), 120, count_tokens=len)
-    assert text.startswith("History:\n- Recent: rrr") and text.endswith("\n...")
-    assert len(text) <= 120
+    text = format_memory_for_injection(doc(recent_months="r" * 500), 120 + F, count_tokens=len)
+    assert body(text).startswith("History:\n- Recent: rrr") and text.endswith("\n...")
+    assert len(text) <= 120 + F
 
 
 def test_breakouts_are_escaped_in_every_slot() -> None:
@@ -169,7 +196,7 @@ def test_confidence_and_category_are_rendered_consistently() -> None:
             ]
         }
     )
-    assert format_memory_for_injection(document, count_tokens=len).splitlines()[1:] == [
+    assert body(format_memory_for_injection(document, count_tokens=len)).splitlines()[1:] == [
         "- [context | 1.00] too sure",  # clamped, missing category renders "context"
         "- [context | 0.50] no category",  # bool and missing confidence: the same 0.50 default
         "- [knowledge | 0.50] no confidence",
@@ -187,7 +214,7 @@ def test_a_deerflow_mapping_is_accepted() -> None:
         {"facts": [{"content": "Uses uv", "category": "preference", "confidence": 0.9}]},
         count_tokens=len,
     )
-    assert text == "Facts:\n- [preference | 0.90] Uses uv"
+    assert text == FRAME + "Facts:\n- [preference | 0.90] Uses uv"
 
 
 # --- MemoryInjector
@@ -205,7 +232,7 @@ def test_injector_wraps_the_latest_memory_every_call(file_settings: MemqSettings
 
     storage.save("alice", "coder", doc(fact("Uses uv", 0.9)))
     assert injector.block("alice", "coder") == (
-        "<user_memory>\nFacts:\n- [preference | 0.90] Uses uv\n</user_memory>"
+        f"<user_memory>\n{FRAME}Facts:\n- [preference | 0.90] Uses uv\n</user_memory>"
     )
     storage.save("alice", "coder", doc(fact("Uses uv", 0.9), fact("Likes tea", 0.8)))
     assert "Likes tea" in injector.block("alice", "coder")  # not frozen per thread
@@ -235,7 +262,7 @@ def test_injector_never_raises_into_the_agent(
 
     with caplog.at_level(logging.ERROR):
         assert injector.block("alice") == ""
-        assert injector.block("../etc") == ""
+        assert injector.block("bad\x00user") == ""
     assert "memory injection failed" in caplog.text
 
 

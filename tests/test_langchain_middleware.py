@@ -22,6 +22,7 @@ from memq.integrations.langchain import (
     with_memory,
 )
 from producer import MemoryProducer
+from prompts.injection import FRAME_LINE
 from storage import get_storage
 from storage.document import Fact, MemoryDocument
 from tests.support.celery_procs import CeleryProcs, memq_env
@@ -232,6 +233,7 @@ def test_query_is_the_latest_user_message_and_recall_uses_it(
     agent.invoke({"messages": [HumanMessage("how should I run uvicorn?")]}, config)
     seen = model_input_text(model)
     assert "uvicorn behind nginx" in seen and "Acme" not in seen
+    assert f"<user_memory>\n{FRAME_LINE}\n" in seen  # framed as data, never instructions
 
 
 @pytest.mark.e2e

@@ -19,7 +19,7 @@ from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer, free_port
-from producer import producer as producer_module
+from producer import backoff as backoff_module
 from producer.enqueue import EnqueueRequest
 from producer.producer import MemoryProducer
 from producer.spool import Spool
@@ -119,8 +119,8 @@ def test_a_hung_redis_costs_one_timeout_then_nothing(
 ) -> None:
     # A back-off longer than the test: every call after the first failure falls inside it, so
     # what the agent pays is counted in commands sent, not guessed from a stopwatch.
-    monkeypatch.setattr(producer_module, "_BACKOFF_MIN_SECONDS", 600.0)
-    monkeypatch.setattr(producer_module, "_BACKOFF_MAX_SECONDS", 600.0)
+    monkeypatch.setattr(backoff_module, "BACKOFF_MIN_SECONDS", 600.0)
+    monkeypatch.setattr(backoff_module, "BACKOFF_MAX_SECONDS", 600.0)
     settings: MemqSettings = make_settings(redis_url=own_redis.url, producer_timeout_seconds=0.2)
     client = counting_client(settings)
     agent = threading.current_thread()
@@ -236,11 +236,11 @@ def test_a_lone_surrogate_is_replaced_not_a_lost_turn(
 
 
 @pytest.mark.integration
-def test_an_unexpected_send_error_keeps_the_turn(settings: MemqSettings) -> None:
+def test_an_unexpected_send_error_is_retried_then_dropped(settings: MemqSettings) -> None:
     with MemoryProducer(settings, redis=failing_client(settings.redis_url)) as producer:
         assert producer.after_agent("t", "u", None, dialogue(BROKEN)) is False
-        assert producer.stats.errors >= 1
-        wait_for(lambda: producer.spool_size == 1, timeout=5, what="the turn spooled")
+        wait_for(lambda: producer.stats.poisoned == 1, timeout=5, what="the turn dropped")
+        assert producer.stats.errors == 3 and producer.spool_size == 0
 
 
 @pytest.mark.integration
@@ -265,9 +265,9 @@ def test_an_unexpected_replay_error_keeps_the_rest_of_the_batch(
             finally:
                 reader.close()
             assert ids == ["a", "c"]
-            # "b" is kept for later, not lost (the replay keeps trying it, with a back-off)
-            wait_for(lambda: producer.spool_size == 1, timeout=5, what="b kept")
-            assert producer.stats.errors >= 1
+            # "b" is tried a few times and then dropped, counted; never a reason to back off
+            wait_for(lambda: producer.stats.poisoned == 1, timeout=5, what="b dropped")
+            assert producer.spool_size == 0
             producer.close()
     finally:
         producer.close()

@@ -19,7 +19,7 @@ import redis
 from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from producer import MemoryProducer
-from producer import producer as producer_module
+from producer import backoff as backoff_module
 from storage import get_storage
 from tests.support.attempts import counting_client
 from tests.support.celery_procs import CeleryProcs, memq_env
@@ -144,8 +144,8 @@ def test_a_hung_redis_never_holds_up_the_agent_and_spooled_turns_are_extracted(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # A back-off longer than the test: every call after the first failure falls inside it.
-    monkeypatch.setattr(producer_module, "_BACKOFF_MIN_SECONDS", 600.0)
-    monkeypatch.setattr(producer_module, "_BACKOFF_MAX_SECONDS", 600.0)
+    monkeypatch.setattr(backoff_module, "BACKOFF_MIN_SECONDS", 600.0)
+    monkeypatch.setattr(backoff_module, "BACKOFF_MAX_SECONDS", 600.0)
     openai_server.responder = learn_items
     settings: MemqSettings = stack_settings(
         make_settings, openai_server, redis_url=aof_redis.url, producer_timeout_seconds=0.25

@@ -10,7 +10,7 @@ import pytest
 from memq.cli import main
 from memq.core.settings import MemqSettings
 from producer.injector import MemoryInjector
-from prompts.injection import format_memory_for_injection
+from prompts.injection import FRAME_LINE, format_memory_for_injection
 from storage import get_storage
 from storage.document import Fact, MemoryDocument
 from storage.management import MemoryManager
@@ -102,11 +102,12 @@ def count_chars(text: str) -> int:
 
 def test_recall_with_a_query_puts_the_relevant_fact_in_a_tight_budget() -> None:
     document = MemoryDocument(facts=list(FACTS))
+    budget = 60 + len(FRAME_LINE) + 1  # room for the frame line, then 60 for the facts
     without = format_memory_for_injection(
-        document, 60, count_tokens=count_chars, guaranteed_categories=()
+        document, budget, count_tokens=count_chars, guaranteed_categories=()
     )
     with_query = format_memory_for_injection(
-        document, 60, count_tokens=count_chars, guaranteed_categories=(), query="uvicorn"
+        document, budget, count_tokens=count_chars, guaranteed_categories=(), query="uvicorn"
     )
     assert "uvicorn" not in without
     assert "uvicorn" in with_query
@@ -131,7 +132,7 @@ def test_without_a_query_recall_is_todays_behaviour() -> None:
 @pytest.mark.parametrize("storage", ["file", "redis"])
 def test_injector_and_management_search_on_both_backends(make_settings: Any, storage: str) -> None:
     settings: MemqSettings = make_settings(
-        storage=storage, token_counting=False, injected_memory_max_tokens=50,
+        storage=storage, token_counting=False, injected_memory_max_tokens=68,  # 50 + the frame line
         guaranteed_categories="",
     )  # fmt: skip
     store = get_storage(settings)

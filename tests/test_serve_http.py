@@ -69,7 +69,7 @@ def test_a_hand_off_is_accepted_once_redis_holds_it(
     assert stats["due"] == 1
     log = server.log_text()
     # The access log names the route, never the path (a user id) or the body.
-    assert "POST /v1/users/{user_id}/conversations 202" in log
+    assert "POST /v1/users/{user_id:path}/conversations 202" in log
     assert "bees" not in log and "/users/alice" not in log
 
 

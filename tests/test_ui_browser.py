@@ -17,6 +17,7 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
 
 from memq.core.settings import MemqSettings
+from memq.server.ui.render import path_segment
 from memq.testing.waiting import wait_for
 from producer import MemoryProducer
 from storage import get_storage
@@ -30,6 +31,8 @@ from worker.queue import QueueClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 POISON = "item-99"
+GUS = "app1-gus@example.com"  # real ids: an e-mail, a provider subject with a tenant path
+EVE = "app1-eve|auth0/x"
 
 
 class PoisonModel:
@@ -102,11 +105,11 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
     queue = QueueClient(settings, redis_client)
     with MemoryProducer(settings) as producer:
-        producer.enqueue("trip-1", "app1-gus", None, turn("item-1", "I sail."), flush=True)
-        producer.enqueue("trip-2", "app1-gus", None, turn("item-2"), flush=True)
-        producer.enqueue("poison-1", "app1-gus", None, turn(POISON), flush=True)
+        producer.enqueue("trip-1", GUS, None, turn("item-1", "I sail."), flush=True)
+        producer.enqueue("trip-2", GUS, None, turn("item-2"), flush=True)
+        producer.enqueue("poison-1", GUS, None, turn(POISON), flush=True)
     wait_for(
-        lambda: len(manager.list_facts("app1-gus")) == 2 and queue.dead_list(),
+        lambda: len(manager.list_facts(GUS)) == 2 and queue.dead_list(),
         timeout=60,
         what="two facts learnt and the poisoned thread dead",
     )
@@ -115,8 +118,8 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     log_in(browser, server.url, Keys().admin)
     by_id(browser, "prefix").send_keys("app1-g")
     navigate(browser, by_id(browser, "find-user").submit)
-    assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#users a")] == ["app1-gus"]
-    navigate(browser, browser.find_element(By.LINK_TEXT, "app1-gus").click)
+    assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#users a")] == [GUS]
+    navigate(browser, browser.find_element(By.LINK_TEXT, GUS).click)
     facts_cell = browser.find_element(By.CSS_SELECTOR, "#agents [data-facts]")
     assert text_of(facts_cell) == "2"
     navigate(browser, browser.find_element(By.CSS_SELECTOR, "#agents a").click)
@@ -150,7 +153,7 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     assert "deleted" in by_id(browser, "notice").text
     rows = browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr .fact-content")
     assert [text_of(r) for r in rows] == [fact_for("item-2")]
-    assert [f.content for f in manager.list_facts("app1-gus")] == [fact_for("item-2")]
+    assert [f.content for f in manager.list_facts(GUS)] == [fact_for("item-2")]
 
     # Preview the block an agent would get for a query.
     navigate(browser, by_id(browser, "tab-preview").click)
@@ -170,14 +173,14 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     if offered:
         by_id(browser, "thread-id").send_keys("trip-2")
         navigate(browser, by_id(browser, "forget-thread-button").click, alert=True)
-        wait_for(lambda: manager.list_facts("app1-gus") == [], timeout=10, what="forgotten")
+        wait_for(lambda: manager.list_facts(GUS) == [], timeout=10, what="forgotten")
 
     # The queue: the dead letter with its reason; retry it once the model is healthy.
     navigate(browser, browser.find_element(By.LINK_TEXT, "Queue").click)
     dead = browser.find_elements(By.CSS_SELECTOR, "#dead tbody tr[data-context]")
     assert len(dead) == 1
     cells = dead[0].find_elements(By.TAG_NAME, "td")
-    assert [cells[0].text, cells[1].text] == ["app1-gus", "poison-1"]
+    assert [cells[0].text, cells[1].text] == [GUS, "poison-1"]
     assert dead[0].find_element(By.CLASS_NAME, "reason").text.strip()
     wait_for(
         lambda: by_id(browser, "live").text.startswith("(live"),
@@ -188,7 +191,7 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     navigate(browser, dead[0].find_element(By.CLASS_NAME, "retry").click)
     assert "1 dead letter(s) retried" in by_id(browser, "notice").text
     wait_for(
-        lambda: fact_for(POISON) in [f.content for f in manager.list_facts("app1-gus")],
+        lambda: fact_for(POISON) in [f.content for f in manager.list_facts(GUS)],
         timeout=60,
         what="the retried thread extracted",
     )
@@ -198,7 +201,7 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     # Log out: the pages want a login again.
     navigate(browser, by_id(browser, "logout").click)
     assert browser.current_url.endswith("/ui/login")
-    browser.get(server.url + "/ui/users/app1-gus/memory")
+    browser.get(f"{server.url}/ui/users/{path_segment(GUS)}/memory")
     assert browser.current_url.endswith("/ui/login")
     assert console_errors(browser) == []
 
@@ -209,9 +212,9 @@ def test_a_hostile_fact_renders_as_text_and_runs_nothing(
     settings: MemqSettings = make_settings()
     server = serve_for(settings)
     manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
-    stored = {manager.add_fact("app1-eve", t, confidence=0.7).id: t for t in HOSTILE_FACTS}
+    stored = {manager.add_fact(EVE, t, confidence=0.7).id: t for t in HOSTILE_FACTS}
     log_in(browser, server.url, Keys().admin)
-    browser.get(server.url + "/ui/users/app1-eve/memory")
+    browser.get(f"{server.url}/ui/users/{path_segment(EVE)}/memory")
     assert no_alert(browser)
     shown = {
         row.get_attribute("data-fact-id"): text_of(row.find_element(By.CLASS_NAME, "fact-content"))
@@ -220,11 +223,11 @@ def test_a_hostile_fact_renders_as_text_and_runs_nothing(
     assert shown == stored
     assert browser.find_elements(By.CSS_SELECTOR, "#facts img, #facts svg, #facts script") == []
     for fact_id, text in stored.items():
-        browser.get(f"{server.url}/ui/users/app1-eve/facts/{fact_id}")
+        browser.get(f"{server.url}/ui/users/{path_segment(EVE)}/facts/{fact_id}")
         assert no_alert(browser)
         assert text_of(browser.find_element(By.CSS_SELECTOR, "#fact-content .ut")) == text
         assert by_id(browser, "edit-content").get_property("value") == text
-    browser.get(server.url + "/ui/users/app1-eve/preview")
+    browser.get(f"{server.url}/ui/users/{path_segment(EVE)}/preview")
     navigate(browser, by_id(browser, "preview-button").click)
     assert no_alert(browser)
     block = text_of(by_id(browser, "block"))

@@ -15,18 +15,18 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
-from starlette.routing import Mount
+from starlette.routing import Match, Mount
 
 from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from memq.server import create_app
 from memq.server.ui.access import Access
-from memq.server.ui.render import CONTENT_SECURITY_POLICY
+from memq.server.ui.render import CONTENT_SECURITY_POLICY, path_segment
 from memq.testing.celery_procs import memq_env
 from memq.testing.serve_proc import ServeProcess
 from storage import get_storage
 from storage.management import MemoryManager
-from tests.support.inspector import HOSTILE_FACTS, UiClient
+from tests.support.inspector import HOSTILE_FACTS, REAL_USER_IDS, UiClient
 from tests.support.serve import Keys, bearer
 
 pytestmark = [pytest.mark.integration]
@@ -106,7 +106,7 @@ def _manager(settings: MemqSettings) -> MemoryManager:
 
 
 def _fill(path: str, user: str, fact_id: str) -> str:
-    values = {"user_id": user, "fact_id": fact_id}
+    values = {"user_id": path_segment(user), "fact_id": fact_id}
     return _PARAM.sub(lambda m: values.get(m.group(1), "x"), path)
 
 
@@ -116,7 +116,7 @@ def test_a_post_without_the_sessions_csrf_token_is_refused_and_changes_nothing(
 ) -> None:
     server, settings = ui_server
     manager = _manager(settings)
-    user = f"app1-csrf-{uuid.uuid4().hex[:6]}"
+    user = f"app1-csrf/{uuid.uuid4().hex[:6]}@example.com"
     fact = manager.add_fact(user, "The user sails", confidence=0.8)
     before = (manager.export(user), manager.history(user))
     ui: UiClient = ui_client(server)
@@ -195,21 +195,23 @@ def test_hostile_stored_text_is_text_on_every_page_under_a_strict_csp(
 ) -> None:
     server, settings = ui_server
     manager = _manager(settings)
-    facts = [manager.add_fact("app1-eve", text, confidence=0.7) for text in HOSTILE_FACTS]
-    manager.add_fact("app1-eve", HOSTILE_FACTS[0], agent_name="helper", category="goal")
+    eve = "app1-eve|auth0/x@example.com"
+    facts = [manager.add_fact(eve, text, confidence=0.7) for text in HOSTILE_FACTS]
+    manager.add_fact(eve, HOSTILE_FACTS[0], agent_name="helper", category="goal")
+    user = "/users/" + path_segment(eve)
     ui: UiClient = ui_client(server)
     ui.login(Keys().admin)
     pages = [
         "/users",
-        "/users/app1-eve",
-        "/users/app1-eve/memory",
-        "/users/app1-eve/memory?tab=history",
-        "/users/app1-eve/memory?tab=summaries",
-        "/users/app1-eve/memory?tab=superseded",
-        "/users/app1-eve/memory?agent=helper",
-        "/users/app1-eve/preview",
+        user,
+        user + "/memory",
+        user + "/memory?tab=history",
+        user + "/memory?tab=summaries",
+        user + "/memory?tab=superseded",
+        user + "/memory?agent=helper",
+        user + "/preview",
         "/queue",
-        *(f"/users/app1-eve/facts/{f.id}" for f in facts),
+        *(f"{user}/facts/{f.id}" for f in facts),
     ]
     for path in pages:
         answer = ui.get(path)
@@ -222,13 +224,47 @@ def test_hostile_stored_text_is_text_on_every_page_under_a_strict_csp(
             assert tag not in {"img", "svg", "iframe", "object", "embed"}, (path, tag)
             assert tag != "script" or attrs.get("src"), f"{path}: an inline script"
             assert not [a for a in attrs if a.startswith("on") or a == "style"], (path, attrs)
-    memory = parsed(ui.get("/users/app1-eve/memory").text).texts
+    assert eve in parsed(ui.get(user).text).texts
+    memory = parsed(ui.get(user + "/memory").text).texts
     for text in HOSTILE_FACTS:
         assert text in memory, f"not shown exactly: {text[:40]!r}"
-    one = parsed(ui.get(f"/users/app1-eve/facts/{facts[2].id}").text)
+    one = parsed(ui.get(f"{user}/facts/{facts[2].id}").text)
     assert HOSTILE_FACTS[2] in one.texts
     # The badge names the hidden characters, so an operator sees them.
-    assert "U+200B U+202C U+202E" in ui.get(f"/users/app1-eve/facts/{facts[2].id}").text
+    assert "U+200B U+202C U+202E" in ui.get(f"{user}/facts/{facts[2].id}").text
+
+
+def test_real_user_ids_reach_their_own_pages(
+    ui_server: tuple[Any, MemqSettings], ui_client: Any
+) -> None:
+    server, settings = ui_server
+    manager = _manager(settings)
+    for n, user in enumerate(REAL_USER_IDS):
+        manager.add_fact(user, f"The user owns item-{n}", confidence=0.8)
+    ui: UiClient = ui_client(server)
+    ui.login(Keys().admin)
+    listing = parsed(ui.get("/users", params={"prefix": "app1-"}).text).texts
+    assert set(REAL_USER_IDS) <= set(listing)
+    for n, user in enumerate(REAL_USER_IDS):
+        base = "/users/" + path_segment(user)
+        assert parsed(ui.get(base).text).texts[0] == user
+        memory = ui.get(base + "/memory")
+        assert f"The user owns item-{n}" in parsed(memory.text).texts
+        (fact,) = manager.list_facts(user)
+        page = ui.get(f"{base}/facts/{fact.id}")
+        assert page.status_code == 200 and f"The user owns item-{n}" in parsed(page.text).texts
+        edited = ui.post(f"{base}/facts/{fact.id}/edit", {"content": f"The user sold item-{n}"})
+        assert edited.status_code == 200, edited.text
+        assert [f.content for f in manager.list_facts(user)] == [f"The user sold item-{n}"]
+    # The user's own page matches every longer path: each page under it is still its own.
+    app = inspector_app()
+    for method, path in ui_routes():
+        if not path.startswith("/users/{user_id:path}"):
+            continue
+        url = _fill(path, "app1-a/b", "fact_1").replace("%2F", "/")
+        scope = {"type": "http", "method": method, "path": url}
+        first = next(r for r in app.routes if r.matches(scope)[0] == Match.FULL)
+        assert getattr(first, "path", None) == path, (method, url, first)
 
 
 def test_logins_scopes_and_prefixes_are_the_api_keys(

@@ -7,6 +7,7 @@ live in Redis and beat's ``memq.tick`` only sends tasks that can run now.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery, signals
@@ -18,6 +19,8 @@ from worker.metrics import MetricsRecorder
 from worker.queue import Claim
 from worker.tasks import WorkerRuntime, describe_args, extract
 from worker.tick import run_tick
+
+log = logging.getLogger("memq.worker")
 
 EXTRACT_TASK = "memq.extract"
 TICK_TASK = "memq.tick"
@@ -59,6 +62,11 @@ def celery_config(settings: MemqSettings) -> dict[str, Any]:
         # One queue per key prefix: two memq deployments (or tests) on one broker never steal
         # each other's tasks.
         "task_default_queue": settings.key_prefix,
+        # And one control and one event exchange per key prefix: with Celery's shared defaults
+        # ("celery.pidbox", "celeryev") one deployment's Flower listed the other's workers and
+        # tasks, and its `control shutdown` stopped them.
+        "control_exchange": f"{settings.key_prefix}.celery",
+        "event_exchange": f"{settings.key_prefix}.celeryev",
         # Acked when a run starts. Our claim lease and its reaper recover a context whose worker
         # died (much sooner than the broker's one-hour visibility timeout), so a late ack buys
         # nothing, and it costs a worker: kombu 5.7 crashes the consumer ("'NoneType' object has
@@ -150,6 +158,7 @@ def create_app(settings: MemqSettings) -> Celery:
     # A dead letter is an expected FAILURE: shown with its reason, no error traceback logged.
     app.tasks[EXTRACT_TASK].throws = (ExtractionDeadLettered,)
     _quiet_beat(app)
+    _publish_location(app, settings)
     app.memq_runtime = runtime  # for tests and `memq doctor`; tasks never look it up
     return app
 
@@ -189,6 +198,29 @@ def _last_error(runtime: WorkerRuntime, context_id: str) -> str:
         return str(runtime.queue.load(context_id).get("last_error", ""))[:500]
     except Exception:  # the task's truth must not depend on one more Redis read
         return ""
+
+
+def _publish_location(app: Celery, settings: MemqSettings) -> None:
+    """At worker start, say in Redis where this worker stores memory documents, so readers
+    configured for another place can tell (see storage.location)."""
+
+    def on_worker_init(sender: Any, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        from memq.core.connection import redis_client
+        from storage.location import publish
+
+        # Its own short-lived client: the runtime's is built in each pool child after the fork.
+        client = redis_client(settings, socket_timeout=5.0)
+        try:
+            log.info("memq: worker stores memory in %s", publish(client, settings).describe())
+        except Exception as exc:  # the worker still works; readers just cannot compare
+            log.warning("memq: could not publish the storage location: %s", type(exc).__name__)
+        finally:
+            client.close()
+
+    app.memq_on_worker_init = on_worker_init
+    signals.worker_init.connect(on_worker_init)
 
 
 def _quiet_beat(app: Celery) -> None:

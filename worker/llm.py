@@ -88,20 +88,25 @@ def retry_after_seconds(response: Any) -> float | None:
 
 
 def classify(exc: openai.OpenAIError) -> TransientLLMError | PermanentLLMError:
-    """Map an SDK error to ours; the message names the failure, never the request's credentials."""
+    """Map an SDK error to ours. The message holds the error's type and HTTP status only: the
+    server's text can echo the conversation (and pydantic's puts the input in its message), and
+    this message is stored as the dead letter's reason, which Flower and `memq dead list` show.
+    The server's text is logged at DEBUG for whoever debugs the endpoint."""
+    log.debug("LLM endpoint error %s: %s", type(exc).__name__, exc)
+    kind = type(exc).__name__
     if isinstance(exc, openai.APITimeoutError):
-        return TransientLLMError(f"LLM call timed out: {exc}")
+        return TransientLLMError(f"LLM call timed out ({kind})")
     if isinstance(exc, openai.APIConnectionError):
-        return TransientLLMError(f"LLM endpoint unreachable: {exc}")
+        return TransientLLMError(f"LLM endpoint unreachable ({kind})")
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
-        message = f"LLM endpoint answered {status}: {exc.message}"
+        message = f"LLM endpoint answered {status} ({kind})"
         if status in _TRANSIENT_STATUS or status >= 500:
             return TransientLLMError(message, retry_after_seconds=retry_after_seconds(exc.response))
         return PermanentLLMError(message)
     if isinstance(exc, openai.APIResponseValidationError):
-        return TransientLLMError(f"LLM endpoint sent an unreadable response: {exc}")
-    return PermanentLLMError(f"LLM call failed: {type(exc).__name__}: {exc}")
+        return TransientLLMError(f"LLM endpoint sent an unreadable response ({kind})")
+    return PermanentLLMError(f"LLM call failed ({kind})")
 
 
 def _rejects_json_mode(exc: openai.OpenAIError) -> bool:

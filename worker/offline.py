@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 MODEL_NAME = "memq-rules"
 _I = re.IGNORECASE
 _SENTENCES = re.compile(r"[^.!?;。！？；\n]+[.!?;。！？；]*")
+# Rules with a lazy group before a literal ("use X instead of Y") cost the square of a sentence's
+# length; a statement the rules can read is far shorter, so a longer run is not read at all.
+_MAX_SENTENCE_CHARS = 500
 _QUESTION_START = re.compile(
     r"^\s*(?:do|does|did|can|could|would|will|should|is|are|am|what|why|how|which|who|when|where)\b",
     _I,
@@ -325,6 +328,7 @@ def sentences(text: str) -> Iterator[str]:
         sentence = match.group(0).strip()
         if (
             sentence
+            and len(sentence) <= _MAX_SENTENCE_CHARS
             and not _is_question(sentence)
             and not _HYPOTHETICAL.search(sentence)
             and not _JOKING.search(sentence)

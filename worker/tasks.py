@@ -7,12 +7,19 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memq.core.connection import RedisClient, redis_client
-from memq.core.errors import MemqError, PermanentLLMError, ResponseParseError, TransientLLMError
+from memq.core.errors import (
+    LLMError,
+    MemqError,
+    PermanentLLMError,
+    ResponseParseError,
+    TransientLLMError,
+)
 from memq.core.identity import ContextKey
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
@@ -292,18 +299,46 @@ def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
 
 def _failed(run: _Run, exc: BaseException, retry_at_ms: int | None) -> dict[str, Any]:
     """Settle a failed run: retry at ``retry_at_ms`` or, when None, dead at once."""
-    reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, MemqError) else repr(exc)
-    reason = reason[:500]
+    reason = public_reason(exc)
     settled = run.queue.fail(run.context_id, run.token, reason, retry_at_ms, run.clock())
     if settled is not FailResult.STALE:
         run.queue.add_metrics(failures=1, dead=int(settled is FailResult.DEAD))
     log.warning(
-        "extraction key=%s version=%d outcome=%s error=%s duration_ms=%d",
+        "extraction key=%s version=%d outcome=%s error=%s duration_ms=%d%s",
         run.context_id,
         run.version,
         settled.name.lower(),
-        type(exc).__name__,
+        reason,
         run.clock() - run.started,
+        "" if isinstance(exc, MemqError) else "\n" + content_free_traceback(exc),
         extra=run.log_extra("failed"),
     )
+    log.debug("extraction key=%s failed", run.context_id, exc_info=exc)
     return {"outcome": "failed", "queue": settled.name.lower(), "error": type(exc).__name__}
+
+
+def public_reason(exc: BaseException) -> str:
+    """What a failure is stored and shown as (dead letters, Flower): the error's type, and for
+    the LLM errors, which memq words from the type, HTTP status and answer shape alone, their
+    message. Never any other exception's text, which can quote the conversation (an endpoint's
+    error body, pydantic's input in its message)."""
+    if isinstance(exc, LLMError):
+        return f"{type(exc).__name__}: {exc}"[:500]
+    return type(exc).__name__
+
+
+def content_free_traceback(exc: BaseException) -> str:
+    """The traceback of an unexpected failure with each exception's message left out: where it
+    broke is the operator's to see, the text it broke on may be the user's."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+    parts = []
+    for error in reversed(chain):
+        frames = "".join(traceback.format_tb(error.__traceback__))
+        parts.append(f"{frames}{type(error).__module__}.{type(error).__qualname__}: (hidden)")
+    return "\n-- then --\n".join(parts)

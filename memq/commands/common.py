@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
+import regex
+
 from memq.core.errors import MemqError
 from memq.core.settings import MemqSettings, load_settings
 
@@ -109,6 +111,36 @@ def read_json_file(path: str) -> Any:
         ) from exc
 
 
+# What a terminal would act on or that would hide text: control characters (ESC sequences move
+# the cursor and erase lines), format characters (a bidi override reverses what follows), line
+# and paragraph separators, lone surrogates (unprintable). Joiners stay: emoji need them.
+_UNSHOWABLE = regex.compile(r"[[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Cs}]--[\u200c\u200d]]", regex.V1)
+_UNSHOWABLE_BUT_NEWLINE = regex.compile(
+    r"[[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Cs}]--[\u200c\u200d\n]]", regex.V1
+)
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def shown(value: object, *, keep_newlines: bool = False) -> str:
+    """``value`` as text safe to print for a person: every character a terminal would act on is
+    spelled as an escape (``\\x1b``, ``\\u202e``), so stored text can neither hide lines nor
+    forge them. ``keep_newlines`` for a block whose line breaks are memq's own (an injected block,
+    whose stored values are already one line each). JSON output never goes through this."""
+    text = "" if value is None else str(value)
+    pattern = _UNSHOWABLE_BUT_NEWLINE if keep_newlines else _UNSHOWABLE
+    return pattern.sub(_escape, text)
+
+
+def _escape(match: regex.Match[str]) -> str:
+    char = match.group()
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    point = ord(char)
+    if point < 0x100:
+        return f"\\x{point:02x}"
+    return f"\\u{point:04x}" if point < 0x10000 else f"\\U{point:08x}"
+
+
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, ensure_ascii=False, indent=2, default=str)
     sys.stdout.write("\n")
@@ -117,7 +149,8 @@ def print_json(data: Any) -> None:
 def format_table(
     headers: Sequence[str], rows: Sequence[Sequence[object]], *, wrap: int = 70
 ) -> str:
-    """A plain-text table; long cells are cut with an ellipsis so rows stay one line each."""
+    """A plain-text table; long cells are cut with an ellipsis so rows stay one line each, and
+    every cell goes through :func:`shown`."""
     cells = [[_cell(v, wrap) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
@@ -132,7 +165,7 @@ def format_table(
 
 
 def _cell(value: object, wrap: int) -> str:
-    text = "" if value is None else str(value).replace("\n", " ")
+    text = shown(value)
     return text if len(text) <= wrap else text[: wrap - 1] + "…"
 
 

@@ -31,7 +31,8 @@ DESCRIPTIONS: dict[str, str] = {
     "broker_master_name": "master name of a `sentinel://` broker",
     "key_prefix": "prefix of every Redis key (one prefix per memq deployment)",
     "shards": (
-        "queue shards, each one hash tag (on a cluster 64-256, spread evenly over the masters)"
+        "queue shards, each one hash tag (on a cluster 64-256, spread evenly over the masters; "
+        "a cluster URL without it is refused)"
     ),
     "redis_max_connections": "connection pool size per process",
     "debounce_seconds": "quiet time after the last enqueue before a context is extracted",
@@ -53,11 +54,22 @@ DESCRIPTIONS: dict[str, str] = {
     "context_retention_days": "how long a context nobody extracts is kept after its last "
     "enqueue (a worker outage longer than this loses it)",
     "producer_timeout_seconds": "Redis timeout of a producer call (the agent never waits longer)",
+    "injector_timeout_seconds": (
+        "Redis timeout of the memory read before each agent turn (then skipped for a back-off)"
+    ),
     "spool_max_contexts": "contexts a producer keeps for a later retry while Redis is unreachable",
-    "producer_max_chars": "size cap, in characters, of the conversation sent by one enqueue",
+    "producer_max_chars": (
+        "size cap of one enqueue, in characters of the JSON sent (ids and escapes count); a "
+        "message over half of it keeps its tail"
+    ),
+    "producer_max_messages": "at most this many (the newest) messages per enqueue",
     "pending_max_bytes": (
         "a context whose accumulated, not yet extracted messages exceed this (JSON bytes) is due "
         "at once instead of debounced"
+    ),
+    "context_max_bytes": (
+        "hard cap of one context's stored messages (JSON bytes), checked before enqueue.lua "
+        "decodes: the oldest are cut and counted (`cut_messages` on the context)"
     ),
     "llm_provider": "`auto` (a model if an endpoint or key is set, else rules), `openai`, `rules`",
     "llm_base_url": "OpenAI-compatible endpoint (`…/v1`)",
@@ -68,6 +80,8 @@ DESCRIPTIONS: dict[str, str] = {
     "llm_json_mode": "ask for `response_format: json_object`",
     "llm_temperature": "sampling temperature of the extraction call",
     "max_facts": "fact cap per memory document",
+    "fact_max_chars": "longest fact (content or mistake): cut at extraction and import, "
+    "refused by hand",
     "fact_confidence_threshold": "minimum confidence of an extracted fact",
     "conversation_max_tokens": "token budget of the conversation in the update prompt",
     "message_max_chars": "each message is cut to this length in the prompt",
@@ -100,6 +114,10 @@ DESCRIPTIONS: dict[str, str] = {
         "data folder of `memq up` (the private Redis and its AOF); a relative path is made "
         "absolute at load"
     ),
+    "redis_maxmemory_mb": (
+        "`maxmemory` of the private Redis, in MiB (writes refused past it, never evicted); "
+        "unset → a quarter of the RAM"
+    ),
     "redis_appendfsync": (
         "AOF fsync of the private Redis: `everysec` (may lose the last second on a crash of the "
         "host) or `always` (fsync per write, slower)"
@@ -119,7 +137,6 @@ DESCRIPTIONS: dict[str, str] = {
     ),
     "serve_api_keys": "the same JSON in the environment (a secret: never printed)",
     "serve_max_body_bytes": "request bodies above this get 413 before they are read whole",
-    "serve_max_messages": "messages (or ids) above this in one request get 413",
     "serve_forwarded_allow_ips": (
         "proxies whose `X-Forwarded-For`/`-Proto` `memq serve` trusts (comma-separated, `*`: any)"
     ),

@@ -19,6 +19,7 @@ from memq.commands.common import (
     format_table,
     print_json,
     read_json_file,
+    shown,
 )
 from memq.core.identity import validate_agent_name, validate_user_id
 from storage.document import CATEGORIES
@@ -114,6 +115,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "pending, in-flight and dead conversations, watermarks",
     )
     forget.add_argument("user")
+    forget.add_argument(
+        "--agent",
+        default=None,
+        help="only this agent's memory and queued work (e.g. an agent that was deleted); the "
+        "user's other memories stay",
+    )
     forget.add_argument("--json", action="store_true", help="print what was removed as JSON")
     forget.set_defaults(run=run_forget)
 
@@ -126,7 +133,7 @@ def _user_agent(parser: argparse.ArgumentParser) -> None:
 def _manager(context: CommandContext) -> MemoryManager:
     from storage.management import MemoryManager
 
-    return MemoryManager(context.storage)
+    return MemoryManager(context.storage, fact_max_chars=context.settings.fact_max_chars)
 
 
 def _require(
@@ -170,14 +177,15 @@ def run_show(args: argparse.Namespace, context: CommandContext) -> int:
 def _render(user: str, agent: str | None, document: MemoryDocument) -> str:
     updated = document.last_updated.isoformat(timespec="seconds") if document.last_updated else "-"
     lines = [
-        f"user {user} · agent {agent_label(agent)} · {count(len(document.facts), 'fact')}"
+        f"user {shown(user)} · agent {shown(agent_label(agent))} · "
+        f"{count(len(document.facts), 'fact')}"
         f" · updated {updated}"
     ]
     for group, names in SECTIONS:
         for name in names:
             summary = getattr(getattr(document, group), name).summary.strip()
             if summary:
-                lines.append(f"{name.replace('_', ' ')}: {summary}")
+                lines.append(f"{name.replace('_', ' ')}: {shown(summary)}")
     if document.facts:
         lines.append(_facts_table(sorted(document.facts, key=lambda f: -f.confidence)))
     return "\n".join(lines)
@@ -219,7 +227,7 @@ def run_inject(args: argparse.Namespace, context: CommandContext) -> int:
             f"nothing to inject for user {args.user!r}, agent {agent_label(agent)} "
             "(empty memory, or injection disabled by MEMQ_ENABLED/MEMQ_INJECTION_ENABLED)"
         )
-    print(block)
+    print(shown(block, keep_newlines=True))  # its line breaks are the renderer's own
     return 0
 
 
@@ -229,7 +237,11 @@ def run_facts_add(args: argparse.Namespace, context: CommandContext) -> int:
 
     check_category(args.category)
     # Held to the same fact cap as an extraction: the new fact may be the one evicted.
-    manager = MemoryManager(context.storage, max_facts=context.settings.max_facts)
+    manager = MemoryManager(
+        context.storage,
+        max_facts=context.settings.max_facts,
+        fact_max_chars=context.settings.fact_max_chars,
+    )
     try:
         fact = manager.add_fact(
             args.user,
@@ -272,7 +284,7 @@ def run_facts_delete(args: argparse.Namespace, context: CommandContext) -> int:
     manager = _manager(context)
     (agent,) = _require(manager, args.user, args.agent)
     fact = manager.delete_fact(args.user, args.fact_id, agent_name=agent)
-    print(f"deleted {fact.id}: {fact.content}")
+    print(f"deleted {shown(fact.id)}: {shown(fact.content)}")
     return 0
 
 
@@ -307,7 +319,9 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
             raise CommandError("import --deerflow DIR takes no USER, FILE or --agent")
         from memq.deerflow_import import import_folder
 
-        report = import_folder(context.storage, args.deerflow)
+        report = import_folder(
+            context.storage, args.deerflow, fact_max_chars=context.settings.fact_max_chars
+        )
         print(f"imported DeerFlow memory from {args.deerflow}: {report.describe()}")
         return 0
     if args.user is None or args.file is None:
@@ -315,22 +329,32 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
     data = read_json_file(args.file)
     if not isinstance(data, dict):
         raise CommandError(f"{args.file}: a memory document must be a JSON object")
-    document = _manager(context).import_document(args.user, data, agent_name=args.agent)
+    document, cut = _manager(context).import_document_counted(
+        args.user, data, agent_name=args.agent
+    )
     agent = agent_label(validate_agent_name(args.agent))
-    print(f"imported {count(len(document.facts), 'fact')} into user {args.user}, agent {agent}")
+    limit = context.settings.fact_max_chars
+    note = f" ({count(cut, 'over-long fact')} cut to {limit} characters)" if cut else ""
+    print(
+        f"imported {count(len(document.facts), 'fact')} into user {args.user}, agent {agent}{note}"
+    )
     return 0
 
 
 def run_forget(args: argparse.Namespace, context: CommandContext) -> int:
-    from storage.erasure import erase
+    from storage.erasure import ALL_AGENTS, erase
 
     user = validate_user_id(args.user)
-    report = erase(context.settings, context.redis, context.storage, user)
+    agent_arg = getattr(args, "agent", None)
+    agent = None if agent_arg is None else validate_agent_name(agent_arg)
+    scope = ALL_AGENTS if agent is None else agent
+    report = erase(context.settings, context.redis, context.storage, user, agent_name=scope)
+    who = f"user {user}" if agent is None else f"agent {agent} of user {user}"
     if getattr(args, "json", False):
-        print_json({"user_id": user, "removed": report.as_dict()})
+        print_json({"user_id": user, "agent_name": agent, "removed": report.as_dict()})
         return 0
     if report.total == 0:
-        print(f"nothing held about user {user}: no memory, no queued work (already forgotten?)")
+        print(f"nothing held about {who}: no memory, no queued work (already forgotten?)")
         return 0
-    print(f"forgot user {user}: {report.describe()}")
+    print(f"forgot {who}: {report.describe()}")
     return 0

@@ -13,6 +13,7 @@ from memq.commands.common import (
     format_table,
     print_json,
     read_json_file,
+    shown,
 )
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def run_enqueue(args: argparse.Namespace, context: CommandContext) -> int:
         raise CommandError(f"{args.file}: nothing to remember: {_why_nothing(messages, context)}")
     due = "now" if args.flush else _when(result.deadline_ms)
     print(
-        f"enqueued {result.context_id} version {result.version} "
+        f"enqueued {shown(result.context_id)} version {result.version} "
         f"({result.code.name.lower().replace('_', ' ')}), due {due}"
     )
     return 0

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         where = "from MEMQ_REDIS_URL"
     where_memory = settings.storage_dir if settings.storage == "file" else "in Redis"
     lines = [
-        f"memq up: Redis {mask_url(stack.redis_url)} ({where})",
+        f"memq up: Redis {mask_url(stack.agent_url)} ({where})",
         f"  storage: {settings.storage} ({where_memory})",
         f"  extractor: {_extractor(settings.resolved_llm_provider, settings.llm_model)}",
     ]

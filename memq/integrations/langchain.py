@@ -240,5 +240,7 @@ class MemoryFlushingSummarization(SummarizationMiddleware):
         return super()._create_summary(messages_to_summarize)
 
     async def _acreate_summary(self, messages_to_summarize: list[AnyMessage]) -> str:
-        self._flush(messages_to_summarize)
+        # The flush is blocking (bounded by the producer's Redis timeout): off the event loop, so
+        # the agent's other coroutines run meanwhile. to_thread copies the context, _RUNTIME too.
+        await asyncio.to_thread(self._flush, messages_to_summarize)
         return await super()._acreate_summary(messages_to_summarize)

@@ -22,7 +22,7 @@ from memq.memory.scrub import scrub_document
 from memq.memory.staleness import select_stale_removals
 from memq.memory.update import UpdateAnswer
 from storage.base import Change, ChangeAction
-from storage.cap import evict_over_cap
+from storage.cap import cap_fact_length, evict_over_cap
 from storage.document import (
     CORRECTION,
     HISTORY_SECTIONS,
@@ -154,27 +154,43 @@ def _add_facts(
     changes = []
     added = []
     for new in answer.new_facts:
-        key = content_key(new.content)
-        if new.confidence < settings.fact_confidence_threshold or key in seen:
+        if new.confidence < settings.fact_confidence_threshold:
+            continue
+        fact, cut = _capped(
+            Fact(
+                content=new.content,
+                category=new.category,
+                confidence=new.confidence,
+                created_at=now,
+                source="conversation",
+                source_thread_id=thread_id,
+                source_error=new.source_error,
+            ),
+            settings,
+        )
+        # Keyed after the cut: the same long fact proposed again matches the stored, cut one.
+        key = content_key(fact.content)
+        if key in seen:
             continue
         seen.add(key)
-        fact = Fact(
-            content=new.content,
-            category=new.category,
-            confidence=new.confidence,
-            created_at=now,
-            source="conversation",
-            source_thread_id=thread_id,
-            source_error=new.source_error,
-        )
         doc.facts.append(fact)
         added.append(fact)
-        changes.append(
-            _fact_change(
-                "add", fact, f"{fact.category}, confidence {fact.confidence:.2f}", now, thread_id
-            )
-        )
+        reason = f"{fact.category}, confidence {fact.confidence:.2f}" + cut
+        changes.append(_fact_change("add", fact, reason, now, thread_id))
     return changes, added
+
+
+def _capped(fact: Fact, settings: MemqSettings) -> tuple[Fact, str]:
+    """``fact`` held to ``fact_max_chars``, and what to add to its change's reason."""
+    capped, over = cap_fact_length(fact, settings.fact_max_chars)
+    if not over:
+        return fact, ""
+    log.info(
+        "a new fact's %s was over fact_max_chars and cut to %d characters",
+        " and ".join(over),
+        settings.fact_max_chars,
+    )
+    return capped, f"; {', '.join(over)} cut to {settings.fact_max_chars} characters"
 
 
 def _consolidate(
@@ -192,10 +208,11 @@ def _consolidate(
         for f in doc.facts
         if f.id in result.consumed
     ]
-    doc.facts = [f for f in doc.facts if f.id not in result.consumed] + result.merged
+    merged = [_capped(m, settings)[0] for m in result.merged]
+    doc.facts = [f for f in doc.facts if f.id not in result.consumed] + merged
     changes += [
         _fact_change("merge", m, "merged from " + ", ".join(m.consolidated_from), now, thread_id)
-        for m in result.merged
+        for m in merged
     ]
     return changes
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from memq.memory.blocks import UPLOAD_TAGS
 from storage.base import Change
 from storage.document import (
     HISTORY_SECTIONS,
@@ -27,7 +28,7 @@ UPLOAD_MENTION = re.compile(
     r"|\bupload(?:s|ed|ing)?\s+(?:[\w'’-]+\s+){0,3}?[\w-]+\.[A-Za-z][A-Za-z0-9]{0,4}\b"  # a.pdf
     r"|\bfile\s+uploads?\b"
     r"|/mnt/user-data/uploads\b"
-    r"|</?(?:uploaded_files|current_uploads)>"
+    rf"|</?(?:{'|'.join(UPLOAD_TAGS)})>"
     r"|上传(?:了|的)?[^。！？.!?]{0,20}?(?:文件|文档|附件)",
     re.IGNORECASE,
 )

@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
+from urllib.parse import unquote
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -23,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from memq.core.connection import REDIS_ERRORS
-from memq.core.errors import MemqError, RedisUnavailable, StorageError
+from memq.core.errors import InvalidIdentifier, MemqError, RedisUnavailable, StorageError
 from memq.core.identity import validate_agent_name
 from memq.core.settings import MemqSettings
 from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal, bearer_token
@@ -233,10 +234,21 @@ class KeyGuard:
 
         principal = self.keyring.resolve(bearer_token(request.headers.get("authorization")))
         principal.require_scope("agent")
-        user = validate_user_id(request.headers.get(USER_HEADER) or None)
+        user = validate_user_id(_header_id(request, USER_HEADER))
         principal.require_user(user)
-        agent = validate_agent_name(request.headers.get(AGENT_HEADER) or None)
+        agent = validate_agent_name(_header_id(request, AGENT_HEADER))
         return Caller(principal, user, agent)
+
+
+def _header_id(request: Request, name: str) -> str | None:
+    """An id from a header, percent-decoded (headers carry ASCII; `j%C3%BCrgen`, `a%25b`)."""
+    value = request.headers.get(name)
+    if not value:
+        return None
+    try:
+        return unquote(value, errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidIdentifier(f"{name}: not percent-encoded UTF-8") from None
 
 
 class HttpMcp:

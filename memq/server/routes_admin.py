@@ -16,7 +16,8 @@ from memq.server.routing import AgentName, Service, new_router
 from storage.document import DEFAULT_CATEGORY, Fact
 
 router = new_router()
-USER = "/v1/users/{user_id}"
+# `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
+USER = "/v1/users/{user_id:path}"
 _TAGS: list[str | Enum] = ["admin"]
 
 

@@ -26,7 +26,8 @@ from memq.server.models import (
 from memq.server.routing import AgentName, Service, new_router
 
 router = new_router()
-USER = "/v1/users/{user_id}"
+# `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
+USER = "/v1/users/{user_id:path}"
 _TAGS: list[str | Enum] = ["agent"]
 
 
@@ -56,7 +57,8 @@ class HandOff(BaseModel):
 async def hand_off(user_id: str, body: HandOff, request: Request, svc: Service) -> HandOffAccepted:
     """Hand a conversation over for extraction: 202 once Redis took it (`queued`), or once the
     server spooled it while Redis is unreachable (`spooled`, sent when Redis is back)."""
-    check_count(body.messages, request.app.state.settings.serve_max_messages, "messages")
+    # The producer's own message cap: over HTTP a longer list is refused (413), not cut.
+    check_count(body.messages, request.app.state.settings.producer_max_messages, "messages")
     # The hot path: one explicit hop to a thread for the (blocking) Redis round trip, and the
     # answer serialised here; a sync handler costs a second hop for the serialisation.
     outcome = await run_in_threadpool(

@@ -114,7 +114,7 @@ class DeadActionDone(BaseModel):
 def retry_dead_letters(body: DeadAction, request: Request, svc: Service) -> DeadActionDone:
     """Put dead letters back in the queue, due now (`memq dead retry`)."""
     if body.ids != "all":
-        check_count(body.ids, request.app.state.settings.serve_max_messages, "ids")
+        check_count(body.ids, request.app.state.settings.producer_max_messages, "ids")
     return DeadActionDone(count=svc.queue.dead_retry(body.ids))
 
 
@@ -127,5 +127,5 @@ def retry_dead_letters(body: DeadAction, request: Request, svc: Service) -> Dead
 def purge_dead_letters(body: DeadAction, request: Request, svc: Service) -> DeadActionDone:
     """Delete dead letters for good (`memq dead purge`)."""
     if body.ids != "all":
-        check_count(body.ids, request.app.state.settings.serve_max_messages, "ids")
+        check_count(body.ids, request.app.state.settings.producer_max_messages, "ids")
     return DeadActionDone(count=svc.queue.dead_purge(body.ids))

@@ -61,9 +61,9 @@ class MemqService:
         self.storage: MemoryStorage = get_storage(
             settings, redis=self.redis if settings.storage == "redis" else None
         )
-        # The agent-facing read (the block before a turn) waits no longer than a hand-off: its
-        # own client with the producer's short timeout (the injector fails open past it).
-        self._read_redis = redis_client(settings, socket_timeout=settings.producer_timeout_seconds)
+        # The agent-facing read (the block before a turn): its own client with the injector's
+        # short timeout, as in an agent process (the injector backs off and fails open past it).
+        self._read_redis = redis_client(settings, socket_timeout=settings.injector_timeout_seconds)
         self._read_storage = get_storage(
             settings, redis=self._read_redis if settings.storage == "redis" else None
         )
@@ -126,6 +126,8 @@ class MemqService:
             flush=flush,
             trace_id=trace_id,
             max_chars=self.settings.producer_max_chars,
+            max_messages=self.settings.producer_max_messages,
+            max_bytes=self.settings.context_max_bytes,
         )
         if request is None:
             return HandOffOutcome("nothing_to_remember")

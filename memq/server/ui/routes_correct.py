@@ -18,7 +18,7 @@ from memq.server.ui.access import Changer, Page
 from memq.server.ui.render import path_segment, query
 
 router = APIRouter()
-USER = "/users/{user_id}"
+USER = "/users/{user_id:path}"  # a user id may hold `/`, as in the HTTP API
 # No length limits of their own: the request body cap bounds a form, and the memory manager checks
 # agent names, contents and categories as everywhere else in memq.
 AgentField = Annotated[str, Form()]

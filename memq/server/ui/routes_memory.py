@@ -13,7 +13,9 @@ from memq.server.ui.access import Reader, Viewer
 from prompts.tokens import make_token_counter
 
 router = APIRouter()
-USER = "/users/{user_id}"
+# `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing). So the
+# user's own page, whose pattern matches every longer path too, is declared last.
+USER = "/users/{user_id:path}"
 # Users listed at once: a prefix narrows a deployment of millions to a page.
 MAX_LISTED_USERS = 200
 # The agent name is checked by the storage, as everywhere in memq (an invalid one is a 422 page).
@@ -42,18 +44,6 @@ def users(page: Viewer, prefix: Annotated[str, Query(max_length=200)] = "") -> H
         more=max(0, len(found) - MAX_LISTED_USERS),
         total=len(everyone),
     )
-
-
-@router.get(USER, name="ui_user")
-def user(user_id: str, page: Viewer) -> HTMLResponse:
-    """The user's memories (one per agent, and the user-global one) with their fact counts."""
-    manager = page.svc.manager
-    agents = manager.list_agents(user_id)
-    rows = []
-    for agent in sorted(agents, key=lambda a: (a is not None, a or "")):
-        document = manager.document(user_id, agent_name=agent)
-        rows.append((agent, len(document.facts), len(views.superseded(document))))
-    return page.html("user.html", user_id=user_id, rows=rows)
 
 
 @router.get(USER + "/memory", name="ui_memory")
@@ -180,3 +170,15 @@ def preview(
             "total": len(document.facts),
         },
     )
+
+
+@router.get(USER, name="ui_user")
+def user(user_id: str, page: Viewer) -> HTMLResponse:
+    """The user's memories (one per agent, and the user-global one) with their fact counts."""
+    manager = page.svc.manager
+    agents = manager.list_agents(user_id)
+    rows = []
+    for agent in sorted(agents, key=lambda a: (a is not None, a or "")):
+        document = manager.document(user_id, agent_name=agent)
+        rows.append((agent, len(document.facts), len(views.superseded(document))))
+    return page.html("user.html", user_id=user_id, rows=rows)
