@@ -126,7 +126,12 @@ def test_stored_text_is_escaped_and_isolated_whatever_it_holds(text: str) -> Non
 
 
 def test_hidden_characters_are_named_and_ids_are_one_path_segment() -> None:
-    assert hidden_characters("a\u200bb\u202ec\x07\n\t") == ["U+0007", "U+200B", "U+202E"]
+    assert hidden_characters("a\u200bb\u202ec\x07\n\t\u2028") == [
+        "U+0007",
+        "U+200B",
+        "U+2028",
+        "U+202E",
+    ]
     assert hidden_characters("plain text, 中文") == []
     assert path_segment("auth0|abc/../x") == "auth0%7Cabc%2F..%2Fx"
     assert query({"agent": None, "tab": "", "q": "a&b=c"}) == "?q=a%26b%3Dc"

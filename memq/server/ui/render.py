@@ -97,7 +97,7 @@ def hidden_characters(text: str) -> list[str]:
     found = {
         f"U+{ord(c):04X}"
         for c in text
-        if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co") and c not in "\n\t"
+        if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Zl", "Zp") and c not in "\n\t"
     }
     return sorted(found)
 
