@@ -135,3 +135,16 @@ def test_hidden_characters_are_named_and_ids_are_one_path_segment() -> None:
     assert hidden_characters("plain text, 中文") == []
     assert path_segment("auth0|abc/../x") == "auth0%7Cabc%2F..%2Fx"
     assert query({"agent": None, "tab": "", "q": "a&b=c"}) == "?q=a%26b%3Dc"
+
+
+def test_a_missing_browser_skips_with_its_reason_but_fails_under_ci(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tests.support import inspector
+
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no chromium"):
+        inspector._missing("no chromium and chromedriver on this machine")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must run the browser tests"):
+        inspector._missing("no chromium and chromedriver on this machine")
