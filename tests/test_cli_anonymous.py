@@ -51,6 +51,8 @@ def test_every_user_command_reaches_the_anonymous_user_with_anonymous(
     assert code == 0 and out.strip().endswith("to user (anonymous), agent (global)")
     code, out, _ = run("facts", "search", "--anonymous", "tea")
     assert code == 0 and "Likes green tea" in out
+    code, out, _ = run("why", "--anonymous", "f_a")
+    assert code == 0 and "anon-fact" in out
     code, out, _ = run("facts", "edit", "--anonymous", "f_a", "--content", "anon-edited")
     assert code == 0 and "anon-edited" in out
     code, out, _ = run("facts", "delete", "--anonymous", "f_a")
@@ -110,5 +112,13 @@ def _user_commands(
 def test_every_command_that_takes_a_user_takes_anonymous() -> None:
     commands = _user_commands(build_parser())
     names = {path for path, _ in commands}
-    assert {"memq show", "memq forget", "memq import", "memq enqueue", "memq facts add"} <= names
+    assert {
+        "memq show",
+        "memq forget",
+        "memq import",
+        "memq enqueue",
+        "memq facts add",
+        "memq why",
+        "memq mcp",
+    } <= names
     assert [path for path, options in commands if "--anonymous" not in options] == []

@@ -407,6 +407,18 @@ def test_clear_or_delete_is_not_undone_by_an_extraction_in_flight(
     manager.close()
 
 
+def test_create_fact_uses_the_one_vocabulary(made: Any) -> None:
+    """DeerFlow's create_fact stored "Correction" as an unknown category and accepted
+    "Likes  green tea" beside "likes green tea"; an extraction saw a correction and one fact."""
+    manager, _ = made()
+    manager.create_fact("likes green tea", user_id="zoe")
+    status, _ = callsites.gateway(lambda: manager.create_fact("Likes  green TEA", user_id="zoe"))
+    assert status == 409
+    manager.create_fact("Use uv, not pip", category="Correction", user_id="zoe")
+    facts = manager.get_memory(user_id="zoe")["facts"]
+    assert sorted(f["category"] for f in facts) == ["context", "correction"]
+
+
 def test_deerflows_default_user_is_the_anonymous_user_the_importer_fills(
     made: Any, tmp_path: Path
 ) -> None:
