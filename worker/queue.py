@@ -22,6 +22,7 @@ from memq.core.errors import InvalidIdentifier
 from memq.core.identity import user_id_of
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.settings import MemqSettings
+from worker.metrics import CONTEXT_MESSAGES_CUT
 from worker.scripts import assemble
 from worker.shard_reads import due_members
 
@@ -217,16 +218,29 @@ class QueueClient:
         raw, watermark = pipe.execute()
         data = {_text(k): _text(v) for k, v in raw.items()}
         if data.get("cut_messages"):
-            # enqueue.lua cut the oldest messages to stay within context_max_bytes: say so
-            # wherever the run is logged (the counts only, never the text).
-            log.warning(
-                "context %s: %s messages (%s bytes) were cut before extraction to stay within "
-                "context_max_bytes",
-                context_id,
-                data["cut_messages"],
-                data.get("cut_bytes", "?"),
-            )
+            self._report_cut(q, context_id)
         return data, (_text(watermark) if watermark is not None else None)
+
+    def _report_cut(self, q: QueueKeys, context_id: str) -> None:
+        """enqueue.lua cut the oldest messages to stay within context_max_bytes: take its counts
+        off the hash (atomically, so a cut made meanwhile is kept for the next run, and a retry
+        of this run reports nothing again), add them to the metrics and say so in the run's log
+        (the counts only, never the text)."""
+        ctx = q.context(context_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hmget(ctx, ["cut_messages", "cut_bytes"])
+        pipe.hdel(ctx, "cut_messages", "cut_bytes")
+        (messages, cut_bytes), _ = pipe.execute()
+        if not messages:
+            return
+        self.add_metrics(**{CONTEXT_MESSAGES_CUT: int(messages)})
+        log.warning(
+            "context %s: %s messages (%s bytes) were cut before extraction to stay within "
+            "context_max_bytes",
+            context_id,
+            _text(messages),
+            _text(cut_bytes) if cut_bytes is not None else "?",
+        )
 
     def complete(
         self,
