@@ -184,6 +184,10 @@ local max_bytes = tonumber(ARGV[13])
 if ARGV[4] == '1' or (max_bytes and #messages > max_bytes) then
   -- Too much pending text to wait for more: due now rather than cut (the worker splits it).
   deadline = now
+  -- Urgent work (a flush, an over-size context) never waits in the batch lane; claim_due hands
+  -- the mark to the run and clears it.
+  fields[n + 1], fields[n + 2] = 'urgent', '1'
+  n = n + 2
 else
   deadline = math.min(now + tonumber(ARGV[2]), pending_since + tonumber(ARGV[3]))
 end
