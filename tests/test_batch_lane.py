@@ -16,6 +16,9 @@ import pytest
 
 from memq.core.connection import redis_client
 from memq.core.settings import MemqSettings
+from memq.redis_server import RedisServer
+from storage import get_storage
+from storage.erasure import erase
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import (
@@ -28,8 +31,10 @@ from tests.support.scenarios import (
     turn,
 )
 from tests.support.waiting import wait_for
+from tests.test_reliability_restart import stop_gracefully
 from worker.batch_queue import BatchQueue
-from worker.queue import QueueClient
+from worker.metrics import read_metrics
+from worker.queue import QueueClient, now_ms
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -86,6 +91,18 @@ def out_requests(server: ScriptedOpenAI, count: int) -> list[dict[str, Any]]:
     )
 
 
+def last_tick_ms(settings: MemqSettings) -> int:
+    client = redis_client(settings)
+    try:
+        return read_metrics(client, settings).last_tick_ms or 0
+    finally:
+        client.close()
+
+
+def wait_for_ticks_past(settings: MemqSettings, since_ms: int, what: str) -> None:
+    wait_for(lambda: last_tick_ms(settings) > since_ms, timeout=30, what=what)
+
+
 def conversations(requests: list[dict[str, Any]]) -> str:
     return "\n".join(conversation_of(line["body"]) for line in requests)
 
@@ -133,3 +150,119 @@ def test_a_flush_stays_synchronous(
     assert facts_of(settings, USERS[0]) == [fact_for("item-7")]
     assert openai_server.call_count == 1
     assert openai_server.batches.jobs == {}
+
+
+def test_a_job_out_survives_a_worker_kill_a_redis_restart_and_the_lease_and_is_applied_once(
+    aof_redis: RedisServer,
+    make_settings: Any,
+    openai_server: ScriptedOpenAI,
+    celery_procs: CeleryProcs,
+    producer_for: Any,
+) -> None:
+    settings = lane_settings(
+        make_settings, openai_server, redis_url=aof_redis.url, lease_seconds=2.0
+    )
+    worker = start(celery_procs, settings)
+    producer = producer_for(settings)
+    assert producer.after_agent("t-kill", USERS[1], None, turn("item-3"))
+    out_requests(openai_server, 1)
+
+    worker.kill()  # SIGKILL: the job is out, no process of ours remembers it
+    stop_gracefully(aof_redis)
+    aof_redis.start()
+    worker = celery_procs.restart(worker)
+    # Several leases go by with the job still out: the reaper never brings the context back.
+    wait_for_ticks_past(settings, now_ms() + 3 * settings.lease_ms, "three leases of ticks")
+    assert depths(settings)["batch_out"] == 1
+    assert openai_server.call_count == 0
+    assert len(openai_server.batches.jobs) == 1
+
+    openai_server.batches.complete()
+    wait_for(lambda: depths(settings)["batch_jobs"] == 0, timeout=30, what="job settled")
+    assert facts_of(settings, USERS[1]) == [fact_for("item-3")]
+    assert openai_server.call_count == 0
+    assert len(openai_server.batches.answered) == 1
+    assert metrics(settings)["batch_applied"] == 1
+
+
+def test_an_answer_that_comes_back_after_the_user_was_forgotten_writes_nothing(
+    make_settings: Any, openai_server: ScriptedOpenAI, celery_procs: CeleryProcs, producer_for: Any
+) -> None:
+    settings = lane_settings(make_settings, openai_server)
+    start(celery_procs, settings)
+    producer = producer_for(settings)
+    assert producer.after_agent("t-forget", USERS[0], None, turn("item-5"))
+    out_requests(openai_server, 1)
+
+    client = redis_client(settings)
+    erase(settings, client, get_storage(settings, redis=client), USERS[0])
+    openai_server.batches.complete()
+    wait_for(lambda: depths(settings)["batch_jobs"] == 0, timeout=30, what="job settled")
+    assert facts_of(settings, USERS[0]) == []
+    assert get_storage(settings).list_users() == []
+    assert metrics(settings)["batch_stale"] == 1
+    assert openai_server.call_count == 0
+    assert depths(settings) == {"batch_pending": 0, "batch_out": 0, "batch_jobs": 0}
+
+
+@pytest.mark.parametrize("ending", ["expired", "failed", "cancelled"])
+def test_a_job_that_does_not_complete_falls_back_to_synchronous_calls(
+    ending: str,
+    make_settings: Any,
+    openai_server: ScriptedOpenAI,
+    celery_procs: CeleryProcs,
+    producer_for: Any,
+) -> None:
+    settings = lane_settings(make_settings, openai_server)
+    start(celery_procs, settings)
+    producer = producer_for(settings)
+    for n, user in enumerate(USERS[:2]):
+        assert producer.after_agent(f"t-{n}", user, None, turn(f"item-{n}"))
+    out_requests(openai_server, 2)
+
+    if ending == "expired":  # one request answered before the window ended, one not
+        openai_server.batches.expire(answered=1)
+    elif ending == "failed":
+        openai_server.batches.fail()
+    else:
+        (job,) = openai_server.batches.jobs.values()
+        job.status = "cancelled"
+    wait_for(
+        lambda: all(facts_of(settings, user) != [] for user in USERS[:2]),
+        timeout=30,
+        what="both contexts extracted",
+    )
+    assert [facts_of(settings, user) for user in USERS[:2]] == [
+        [fact_for("item-0")],
+        [fact_for("item-1")],
+    ]
+    synchronous = 1 if ending == "expired" else 2
+    wait_for(lambda: depths(settings)["batch_jobs"] == 0, timeout=30, what="job settled")
+    assert openai_server.call_count == synchronous
+    assert metrics(settings)["batch_fallbacks"] == synchronous
+    assert len(openai_server.batches.jobs) == 1  # a fallback never goes out in a batch again
+
+
+def test_messages_arriving_while_the_job_is_out_are_extracted_afterwards(
+    make_settings: Any, openai_server: ScriptedOpenAI, celery_procs: CeleryProcs, producer_for: Any
+) -> None:
+    settings = lane_settings(make_settings, openai_server)
+    start(celery_procs, settings)
+    producer = producer_for(settings)
+    first = turn("item-1")
+    assert producer.after_agent("t-more", USERS[2], None, first)
+    out_requests(openai_server, 1)
+    assert producer.after_agent("t-more", USERS[2], None, first + turn("item-2"))
+    # The new turn waits for the job: no second request, no synchronous call.
+    wait_for_ticks_past(settings, now_ms() + 1000, "ticks after the new turn")
+    assert len(openai_server.batches.requests_of()) == 1
+
+    openai_server.batches.complete()
+    wait_for(lambda: len(openai_server.batches.jobs) == 2, timeout=30, what="a second job")
+    second = out_requests(openai_server, 1)
+    assert "item-2" in conversations(second)
+    assert "item-1" not in conversations(second)  # what the first job held is not sent again
+    openai_server.batches.complete()
+    wait_for(lambda: depths(settings)["batch_jobs"] == 0, timeout=30, what="both jobs settled")
+    assert sorted(facts_of(settings, USERS[2])) == [fact_for("item-1"), fact_for("item-2")]
+    assert openai_server.call_count == 0

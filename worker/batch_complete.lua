@@ -6,6 +6,8 @@
 -- KEYS[3]  due             zset  context id -> deadline (epoch ms)
 -- KEYS[4]  wm:<id>         string, the watermark (JSON list of the last extracted identities)
 -- KEYS[5]  batch:job:<id>  hash  claim token -> context id (the job's requests)
+-- KEYS[6]  inflight        zset  context id -> lease expiry (a parked context is not in it)
+-- KEYS[7]  uinflight:<user>  zset  the user's in-flight contexts (likewise)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the context was sent with (the request's custom id)
@@ -19,9 +21,11 @@
 --   1  done: the version did not move while the job was out; the hash is deleted
 --   2  rescheduled: messages arrived while the job was out; back in `due` at deadline_ms
 
+--- @include "includes/release_claim"
 --- @include "includes/requeue"
 
 local ctx, out, due, wm, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local inflight, users = KEYS[6], KEYS[7]
 local id, token = ARGV[1], ARGV[2]
 
 redis.call('HDEL', job, token)
@@ -40,6 +44,7 @@ if f[3] == f[4] then
   redis.call('DEL', ctx)
   redis.call('ZREM', due, id)
   redis.call('ZREM', out, id)
+  release_claim(ctx, inflight, users, id)
   return 1
 end
 redis.call('HSET', ctx, 'attempts', '0')
@@ -47,5 +52,5 @@ redis.call('HDEL', ctx, 'last_error', 'batch_token', 'batch_request', 'batch_wat
   'batch_id', 'batch_parked_ms')
 requeue(ctx, due, id, f[5] or ARGV[3])
 redis.call('ZREM', out, id)
-redis.call('HDEL', ctx, 'claim_token', 'started_token')
+release_claim(ctx, inflight, users, id)
 return 2

@@ -5,7 +5,9 @@
 -- KEYS[2]  batch:out       zset  context id -> time past which its job counts as lost (epoch ms)
 -- KEYS[3]  batch:pending   zset  context id -> time parked (epoch ms)
 -- KEYS[4]  due             zset  context id -> deadline (epoch ms)
--- KEYS[5]  batch:job:<id>  hash  claim token -> context id ("" key when no job is known)
+-- KEYS[5]  batch:job:<id>  hash  claim token -> context id (the job's requests)
+-- KEYS[6]  inflight        zset  context id -> lease expiry (a parked context is not in it)
+-- KEYS[7]  uinflight:<user>  zset  the user's in-flight contexts (likewise)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the context was parked with
@@ -17,9 +19,11 @@
 --      counted (the model was never asked by us), and the watermark is left where it was, so
 --      exactly the messages the job held are sent again.
 
+--- @include "includes/release_claim"
 --- @include "includes/requeue"
 
 local ctx, out, pending, due, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local inflight, users = KEYS[6], KEYS[7]
 local id, token = ARGV[1], ARGV[2]
 
 redis.call('HDEL', job, token)
@@ -37,5 +41,5 @@ redis.call('HSET', ctx, 'batch_fallback', '1')
 requeue(ctx, due, id, ARGV[3])
 redis.call('ZREM', out, id)
 redis.call('ZREM', pending, id)
-redis.call('HDEL', ctx, 'claim_token', 'started_token')
+release_claim(ctx, inflight, users, id)
 return 1

@@ -21,6 +21,8 @@
 -- request's custom id) in the job. claim_due leaves a context with `batch_token` alone unless it
 -- is urgent; a claim then supersedes the batch and the answer is fenced off.
 
+--- @include "includes/leave_lease"
+
 local ctx, inflight, users, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id, token = ARGV[1], ARGV[2]
 
@@ -32,6 +34,5 @@ redis.call('HSET', ctx, 'batch_token', token, 'batch_request', ARGV[4],
 redis.call('HDEL', ctx, 'batch_id')
 redis.call('ZADD', pending, ARGV[3], id)
 -- Out of the lease's sets last, once the id is in `batch:pending`: never in no set.
-redis.call('ZREM', inflight, id)
-redis.call('ZREM', users, id)
+leave_lease(inflight, users, id)
 return 1

@@ -166,6 +166,8 @@ class BatchQueue:
                 q.due,
                 q.watermark(request.context_id),
                 q.batch_job(batch_id),
+                q.inflight,
+                QueueClient.user_inflight_key(q, request.context_id),
             ],
             args=[
                 request.context_id,
@@ -187,6 +189,8 @@ class BatchQueue:
                 q.batch_pending,
                 q.due,
                 q.batch_job(batch_id),
+                q.inflight,
+                QueueClient.user_inflight_key(q, request.context_id),
             ],
             args=[request.context_id, request.token, now],
         )
