@@ -67,7 +67,7 @@ def read_results(text: str, model: str) -> dict[str, RequestResult]:
     for raw in text.splitlines():
         try:
             line = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nesting deeper than json allows
             continue
         if not isinstance(line, dict):
             continue

@@ -103,6 +103,10 @@ class BatchQueue:
         for context_id, (claim, token, request, batch_id) in zip(ids, pipe.execute(), strict=True):
             if token is not None and claim == token and request is not None and batch_id is None:
                 parked.append(Parked(context_id, _text(token), _text(request)))
+            elif token is None:
+                # Superseded by a claim (a flush) or forgotten: leaves `batch:pending`, in a
+                # script that checks again (it may have been parked anew since the read).
+                self.fallback(OutRequest(context_id, ""), "", now)
         return parked
 
     def submit(self, shard: QueueKeys, batch_id: str, parked: list[Parked], now: int) -> int:
