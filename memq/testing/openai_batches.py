@@ -11,9 +11,9 @@ them (the Batch API guide and the files/batches API reference).
   answered with the server's normal scripted replies — its queue, else its responder — a 200 in
   the output file, any other status in the error file), :meth:`expire` (``expired``: the first
   ``answered`` requests in the output file, the rest in the error file with ``batch_expired``),
-  :meth:`fail` (``failed``, no files). ``POST /v1/batches/{id}/cancel`` moves a job to
-  ``cancelling``, then ``cancelled`` on the next read. With ``auto_complete`` a job completes on
-  the first read after it started.
+  :meth:`fail` (``failed``, no files), :meth:`cancel`. ``POST /v1/batches/{id}/cancel`` (and
+  :meth:`cancel`) moves a job to ``cancelling``, then ``cancelled`` on the next read. With
+  ``auto_complete`` a job completes on the first read after it started.
 - ``request_counts`` (total, completed, failed) follow the files.
 """
 
@@ -321,6 +321,15 @@ class ScriptedBatches:
                 job.status = "failed"
                 job.errors = {"object": "list", "data": [{"code": "scripted", "message": "failed"}]}
                 job.times["failed"] = int(time.time())
+            return len(jobs)
+
+    def cancel(self, batch_id: str | None = None) -> int:
+        """Cancel as someone else would (the dashboard): ``cancelling``, then ``cancelled``."""
+        with self._lock:
+            jobs = self._targets(batch_id)
+            for job in jobs:
+                job.status = "cancelling"
+                job.times["cancelling"] = int(time.time())
             return len(jobs)
 
     def requests_of(self, status: str | None = None) -> list[dict[str, Any]]:
