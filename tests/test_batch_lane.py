@@ -70,6 +70,15 @@ def depths(settings: MemqSettings) -> dict[str, int]:
         client.close()
 
 
+def lane_locked(settings: MemqSettings) -> bool:
+    """Whether a batch cycle holds the shard's lock (a kill then holds up the lane a while)."""
+    client = redis_client(settings)
+    try:
+        return bool(client.exists(QueueClient(settings, client).keys.shard(0).batch_lock))
+    finally:
+        client.close()
+
+
 def metrics(settings: MemqSettings) -> dict[str, int]:
     client = redis_client(settings)
     try:
@@ -167,6 +176,11 @@ def test_a_job_out_survives_a_worker_kill_a_redis_restart_and_the_lease_and_is_a
     producer = producer_for(settings)
     assert producer.after_agent("t-kill", USERS[1], None, turn("item-3"))
     out_requests(openai_server, 1)
+    wait_for(
+        lambda: depths(settings)["batch_out"] == 1 and not lane_locked(settings),
+        timeout=30,
+        what="the job recorded and its cycle over",
+    )
 
     worker.kill()  # SIGKILL: the job is out, no process of ours remembers it
     stop_gracefully(aof_redis)

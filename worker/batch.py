@@ -12,7 +12,8 @@ lost track of send their contexts back to a synchronous run. Nothing here sleeps
 Applied once: the save is fenced by the claim token the context was parked with, and stores the
 request's watermark with the document; a poll that finds that watermark already stored (a worker
 killed between the save and the settlement) settles without applying again. One process at a time
-gathers and polls a shard (its batch lock); a cycle stops well before the lock can expire.
+gathers and polls a shard (its batch lock); a cycle starts no new step once its time is up, so it
+ends before the lock can expire.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from memq.core.settings import MemqSettings
 from storage.base import Fence
 from worker.batch_api import BatchEndpoint
 from worker.batch_jobs import FINISHED, RequestResult, read_results, request_lines
-from worker.batch_queue import BATCH_LOCK_MS, BatchQueue, OutRequest
+from worker.batch_queue import BATCH_CYCLE_SECONDS, BATCH_LOCK_MS, BatchQueue, OutRequest
 from worker.llm import chat_request
 from worker.metrics import MetricsRecorder
 from worker.model import ModelAnswer
@@ -39,7 +40,6 @@ from worker.queue import QueueClient, now_ms
 
 log = logging.getLogger("memq.batch")
 
-_CYCLE_BUDGET_SECONDS = BATCH_LOCK_MS / 2000
 
 # Fields of the metrics hash the lane adds to (beside extractions:<outcome>): batch tokens have
 # their own names, so a price table can apply the batch discount to them.
@@ -118,10 +118,11 @@ class BatchLane:
             try:
                 self._sweep_lost(shard, report)
                 for batch_id in self.batches.jobs_due(shard, self.clock()):
-                    if time.monotonic() - started > _CYCLE_BUDGET_SECONDS:
+                    if time.monotonic() - started > BATCH_CYCLE_SECONDS:
                         break
                     self._poll(shard, batch_id, report)
-                self._gather(shard, index, report)
+                if time.monotonic() - started <= BATCH_CYCLE_SECONDS:
+                    self._gather(shard, index, report)
             finally:
                 self.batches.unlock(shard, lock)
         self.queue.add_metrics(

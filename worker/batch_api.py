@@ -15,6 +15,7 @@ import openai
 
 from memq.core.settings import MemqSettings
 from worker.batch_jobs import CHAT_COMPLETIONS
+from worker.batch_queue import BATCH_HTTP_TIMEOUT_SECONDS
 from worker.llm import classify
 
 _PLACEHOLDER_KEY = "not-needed"
@@ -40,8 +41,8 @@ class OpenAIBatchEndpoint:
         self._client = client or openai.OpenAI(
             api_key=key or _PLACEHOLDER_KEY,
             base_url=settings.llm_base_url,
-            timeout=max(settings.llm_timeout_seconds, 60.0),  # files can be large
-            max_retries=2,
+            timeout=BATCH_HTTP_TIMEOUT_SECONDS,
+            max_retries=0,  # the next cycle is the retry; the shard's lock bounds a cycle
         )
         self._window = settings.llm_batch_completion_window
 

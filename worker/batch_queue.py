@@ -25,7 +25,13 @@ from worker.scripts import assemble
 _SCRIPTS = ("batch_park", "batch_submit", "batch_complete", "batch_fallback")
 # A job not finished this long after its window is lost to us: its contexts run synchronously.
 LOST_SLACK_MS = 3_600_000
-BATCH_LOCK_MS = 600_000  # a shard's batch lock; a cycle stops polling after half of it
+# A shard's batch lock: a cycle starts no new step after BATCH_CYCLE_SECONDS, and each step is one
+# HTTP call of at most BATCH_HTTP_TIMEOUT_SECONDS (no retries: the next cycle is the retry) plus
+# Redis work, so the lock outlives any cycle; a worker killed mid-cycle holds up its shard's lane
+# (never loses it) for at most this long.
+BATCH_HTTP_TIMEOUT_SECONDS = 60.0
+BATCH_CYCLE_SECONDS = 60.0
+BATCH_LOCK_MS = 180_000
 _READ_BATCH = 1000  # ids read per pipelined call
 
 
