@@ -157,7 +157,7 @@ def create_app(settings: MemqSettings) -> Celery:
 
     def tick_task() -> dict[str, Any]:
         report = run_tick(runtime.queue, send_extract)
-        if settings.llm_batch_enabled:
+        if settings.llm_batch_active:
             dispatch_batch_work(runtime.batches, send_batch, now_ms())
         return {"claimed": report.claimed, "released": report.released, "full": report.full}
 
@@ -196,7 +196,8 @@ def settle_task(runtime: WorkerRuntime, context_id: str, result: dict[str, Any])
     in Redis). A run that had lost its claim is not an extraction and is not counted here.
     """
     queue_state = str(result.get("queue", ""))
-    if result.get("outcome") == "stale" or queue_state == "stale":
+    if result.get("outcome") == "stale" or queue_state in ("stale", "batched"):
+        # Not an extraction (yet): a parked run is counted when its batch answer is applied.
         return result
     recorder = MetricsRecorder.for_settings(runtime.settings, runtime.client)
     if result.get("outcome") != "failed":

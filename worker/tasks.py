@@ -225,7 +225,7 @@ def extract(
         context = ConversationContext.from_hash(data)
     except MemqError as exc:  # a context that does not decode never will: dead at once
         return _failed(run, exc, None)
-    may_batch = runtime.settings.llm_batch_enabled and data.get("claimed_sync") != "1"
+    may_batch = runtime.settings.llm_batch_active and data.get("claimed_sync") != "1"
     try:
         report = _run_pipeline(runtime, run, context, watermark, may_batch=may_batch)
     except Exception as exc:

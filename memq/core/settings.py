@@ -326,6 +326,11 @@ class MemqSettings(BaseSettings):
         return self.watermark_ttl_days * 86_400_000
 
     @property
+    def llm_batch_active(self) -> bool:
+        """The batch lane runs only against a real endpoint (the offline rules have no batches)."""
+        return self.llm_batch_enabled and self.resolved_llm_provider == "openai"
+
+    @property
     def llm_batch_window_ms(self) -> int:
         """The completion window in milliseconds ("24h" → 86 400 000)."""
         return int(self.llm_batch_completion_window.removesuffix("h")) * 3_600_000
