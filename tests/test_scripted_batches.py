@@ -27,7 +27,7 @@ def line(custom: str, content: str = "hi") -> str:
 
 def upload(client: openai.OpenAI, *lines: str, purpose: str = "batch") -> str:
     data = ("\n".join(lines) + "\n").encode()
-    return client.files.create(file=("in.jsonl", data), purpose=purpose).id  # type: ignore[arg-type]
+    return client.files.create(file=("in.jsonl", data), purpose=purpose).id
 
 
 def test_a_job_goes_validating_in_progress_completed_with_output_and_error_files(
@@ -40,12 +40,12 @@ def test_a_job_goes_validating_in_progress_completed_with_output_and_error_files
     )
     assert job.status == "validating"
     assert client.batches.retrieve(job.id).status == "in_progress"
-    assert client.batches.retrieve(job.id).request_counts.total == 2  # type: ignore[union-attr]
+    assert client.batches.retrieve(job.id).request_counts.total == 2
     openai_server.script(Reply(content="first"), Reply(status=429))
     assert openai_server.batches.complete() == 1
     done = client.batches.retrieve(job.id)
     assert done.status == "completed"
-    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)  # type: ignore[union-attr]
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
     assert done.output_file_id and done.error_file_id
     (out,) = [json.loads(x) for x in client.files.content(done.output_file_id).text.splitlines()]
     assert out["custom_id"] == "a" and out["response"]["status_code"] == 200
@@ -80,7 +80,7 @@ def test_what_openai_refuses_is_refused(openai_server: ScriptedOpenAI) -> None:
         client.batches.create(
             input_file_id=good,
             endpoint="/v1/chat/completions",
-            completion_window="48h",  # type: ignore[arg-type]
+            completion_window="48h",
         )
     with pytest.raises(openai.BadRequestError):
         client.batches.create(

@@ -22,7 +22,7 @@ from memq.core.settings import MemqSettings
 from worker.queue import CompleteResult, QueueClient
 from worker.scripts import assemble
 
-_SCRIPTS = ("batch_park", "batch_submit", "batch_complete", "batch_fallback")
+_SCRIPTS = ("batch_park", "batch_submit", "batch_complete", "batch_fallback", "batch_unlock")
 # A job not finished this long after its window is lost to us: its contexts run synchronously.
 LOST_SLACK_MS = 3_600_000
 # A shard's batch lock: a cycle starts no new step after BATCH_CYCLE_SECONDS, and each step is one
@@ -213,9 +213,7 @@ class BatchQueue:
         return token if self.redis.set(shard.batch_lock, token, nx=True, px=ttl_ms) else None
 
     def unlock(self, shard: QueueKeys, token: str) -> None:
-        current = self.redis.get(shard.batch_lock)
-        if current is not None and _text(current) == token:
-            self.redis.delete(shard.batch_lock)
+        self._scripts["batch_unlock"](keys=[shard.batch_lock], args=[token])
 
     def has_work(self, now: int) -> bool:
         """Whether any shard has parked runs or a job to poll or a lost context: one pipeline,
