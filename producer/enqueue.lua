@@ -38,6 +38,9 @@
 -- equal to the new list's first (the size cap dropped the front, or the turn after a merge):
 -- then the stored front is kept before it whole.
 --
+-- A flush, or a context over pending_max_bytes, also sets the hash's `urgent` field: urgent work
+-- never waits in the batch lane (claim_due hands the mark to the run as `claimed_sync`).
+--
 -- Returns {version, deadline_ms, code}
 --   code 1  scheduled: due holds the context at deadline_ms
 --   code 2  deferred in flight: a worker holds the context; its complete reschedules it from

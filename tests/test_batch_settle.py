@@ -183,3 +183,27 @@ def test_hostile_output_lines_are_skipped_and_only_our_requests_are_read() -> No
     assert results["43"].answer is None and results["43"].error == "unreadable response"
     assert results["44"].answer is None and len(results["44"].error) < 100
     assert results["45"].error == "request answered 500"
+
+
+@pytest.mark.parametrize("overrides", ["prompt budget", "pending bytes"])
+def test_over_size_contexts_stay_synchronous(
+    overrides: str, make_settings: Any, openai_server: ScriptedOpenAI, producer_for: Any
+) -> None:
+    openai_server.responder = learn_items
+    values: dict[str, Any] = {"llm_batch_enabled": True, "llm_batch_gather_seconds": 0.0}
+    if overrides == "prompt budget":  # the new messages need more than one prompt
+        values.update(conversation_max_tokens=200)
+    else:  # more pending text than a context may hold before it is due at once
+        values.update(producer_max_chars=10_000, pending_max_bytes=10_000)
+    settings = stack_settings(make_settings, openai_server, **values)
+    runtime = WorkerRuntime(settings)
+    clock = Clock()
+    producer = producer_for(settings)
+    long = "x" * 6_000
+    turns = turn("item-1", long) + turn("item-2", long)
+    assert producer.after_agent("t3", USER, None, turns[:2])
+    assert producer.after_agent("t3", USER, None, turns)
+    outcomes = run_due(runtime, clock)
+    assert outcomes and "batched" not in outcomes
+    assert openai_server.call_count >= 1
+    assert runtime.batches.depths()["batch_pending"] == 0
