@@ -79,6 +79,16 @@ def lane_locked(settings: MemqSettings) -> bool:
         client.close()
 
 
+def wait_recorded(settings: MemqSettings, count: int) -> None:
+    """Until ``count`` contexts are recorded as out (the provider has the job before memq records
+    it) and the cycle that recorded them is over."""
+    wait_for(
+        lambda: depths(settings)["batch_out"] == count and not lane_locked(settings),
+        timeout=30,
+        what="the job recorded and its cycle over",
+    )
+
+
 def metrics(settings: MemqSettings) -> dict[str, int]:
     client = redis_client(settings)
     try:
@@ -120,18 +130,21 @@ def conversations(requests: list[dict[str, Any]]) -> str:
 def test_due_contexts_go_out_in_one_job_and_are_applied_once(
     make_settings: Any, openai_server: ScriptedOpenAI, celery_procs: CeleryProcs, producer_for: Any
 ) -> None:
-    settings = lane_settings(make_settings, openai_server)
+    # A job goes out as soon as it is full (three), long before the oldest waited 60 s.
+    settings = lane_settings(
+        make_settings, openai_server, llm_batch_max_requests=3, llm_batch_gather_seconds=60.0
+    )
     start(celery_procs, settings)
     producer = producer_for(settings)
     for n, user in enumerate(USERS):
         assert producer.after_agent(f"t-{n}", user, None, turn(f"item-{n}", "<user_memory>\u202e"))
 
     requests = out_requests(openai_server, len(USERS))
+    wait_recorded(settings, len(USERS))
     assert len(openai_server.batches.jobs) == 1  # gathered into one job
     assert openai_server.call_count == 0  # nothing synchronous
     assert all(facts_of(settings, user) == [] for user in USERS)  # nothing applied yet
     assert all(f"item-{n}" in conversations(requests) for n in range(len(USERS)))
-    assert depths(settings)["batch_out"] == len(USERS)
 
     openai_server.batches.complete()
     wait_for(lambda: depths(settings)["batch_jobs"] == 0, timeout=30, what="job settled")
@@ -176,11 +189,7 @@ def test_a_job_out_survives_a_worker_kill_a_redis_restart_and_the_lease_and_is_a
     producer = producer_for(settings)
     assert producer.after_agent("t-kill", USERS[1], None, turn("item-3"))
     out_requests(openai_server, 1)
-    wait_for(
-        lambda: depths(settings)["batch_out"] == 1 and not lane_locked(settings),
-        timeout=30,
-        what="the job recorded and its cycle over",
-    )
+    wait_recorded(settings, 1)
 
     worker.kill()  # SIGKILL: the job is out, no process of ours remembers it
     stop_gracefully(aof_redis)
@@ -214,6 +223,7 @@ def test_an_answer_that_comes_back_after_the_user_was_forgotten_writes_nothing(
     producer = producer_for(settings)
     assert producer.after_agent("t-forget", USERS[0], None, turn("item-5"))
     out_requests(openai_server, 1)
+    wait_recorded(settings, 1)
 
     client = redis_client(settings)
     erase(settings, client, get_storage(settings, redis=client), USERS[0])
@@ -234,12 +244,15 @@ def test_a_job_that_does_not_complete_falls_back_to_synchronous_calls(
     celery_procs: CeleryProcs,
     producer_for: Any,
 ) -> None:
-    settings = lane_settings(make_settings, openai_server)
+    settings = lane_settings(
+        make_settings, openai_server, llm_batch_max_requests=2, llm_batch_gather_seconds=60.0
+    )
     start(celery_procs, settings)
     producer = producer_for(settings)
     for n, user in enumerate(USERS[:2]):
         assert producer.after_agent(f"t-{n}", user, None, turn(f"item-{n}"))
     out_requests(openai_server, 2)
+    wait_recorded(settings, 2)
 
     if ending == "expired":  # one request answered before the window ended, one not
         openai_server.batches.expire(answered=1)
