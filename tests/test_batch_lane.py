@@ -160,6 +160,7 @@ def test_due_contexts_go_out_in_one_job_and_are_applied_once(
     assert len(openai_server.batches.jobs) == 1
     assert depths(settings) == {"batch_pending": 0, "batch_out": 0, "batch_jobs": 0}
     assert queue_idle(QueueClient(settings, redis_client(settings)))
+    assert openai_server.batches.files == {}  # the prompts and answers deleted at the provider
 
 
 def test_a_flush_stays_synchronous(

@@ -198,6 +198,14 @@ class BatchLane:
                 log.info("batch request of %s: %s; run synchronously", request.context_id, reason)
                 self._fall_back([request], batch_id, report)
         self.batches.drop_job(shard, batch_id)
+        # The prompts and answers at the provider are of no use any more: delete them (best effort;
+        # the provider's own retention removes what a failure here leaves).
+        for file_id in (status.input_file_id, status.output_file_id, status.error_file_id):
+            if file_id:
+                try:
+                    self.endpoint.delete_file(file_id)
+                except LLMError as exc:
+                    log.info("batch job %s: file not deleted (%s)", batch_id, exc)
 
     def _sweep_lost(self, shard: QueueKeys, report: CycleReport) -> None:
         """Contexts out past their job's window and slack: that job is lost to us."""

@@ -24,6 +24,7 @@ _PLACEHOLDER_KEY = "not-needed"
 @dataclass(frozen=True, slots=True)
 class JobStatus:
     status: str
+    input_file_id: str | None = None
     output_file_id: str | None = None
     error_file_id: str | None = None
 
@@ -33,6 +34,7 @@ class BatchEndpoint(Protocol):
     def status(self, batch_id: str) -> JobStatus: ...
     def content(self, file_id: str) -> str: ...
     def cancel(self, batch_id: str) -> None: ...
+    def delete_file(self, file_id: str) -> None: ...
 
 
 class OpenAIBatchEndpoint:
@@ -67,7 +69,7 @@ class OpenAIBatchEndpoint:
             job = self._client.batches.retrieve(batch_id)
         except openai.OpenAIError as exc:
             raise classify(exc) from exc
-        return JobStatus(job.status, job.output_file_id, job.error_file_id)
+        return JobStatus(job.status, job.input_file_id, job.output_file_id, job.error_file_id)
 
     def content(self, file_id: str) -> str:
         try:
@@ -78,6 +80,12 @@ class OpenAIBatchEndpoint:
     def cancel(self, batch_id: str) -> None:
         try:
             self._client.batches.cancel(batch_id)
+        except openai.OpenAIError as exc:
+            raise classify(exc) from exc
+
+    def delete_file(self, file_id: str) -> None:
+        try:
+            self._client.files.delete(file_id)
         except openai.OpenAIError as exc:
             raise classify(exc) from exc
 

@@ -2,7 +2,8 @@
 them (the Batch API guide and the files/batches API reference).
 
 - ``POST /v1/files`` (multipart: ``file``, ``purpose``) stores a file; ``GET /v1/files/{id}``
-  describes it and ``GET /v1/files/{id}/content`` returns its bytes.
+  describes it, ``GET /v1/files/{id}/content`` returns its bytes, ``DELETE /v1/files/{id}``
+  deletes it.
 - ``POST /v1/batches`` (``input_file_id``, ``endpoint``, ``completion_window`` — only ``24h`` is
   accepted — and ``metadata``) creates a job in ``validating``; the first ``GET /v1/batches/{id}``
   validates its input (every line JSON with a unique ``custom_id``, ``method`` POST and the job's
@@ -141,6 +142,15 @@ class ScriptedBatches:
                 self._advance(job)
                 return _json(200, job.describe())
         return _error(404, "not found")
+
+    def delete(self, path: str) -> Response:
+        """``DELETE /v1/files/{id}``: the file is gone (its jobs keep their ids)."""
+        parts = path.split("?", 1)[0].strip("/").split("/")
+        with self._lock:
+            if parts[:2] == ["v1", "files"] and len(parts) == 3 and parts[2] in self.files:
+                del self.files[parts[2]]
+                return _json(200, {"id": parts[2], "object": "file", "deleted": True})
+        return _error(404, "No such File object")
 
     def post(self, path: str, content_type: str, raw: bytes) -> Response:
         parts = path.split("?", 1)[0].strip("/").split("/")

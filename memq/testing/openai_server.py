@@ -104,6 +104,10 @@ class ScriptedOpenAI:
                 )
                 self._send(200, body.encode(), {})
 
+            def do_DELETE(self) -> None:  # /v1/files/{id}
+                status, payload, content_type = server.batches.delete(self.path)
+                self._send(status, payload, {}, content_type)
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 raw = self.rfile.read(length)
