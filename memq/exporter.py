@@ -122,6 +122,16 @@ class MemqCollector(Collector):
                 "Runs whose answer was discarded: they lost their claim",
                 "stale_runs",
             ),
+            (
+                "memq_facts_invalid",
+                "New facts of saved answers dropped because they did not validate",
+                "facts_invalid",
+            ),
+            (
+                "memq_facts_refused",
+                "New facts refused because only assistant messages said them",
+                "facts_refused",
+            ),
             ("memq_forgets", "Users erased with `memq forget`", "forgets"),
             (
                 "memq_dead_lettered",

@@ -21,7 +21,7 @@ from memq.core.settings import MemqSettings
 from storage.base import Fence
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, facts_of, learn_items, stack_settings, turn
-from worker.batch import BatchLane
+from worker.batch import BatchLane, run_from_json
 from worker.batch_api import OpenAIBatchEndpoint
 from worker.batch_jobs import custom_id, read_results
 from worker.model import ModelAnswer
@@ -131,6 +131,7 @@ def test_an_answer_saved_before_a_kill_is_settled_without_being_applied_again(
     runtime.pipeline.apply_answer(
         ConversationContext.from_hash(data),
         saved,
+        run_from_json(data["batch_run"], "scripted"),
         watermark=data["batch_watermark"],
         fence=Fence(request.context_id, request.token),
     )

@@ -32,6 +32,7 @@ if str(STANDIN) not in sys.path:
 from deerflow import callsites  # noqa: E402
 from deerflow.agents.memory.manager import (  # noqa: E402
     MemoryManager,
+    MemoryManagerError,
     build_memory_manager,
 )
 
@@ -305,7 +306,8 @@ def test_shutdown_flush_with_redis_down_then_up(tmp_path: Path, make_settings: A
         settings = make_settings(redis_url=server.url, producer_timeout_seconds=0.2)
         manager = build(settings)
         server.stop()
-        assert manager.warm() is False  # Redis does not answer
+        with pytest.raises(MemoryManagerError):  # Redis does not answer
+            manager.warm()
         turn = [HumanMessage("I prefer uv."), AIMessage("Noted: uv.")]
         callsites.after_agent(manager, "t-1", turn, agent_name="coder", user_id="alice")
         assert manager._producer.spool_size == 1
@@ -401,3 +403,15 @@ def test_clear_or_delete_is_not_undone_by_an_extraction_in_flight(
     facts = [f["content"] for f in manager.get_memory(user_id="alice", agent_name="coder")["facts"]]
     assert "The user owns a red bicycle" not in facts
     manager.close()
+
+
+def test_create_fact_uses_the_one_vocabulary(made: Any) -> None:
+    """DeerFlow's create_fact stored "Correction" as an unknown category and accepted
+    "Likes  green tea" beside "likes green tea"; an extraction saw a correction and one fact."""
+    manager, _ = made()
+    manager.create_fact("likes green tea", user_id="zoe")
+    status, _ = callsites.gateway(lambda: manager.create_fact("Likes  green TEA", user_id="zoe"))
+    assert status == 409
+    manager.create_fact("Use uv, not pip", category="Correction", user_id="zoe")
+    facts = manager.get_memory(user_id="zoe")["facts"]
+    assert sorted(f["category"] for f in facts) == ["context", "correction"]

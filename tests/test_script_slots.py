@@ -120,7 +120,7 @@ def test_every_script_call_touches_one_slot(redis_server: RedisServer, make_sett
     fifth, sixth = send("tb1", "user1", "a", later), send("tb2", "user2", None, later)
     claims = {c.context_id: c for c in queue.claim(later + 1).claims}
     for parked in (fifth, sixth):
-        assert batches.park(parked, claims[parked].token, '{"model":"m"}', '["w"]', T0 + 8)
+        assert batches.park(parked, claims[parked].token, '{"model":"m"}', '["w"]', "{}", T0 + 8)
     for context_id, batch_id in ((fifth, "batch_a"), (sixth, "batch_b")):
         shard = queue.keys.for_context(context_id)
         lock = batches.lock(shard, 1000)

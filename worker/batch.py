@@ -23,12 +23,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
+from typing import cast
 
 from memq.core.errors import LLMError, MemqError
 from memq.core.keys import QueueKeys
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from storage.base import Fence
+from storage.provenance import RunInfo, RunMessage
+from storage.sources import Role
 from worker.batch_api import BatchEndpoint
 from worker.batch_jobs import FINISHED, RequestResult, read_results, request_lines
 from worker.batch_queue import BATCH_CYCLE_SECONDS, BATCH_LOCK_MS, BatchQueue, OutRequest
@@ -63,17 +67,58 @@ def request_body(settings: MemqSettings, prepared: Prepared) -> str:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
+def run_to_json(run: RunInfo) -> str:
+    """What a parked run's facts will cite (no text: labels, digests, roles), kept with it."""
+    return json.dumps(
+        {
+            "thread_id": run.thread_id,
+            "run_id": run.run_id,
+            "at": run.at.isoformat(),
+            "messages": [[m.label, m.digest, m.role] for m in run.messages],
+            "prompt_version": run.prompt_version,
+            "user_confirmed": run.user_confirmed,
+        }
+    )
+
+
+def run_from_json(text: str, model: str) -> RunInfo:
+    """The run a parked request was built for, answered by ``model``; ValueError when unreadable."""
+    try:
+        raw = json.loads(text)
+        return RunInfo(
+            thread_id=raw["thread_id"],
+            run_id=str(raw["run_id"]),
+            at=datetime.fromisoformat(raw["at"]),
+            messages=tuple(
+                RunMessage(str(label), str(digest), cast("Role", role))
+                for label, digest, role in raw["messages"]
+            ),
+            model=model or None,
+            prompt_version=raw["prompt_version"],
+            user_confirmed=bool(raw["user_confirmed"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError("unreadable parked run") from exc
+
+
 def park(
     settings: MemqSettings,
     batches: BatchQueue,
-    context_id: str,
+    pipeline: ExtractionPipeline,
+    context: ConversationContext,
     token: str,
     prepared: Prepared,
     now: int,
 ) -> bool:
     """Hand a prepared run to the batch lane; False when its claim was already gone."""
+    run = pipeline.run_info(context, prepared, settings.llm_model)
     return batches.park(
-        context_id, token, request_body(settings, prepared), prepared.selection.watermark, now
+        context.key.id,
+        token,
+        request_body(settings, prepared),
+        prepared.selection.watermark,
+        run_to_json(run),
+        now,
     )
 
 
@@ -231,10 +276,11 @@ class BatchLane:
                 applied = self.pipeline.apply_answer(
                     context,
                     answer,
+                    run_from_json(data.get("batch_run", ""), answer.model),
                     watermark=covered,
                     fence=Fence(request.context_id, request.token),
                 )
-            except MemqError as exc:  # an answer that does not parse: the model is asked again
+            except (MemqError, ValueError) as exc:  # e.g. an answer that does not parse
                 log.info(
                     "batch answer of %s unusable (%s); run synchronously",
                     request.context_id,

@@ -49,7 +49,7 @@ if f[3] == f[4] then
 end
 redis.call('HSET', ctx, 'attempts', '0')
 redis.call('HDEL', ctx, 'last_error', 'batch_token', 'batch_request', 'batch_watermark',
-  'batch_id', 'batch_parked_ms')
+  'batch_run', 'batch_id', 'batch_parked_ms')
 requeue(ctx, due, id, f[5] or ARGV[3])
 redis.call('ZREM', out, id)
 release_claim(ctx, inflight, users, id)

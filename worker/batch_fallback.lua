@@ -35,8 +35,8 @@ if f[1] ~= token or f[2] ~= token then
   end
   return 0
 end
-redis.call('HDEL', ctx, 'batch_token', 'batch_request', 'batch_watermark', 'batch_id',
-  'batch_parked_ms')
+redis.call('HDEL', ctx, 'batch_token', 'batch_request', 'batch_watermark', 'batch_run',
+  'batch_id', 'batch_parked_ms')
 redis.call('HSET', ctx, 'batch_fallback', '1')
 requeue(ctx, due, id, ARGV[3])
 redis.call('ZREM', out, id)

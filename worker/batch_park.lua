@@ -11,6 +11,7 @@
 -- ARGV[3]  now_ms     current time, epoch milliseconds
 -- ARGV[4]  request    the chat completion request body (JSON) the batch job will send
 -- ARGV[5]  watermark  the watermark the request covers once applied ("" for none)
+-- ARGV[6]  run        what the answer's facts will cite (JSON: message labels, digests, roles)
 --
 -- Returns
 --   0  stale: the token is not the context's claim token; nothing done
@@ -30,7 +31,7 @@ if redis.call('HGET', ctx, 'claim_token') ~= token then
   return 0
 end
 redis.call('HSET', ctx, 'batch_token', token, 'batch_request', ARGV[4],
-  'batch_watermark', ARGV[5], 'batch_parked_ms', ARGV[3])
+  'batch_watermark', ARGV[5], 'batch_run', ARGV[6], 'batch_parked_ms', ARGV[3])
 redis.call('HDEL', ctx, 'batch_id')
 redis.call('ZADD', pending, ARGV[3], id)
 -- Out of the lease's sets last, once the id is in `batch:pending`: never in no set.

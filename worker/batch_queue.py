@@ -69,7 +69,13 @@ class BatchQueue:
 
     # --- the extract task
     def park(
-        self, context_id: str, token: str, request: str, watermark: str | None, now: int
+        self,
+        context_id: str,
+        token: str,
+        request: str,
+        watermark: str | None,
+        run: str,
+        now: int,
     ) -> bool:
         """Hand a claimed run to the batch lane; False when the claim is no longer ours."""
         q = self.keys.for_context(context_id)
@@ -80,7 +86,7 @@ class BatchQueue:
                 QueueClient.user_inflight_key(q, context_id),
                 q.batch_pending,
             ],
-            args=[context_id, token, now, request, watermark or ""],
+            args=[context_id, token, now, request, watermark or "", run],
         )
         return int(raw) == 1
 

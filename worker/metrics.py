@@ -34,6 +34,8 @@ LLM_LATENCY_SUM_MS = "llm_latency_sum_ms"
 PROMPT_TOKENS = "prompt_tokens"
 COMPLETION_TOKENS = "completion_tokens"
 STALE_RUNS = "stale_runs"  # runs whose answer was discarded: they had lost their claim
+FACTS_INVALID = "facts_invalid"  # new facts of saved answers dropped because they did not validate
+FACTS_REFUSED = "facts_refused"  # new facts refused: only assistant messages said them
 FORGETS = "forgets"
 LAST_TICK_MS = "last_tick_ms"
 TICK_CLAIMED = "tick_claimed"
@@ -133,6 +135,8 @@ class MetricsSnapshot:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     stale_runs: int = 0
+    facts_invalid: int = 0
+    facts_refused: int = 0
     forgets: int = 0
     last_tick_ms: int | None = None
     tick_claimed: int = 0
@@ -178,6 +182,8 @@ def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
         prompt_tokens=values.get(PROMPT_TOKENS, 0),
         completion_tokens=values.get(COMPLETION_TOKENS, 0),
         stale_runs=values.get(STALE_RUNS, 0),
+        facts_invalid=values.get(FACTS_INVALID, 0),
+        facts_refused=values.get(FACTS_REFUSED, 0),
         forgets=values.get(FORGETS, 0),
         last_tick_ms=last_tick or None,
         tick_claimed=values.get(TICK_CLAIMED, 0),

@@ -294,7 +294,7 @@ def _run_pipeline(
             return step
         if step.selection.more:  # over one prompt's budget: chunks go synchronously
             return runtime.pipeline.finish(context, step, fence=fence)
-        if park(settings, runtime.batches, run.context_id, run.token, step, run.clock()):
+        if park(settings, runtime.batches, runtime.pipeline, context, run.token, step, run.clock()):
             return None
         return ExtractionReport("stale", reason="claim gone before the run was parked")
 
@@ -311,15 +311,20 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
         extractions=1,
         prompt_tokens=report.prompt_tokens,
         completion_tokens=report.completion_tokens,
+        facts_invalid=report.facts_invalid,
+        facts_refused=report.facts_refused,
     )
     log.info(
         "extraction key=%s version=%d outcome=%s facts_added=%d facts_removed=%d "
-        "prompt_tokens=%d completion_tokens=%d duration_ms=%d queue=%s",
+        "facts_invalid=%d facts_refused=%d prompt_tokens=%d completion_tokens=%d duration_ms=%d "
+        "queue=%s",
         run.context_id,
         run.version,
         report.outcome,
         report.facts_added,
         report.facts_removed,
+        report.facts_invalid,
+        report.facts_refused,
         report.prompt_tokens,
         report.completion_tokens,
         duration,
