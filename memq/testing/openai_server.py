@@ -328,15 +328,19 @@ def _eval_fields(text: str) -> dict[str, str]:
     return {str(name): str(value) for name, value in _EVAL_FIELD.findall(text)}
 
 
-def eval_extracted_facts(conversation: str) -> list[str]:
-    """The facts the scripted extraction finds in a ``<conversation>`` slot."""
-    facts = []
+def eval_extracted_facts(conversation: str) -> list[tuple[str, str | None]]:
+    """The facts the scripted extraction finds in a ``<conversation>`` slot, each with the
+    citation label of the line it came from (``[m1] User: …``; None for an unlabelled line)."""
+    facts: list[tuple[str, str | None]] = []
     for line in conversation.splitlines():
+        label = None
+        if line.startswith("[m") and "] " in line:
+            label, line = line[1 : line.index("] ")], line[line.index("] ") + 2 :]
         if not line.startswith("User: "):
             continue
         text = _EVAL_NAME.sub("", _EVAL_DATE.sub("", line.removeprefix("User: ").strip()))
         if text and not text.endswith("?"):
-            facts.append(text)
+            facts.append((text, label))
     return facts
 
 
@@ -377,7 +381,10 @@ def evaluation_responder(request: dict[str, Any]) -> Reply:
     update = {
         "user": {},
         "history": {},
-        "newFacts": [{"content": f, "category": "context", "confidence": 0.95} for f in facts],
+        "newFacts": [
+            {"content": f, "category": "context", "confidence": 0.95, "cites": [c] if c else []}
+            for f, c in facts
+        ],
         "factsToRemove": [],
     }
     return _eval_reply(request, json.dumps(update))
