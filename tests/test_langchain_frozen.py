@@ -23,6 +23,7 @@ from memq.core.settings import MemqSettings
 from memq.integrations.langchain import FrozenBlocks, MemoryMiddleware
 from memq.testing.redis_procs import kill_redis, private_redis
 from memq.testing.waiting import wait_for
+from producer.injector import MemoryInjector
 from storage import get_storage
 from storage.document import Fact, MemoryDocument
 
@@ -52,6 +53,21 @@ def system_of(model: RecordingFakeChat, call: int = -1) -> str:
     assert first.type == "system"
     assert isinstance(first.content, str)
     return first.content
+
+
+class CountedReads:
+    """The real storage, counting the memory reads that reach it."""
+
+    def __init__(self, settings: MemqSettings) -> None:
+        self.storage = get_storage(settings)
+        self.loads = 0
+
+    def load(self, user_id: str, agent_name: str | None) -> MemoryDocument:
+        self.loads += 1
+        return self.storage.load(user_id, agent_name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.storage, name)
 
 
 def remember(settings: MemqSettings, *contents: str, user: str = USER) -> None:
@@ -102,7 +118,9 @@ def redis_settings(make_settings: Any) -> MemqSettings:
 def test_three_runs_of_a_thread_see_byte_identical_system_messages(
     redis_settings: MemqSettings, memories: Any
 ) -> None:
-    agent, model = build(redis_settings, memories, freeze="thread")
+    reads = CountedReads(redis_settings)
+    injector = MemoryInjector(redis_settings, storage=reads)  # type: ignore[arg-type]
+    agent, model = build(redis_settings, memories, freeze="thread", injector=injector)
     remember(redis_settings, "Works at Acme on billing")
     run(agent, "auth0|abc", "Hello, what do you know about me?")
     remember(redis_settings, "Works at Initech on payroll")
@@ -116,6 +134,7 @@ def test_three_runs_of_a_thread_see_byte_identical_system_messages(
     assert systems[0].index("<user_memory>") >= len(STATIC_PROMPT)  # memory after it
     # The conversation really continued (the checkpointer kept it); only memory stood still.
     assert len(model.seen[2]) > len(model.seen[0])
+    assert reads.loads == 1  # and the later runs cost no memory read at all
 
     # A new thread reads the memory as it is now, and freezes that.
     run(agent, "auth0|abd", "Hi again")
