@@ -263,6 +263,8 @@ def test_frozen_blocks_unit_rules() -> None:
         ({"freeze": "thread", "freeze_max_threads": 0}, "freeze_max_threads"),
         ({"freeze": "thread", "freeze_ttl_seconds": 0}, "freeze_ttl_seconds"),
         ({"freeze": "thread", "freeze_ttl_seconds": float("nan")}, "freeze_ttl_seconds"),
+        ({"freeze": "thread", "freeze_ttl_seconds": True}, "freeze_ttl_seconds"),
+        ({"freeze": "thread", "freeze_max_threads": "10"}, "freeze_max_threads"),
     ],
 )
 def test_bad_options_are_named(settings: MemqSettings, options: Any, message: str) -> None:

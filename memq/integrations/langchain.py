@@ -174,8 +174,10 @@ def check_freeze(freeze: str, max_threads: int, ttl_seconds: float | None) -> No
         raise ValueError(f"memq: freeze must be one of {FREEZE_MODES}, not {freeze!r}")
     if isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1:
         raise ValueError(f"memq: freeze_max_threads must be an integer >= 1, not {max_threads!r}")
-    if ttl_seconds is not None and not (
-        isinstance(ttl_seconds, int | float) and math.isfinite(ttl_seconds) and ttl_seconds > 0
+    if ttl_seconds is not None and (
+        isinstance(ttl_seconds, bool)
+        or not isinstance(ttl_seconds, int | float)
+        or not (math.isfinite(ttl_seconds) and ttl_seconds > 0)
     ):
         raise ValueError(
             f"memq: freeze_ttl_seconds must be a positive number or None, not {ttl_seconds!r}"
