@@ -11,12 +11,16 @@
     agent.invoke({"messages": [...]}, config={"configurable": {"thread_id": "t1", "user_id": "u1"}})
 
 ``MemoryMiddleware`` reads the user's memory once per run (before the agent starts: one storage
-read, ranked by relevance to the user's latest message) and adds it to the system message of every
-model call of that run — never to the message history, so it is not checkpointed, not re-sent to
-memory and not stacked up run after run. After the run it hands the conversation to memq's
-producer (one Redis round trip; fail-open). ``MemoryFlushingSummarization`` is LangChain's
-``SummarizationMiddleware`` that first flushes the messages it is about to summarise away (due at
-once), so what they taught is extracted before they disappear.
+read, ranked by relevance to the user's latest message) and appends it to the system message of
+every model call of that run — never to the message history, so it is not re-sent to memory and
+not stacked up run after run. ``freeze="thread"`` reads it on a thread's first run only and reuses
+the same bytes on the thread's later runs (see :class:`FrozenBlocks`), so a provider's prompt
+cache keeps matching the whole system message turn after turn. After the run it hands the
+conversation to memq's producer (one Redis round trip; fail-open).
+
+``MemoryFlushingSummarization`` is LangChain's ``SummarizationMiddleware`` that first flushes the
+messages it is about to summarise away (due at once), so what they taught is extracted before they
+disappear.
 
 The run's ``user_id`` and ``thread_id`` come from the runtime context (a mapping or an object with
 those attributes, ``invoke(..., context=...)``) or else from ``config["configurable"]``. A missing
@@ -29,8 +33,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Annotated, Any, NotRequired
+from typing import Annotated, Any, Literal, NotRequired
 
 from langchain.agents.middleware import AgentMiddleware, AgentState, SummarizationMiddleware
 from langchain.agents.middleware.types import (
@@ -51,6 +59,9 @@ from producer.producer import MemoryProducer
 log = logging.getLogger(__name__)
 
 STATE_KEY = "memq_memory"
+FREEZE_MODES = ("run", "thread")
+FREEZE_MAX_THREADS = 10_000  # blocks are at most a few KB: ~tens of MB at the bound
+FrozenKey = tuple[str, str, str | None]  # (thread_id, user_id, agent_name)
 
 
 class MissingRunIdentity(MemqError, LookupError):
@@ -106,9 +117,84 @@ def with_memory(system: SystemMessage | None, block: str) -> SystemMessage:
     return SystemMessage([*system.content, {"type": "text", "text": block}])
 
 
+class FrozenBlocks:
+    """The memory block each recent thread froze on its first run: thread-safe, bounded.
+
+    At most ``max_entries`` threads are kept; a new one evicts the least recently used (that
+    thread reads memory again on its next run and freezes the new block: one cache miss, never an
+    unbounded process). With ``ttl_seconds`` a block expires that long after it was frozen, so a
+    thread that lives for days eventually sees what it taught. Per process: another process, or a
+    restart, reads afresh."""
+
+    def __init__(
+        self,
+        max_entries: int = FREEZE_MAX_THREADS,
+        ttl_seconds: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max = max_entries
+        self._ttl = ttl_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._blocks: OrderedDict[FrozenKey, tuple[float, str]] = OrderedDict()
+
+    def get(self, key: FrozenKey) -> str | None:
+        with self._lock:
+            entry = self._blocks.get(key)
+            if entry is None:
+                return None
+            if self._ttl is not None and self._clock() - entry[0] >= self._ttl:
+                del self._blocks[key]
+                return None
+            self._blocks.move_to_end(key)
+            return entry[1]
+
+    def keep(self, key: FrozenKey, block: str) -> str:
+        """Freeze ``block`` unless a run of the same thread froze one meanwhile (then that one:
+        two racing first runs still agree); returns the frozen block."""
+        with self._lock:
+            entry = self._blocks.get(key)
+            if entry is not None and (self._ttl is None or self._clock() - entry[0] < self._ttl):
+                self._blocks.move_to_end(key)
+                return entry[1]
+            self._blocks[key] = (self._clock(), block)
+            self._blocks.move_to_end(key)
+            while len(self._blocks) > self._max:
+                self._blocks.popitem(last=False)
+            return block
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._blocks)
+
+
+def check_freeze(freeze: str, max_threads: int, ttl_seconds: float | None) -> None:
+    """One clear line for a bad freeze option, before anything is built."""
+    if freeze not in FREEZE_MODES:
+        raise ValueError(f"memq: freeze must be one of {FREEZE_MODES}, not {freeze!r}")
+    if isinstance(max_threads, bool) or not isinstance(max_threads, int) or max_threads < 1:
+        raise ValueError(f"memq: freeze_max_threads must be an integer >= 1, not {max_threads!r}")
+    if ttl_seconds is not None and (
+        isinstance(ttl_seconds, bool)
+        or not isinstance(ttl_seconds, int | float)
+        or not (math.isfinite(ttl_seconds) and ttl_seconds > 0)
+    ):
+        raise ValueError(
+            f"memq: freeze_ttl_seconds must be a positive number or None, not {ttl_seconds!r}"
+        )
+
+
 class MemoryMiddleware(AgentMiddleware[MemoryState, Any, Any]):
     """Injects the user's memory into the run's model calls; hands the conversation to memq
-    after the run. ``agent_name`` selects the per-agent memory (None: the user-global one)."""
+    after the run. ``agent_name`` selects the per-agent memory (None: the user-global one).
+
+    ``freeze="run"`` (the default) reads memory on every run. ``freeze="thread"`` reads it on a
+    thread's first run (ranked by that run's message) and gives the thread's later runs exactly
+    the same bytes, appended after the agent's own system prompt: the system message stays
+    byte-identical across turns, so the agent's prompt cache holds. Memory learned meanwhile
+    shows in the next thread (or after ``freeze_ttl_seconds``). An empty block is never frozen —
+    memq down, or nothing to inject yet — so the next run of the thread reads again.
+    ``freeze_max_threads`` bounds the per-process cache (least recently used thread evicted)."""
 
     state_schema = MemoryState
 
@@ -120,27 +206,49 @@ class MemoryMiddleware(AgentMiddleware[MemoryState, Any, Any]):
         producer: MemoryProducer | None = None,
         injector: MemoryInjector | None = None,
         use_query: bool = True,
+        freeze: Literal["run", "thread"] = "run",
+        freeze_max_threads: int = FREEZE_MAX_THREADS,
+        freeze_ttl_seconds: float | None = None,
     ) -> None:
+        check_freeze(freeze, freeze_max_threads, freeze_ttl_seconds)
         super().__init__()
         self.settings = settings if settings is not None else load_settings()
         self.agent_name = agent_name
         self.producer = producer if producer is not None else MemoryProducer(self.settings)
         self.injector = injector if injector is not None else MemoryInjector(self.settings)
         self.use_query = use_query
+        self.frozen: FrozenBlocks | None = (
+            FrozenBlocks(freeze_max_threads, freeze_ttl_seconds) if freeze == "thread" else None
+        )
 
-    # --- before the run: read memory once
-    def _memory_block(self, user_id: str, messages: Sequence[AnyMessage]) -> dict[str, Any]:
+    # --- before the run: read memory once (per run, or per thread when frozen)
+    def _frozen_key(self, runtime: Runtime[Any]) -> FrozenKey | None:
+        if self.frozen is None:
+            return None
+        return (require(runtime, "thread_id"), require(runtime, "user_id"), self.agent_name)
+
+    def _memory_block(
+        self, user_id: str, key: FrozenKey | None, messages: Sequence[AnyMessage]
+    ) -> dict[str, Any]:
+        if key is not None and self.frozen is not None:
+            block = self.frozen.get(key)
+            if block is not None:
+                return {STATE_KEY: block}
         query = latest_user_text(messages) if self.use_query else None
-        return {STATE_KEY: self.injector.block(user_id, self.agent_name, query=query)}
+        block = self.injector.block(user_id, self.agent_name, query=query)
+        if key is not None and self.frozen is not None and block:
+            block = self.frozen.keep(key, block)
+        return {STATE_KEY: block}
 
     def before_agent(self, state: MemoryState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        return self._memory_block(require(runtime, "user_id"), state["messages"])
+        user_id, key = require(runtime, "user_id"), self._frozen_key(runtime)
+        return self._memory_block(user_id, key, state["messages"])
 
     async def abefore_agent(
         self, state: MemoryState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
-        user_id = require(runtime, "user_id")
-        return await asyncio.to_thread(self._memory_block, user_id, state["messages"])
+        user_id, key = require(runtime, "user_id"), self._frozen_key(runtime)
+        return await asyncio.to_thread(self._memory_block, user_id, key, state["messages"])
 
     # --- every model call of the run: add it to the system message
     @staticmethod
