@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Final
 from memq.core.errors import InvalidIdentifier
 from memq.core.identity import decode_agent, validate_agent_name, validate_user_id
 from memq.core.keys import KeySchema
+from memq.core.metrics import MetricsRecorder
 from memq.core.settings import MemqSettings
 from storage.base import MemoryStorage
 
@@ -138,7 +139,7 @@ def erase(
         removed_documents = sum(storage.delete(user, target) for target in targets)
     report = ErasureReport(removed_documents, *totals)
     if whole_user:
-        client.hincrby(keys.metrics(), "forgets", 1)
+        MetricsRecorder.for_settings(settings, client).forget()
     log.info(
         "erased user=%s agent=%s: %s",
         user,

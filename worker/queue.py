@@ -20,6 +20,7 @@ from memq.core.connection import RedisClient
 from memq.core.errors import InvalidIdentifier
 from memq.core.identity import user_id_of
 from memq.core.keys import KeySchema, QueueKeys
+from memq.core.metrics import read_snapshot, summarise
 from memq.core.settings import MemqSettings
 from worker.scripts import assemble
 from worker.shard_reads import due_members
@@ -283,14 +284,6 @@ class QueueClient:
         )
         return FailResult(int(raw))
 
-    def add_metrics(self, **counters: int) -> None:
-        """HINCRBY the global counters `memq stats` shows (one round trip, zeros skipped)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for name, amount in counters.items():
-            if amount:
-                pipe.hincrby(self.keys.metrics(), name, amount)
-        pipe.execute()
-
     # --- dead letters (the CLI)
     def dead_list(self, limit: int = 1000) -> list[DeadEntry]:
         """Dead contexts, oldest death first, with their attempt count and last error."""
@@ -344,32 +337,8 @@ class QueueClient:
 
     # --- observing
     def stats(self, now: int | None = None) -> dict[str, Any]:
-        """Queue depths, the lag of the oldest due context, and the global counters."""
-        now = now_ms() if now is None else now
-        pipe = self.redis.pipeline(transaction=False)
-        shards = self.keys.all_shards()
-        for shard in shards:
-            pipe.zcard(shard.due)
-            pipe.zcard(shard.inflight)
-            pipe.zcard(shard.dead)
-            pipe.zrange(shard.due, 0, 0, withscores=True)
-        pipe.hgetall(self.keys.metrics())
-        replies = pipe.execute()
-        due = inflight = dead = 0
-        oldest: float | None = None
-        for index in range(len(shards)):
-            n_due, n_inflight, n_dead, first = replies[index * 4 : index * 4 + 4]
-            due, inflight, dead = due + n_due, inflight + n_inflight, dead + n_dead
-            if first:
-                oldest = first[0][1] if oldest is None else min(oldest, first[0][1])
-        metrics = {_text(k): int(v) for k, v in replies[-1].items()}
-        return {
-            "due": due,
-            "inflight": inflight,
-            "dead": dead,
-            "oldest_due_lag_ms": max(0, now - int(oldest)) if oldest is not None else 0,
-            "metrics": metrics,
-        }
+        """What `memq stats --json` prints: queue depths, lag and the counters."""
+        return summarise(read_snapshot(self.redis, self.settings, now_ms() if now is None else now))
 
     # --- helpers
     def _q(self, context_id: str) -> QueueKeys:

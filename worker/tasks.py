@@ -21,6 +21,7 @@ from memq.core.errors import (
     TransientLLMError,
 )
 from memq.core.identity import ContextKey
+from memq.core.metrics import MetricsRecorder
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from storage.base import Fence
@@ -54,6 +55,7 @@ class WorkerRuntime:
         self._pid: int | None = None
         self._redis: RedisClient | None = None
         self._queue: QueueClient | None = None
+        self._metrics: MetricsRecorder | None = None
         self._pipeline: ExtractionPipeline | None = None
 
     @property
@@ -63,6 +65,14 @@ class WorkerRuntime:
     @property
     def queue(self) -> QueueClient:
         return self._base()[1]
+
+    @property
+    def metrics(self) -> MetricsRecorder:
+        with self._lock:
+            self._check_fork()
+            if self._metrics is None:
+                self._metrics = MetricsRecorder.for_settings(self.settings, self._base_locked()[0])
+            return self._metrics
 
     @property
     def pipeline(self) -> ExtractionPipeline:
@@ -88,7 +98,7 @@ class WorkerRuntime:
 
     def _check_fork(self) -> None:
         if self._pid is not None and self._pid != os.getpid():
-            self._redis = self._queue = self._pipeline = None
+            self._redis = self._queue = self._pipeline = self._metrics = None
             self._pid = None
 
 
@@ -97,7 +107,6 @@ def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPip
     so the ticker and the app factory never load the LLM client)."""
     from storage import get_storage
     from worker.llm import build_update_model
-    from worker.metrics import MetricsRecorder
     from worker.pipeline import ExtractionPipeline
 
     return ExtractionPipeline(
@@ -164,6 +173,7 @@ class _Run:
     """One claimed run: what its settlement and its log line name."""
 
     queue: QueueClient
+    metrics: MetricsRecorder
     context_id: str
     token: str
     version: int
@@ -183,7 +193,7 @@ def extract(
     clock: Callable[[], int] = now_ms,
 ) -> dict[str, Any]:
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
-    run = _Run(runtime.queue, context_id, token, version, clock(), clock)
+    run = _Run(runtime.queue, runtime.metrics, context_id, token, version, clock(), clock)
     data, watermark = run.queue.load_run(context_id)
     if not _start(run, data):
         return {"outcome": "stale"}
@@ -218,7 +228,7 @@ def _start(run: _Run, data: dict[str, Any]) -> bool:
         run.context_id,
         run.version,
     )
-    run.queue.add_metrics(stale_runs=1)
+    run.metrics.stale_run()
     return False
 
 
@@ -241,18 +251,15 @@ def _run_pipeline(
 
 
 def _completed(run: _Run, context: ConversationContext, report: ExtractionReport) -> dict[str, Any]:
-    """Settle a run that saved (or had nothing to save)."""
+    """Settle a run that saved (or had nothing to save); counted under its outcome even when
+    the claim went stale after the save, since what it saved stays."""
     # The watermark advances with the settlement, never before: a run that fails or lost its
     # claim leaves it where it was, so its messages are sent again.
     settled = run.queue.complete(
         run.context_id, run.token, run.clock(), watermark=report.watermark, more=report.more
     )
     duration = run.clock() - run.started
-    run.queue.add_metrics(
-        extractions=1,
-        prompt_tokens=report.prompt_tokens,
-        completion_tokens=report.completion_tokens,
-    )
+    run.metrics.extraction(report.outcome, _usage(report))
     log.info(
         "extraction key=%s version=%d outcome=%s facts_added=%d facts_removed=%d "
         "prompt_tokens=%d completion_tokens=%d duration_ms=%d queue=%s",
@@ -278,11 +285,7 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
 def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
     """A run whose claim was lost before it could save: its answer is dropped (the current claim
     extracts the same messages), its tokens were spent all the same."""
-    run.queue.add_metrics(
-        stale_runs=1,
-        prompt_tokens=report.prompt_tokens,
-        completion_tokens=report.completion_tokens,
-    )
+    run.metrics.stale_run(_usage(report))
     log.warning(
         "extraction key=%s version=%d outcome=stale answer discarded: %s prompt_tokens=%d "
         "completion_tokens=%d duration_ms=%d",
@@ -297,12 +300,19 @@ def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
     return {"outcome": "stale", "queue": "stale"}
 
 
+def _usage(report: ExtractionReport) -> dict[str, int]:
+    """What a run spent, for the counters of the same names."""
+    return {"prompt_tokens": report.prompt_tokens, "completion_tokens": report.completion_tokens}
+
+
 def _failed(run: _Run, exc: BaseException, retry_at_ms: int | None) -> dict[str, Any]:
     """Settle a failed run: retry at ``retry_at_ms`` or, when None, dead at once."""
     reason = public_reason(exc)
     settled = run.queue.fail(run.context_id, run.token, reason, retry_at_ms, run.clock())
-    if settled is not FailResult.STALE:
-        run.queue.add_metrics(failures=1, dead=int(settled is FailResult.DEAD))
+    if settled is FailResult.STALE:
+        run.metrics.stale_run()
+    else:
+        run.metrics.extraction("dead" if settled is FailResult.DEAD else "retry")
     log.warning(
         "extraction key=%s version=%d outcome=%s error=%s duration_ms=%d%s",
         run.context_id,

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from worker.metrics import MetricsRecorder
+from memq.core.metrics import MetricsRecorder
 from worker.queue import Claim, QueueClient, now_ms
 
 log = logging.getLogger("memq.tick")

@@ -303,14 +303,15 @@ def check_ticker(
     client: RedisClient, settings: MemqSettings, now_ms: int | None = None
 ) -> list[Check]:
     """Whether beat ticks: its heartbeat is the time of the last tick, kept in Redis."""
-    from worker.metrics import read_metrics
+    from memq.core.metrics import read_snapshot
     from worker.queue import now_ms as clock
 
-    last = read_metrics(client, settings).last_tick_ms
+    now = clock() if now_ms is None else now_ms
+    last = read_snapshot(client, settings, now).metrics.last_tick_ms
     fix = "start `celery -A worker.app beat` (or `memq up`); due contexts wait until it ticks"
     if last is None:
         return [Check("warn", "ticker", "no tick recorded yet for this key prefix", fix)]
-    age = ((clock() if now_ms is None else now_ms) - last) / 1000
+    age = (now - last) / 1000
     if age > max(10 * settings.tick_seconds, 30.0):
         return [Check("warn", "ticker", f"last tick {age:.0f} s ago: beat looks down", fix)]
     return [Check("ok", "ticker", f"last tick {max(age, 0.0):.1f} s ago")]
