@@ -18,6 +18,8 @@
 -- Deleting the hash of a context in flight fences its run: the run's claim token is gone, so its
 -- save, renew and complete are refused and the memory is never re-created by it.
 
+--- @include "includes/release_claim"
+
 local due, inflight, dead, users_inflight, users_contexts = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5]
 local out = {0, 0, 0, 0, 0, 0}
@@ -27,12 +29,15 @@ end
 for i = 1, #ARGV - 1 do
   local id, ctx, wm = ARGV[1 + i], KEYS[4 + 2 * i], KEYS[5 + 2 * i]
   out[1] = out[1] + redis.call('ZREM', due, id)
-  out[2] = out[2] + redis.call('ZREM', inflight, id)
+  if redis.call('ZSCORE', inflight, id) then
+    out[2] = out[2] + 1
+  end
   out[3] = out[3] + redis.call('ZREM', dead, id)
-  redis.call('ZREM', users_inflight, id)
   redis.call('SREM', users_contexts, id)
   out[4] = out[4] + redis.call('DEL', ctx)
   out[5] = out[5] + redis.call('DEL', wm)
+  -- Last, as everywhere: the hash is gone, so the run in flight is fenced already.
+  release_claim(ctx, inflight, users_inflight, id)
 end
 if ARGV[1] == '1' then
   redis.call('DEL', users_inflight, users_contexts)

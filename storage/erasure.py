@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Final
 
 from memq.core.errors import InvalidIdentifier
 from memq.core.identity import decode_agent, validate_agent_name, validate_user_id
 from memq.core.keys import KeySchema
 from memq.core.metrics import MetricsRecorder
+from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
 from storage.base import MemoryStorage
 
@@ -86,6 +86,11 @@ def _agent_of(context_id: str) -> str | None:
         return None
 
 
+def erase_scripts(client: RedisClient) -> LuaScripts:
+    """The scripts :func:`erase` runs, registered on ``client``: keep it beside the client."""
+    return LuaScripts(client, "storage", ("erase_contexts",))
+
+
 def erase(
     settings: MemqSettings,
     client: RedisClient,
@@ -94,17 +99,19 @@ def erase(
     *,
     agent_name: str | _AllAgents | None = ALL_AGENTS,
     documents: bool = True,
+    scripts: LuaScripts | None = None,
 ) -> ErasureReport:
     """Erase ``user_id`` (every agent and the user-global memory), or only ``agent_name`` of it
     (None: the user-global memory). ``documents=False`` keeps the memory documents and removes
-    only the queued work (a clear that replaces the document itself). Idempotent."""
+    only the queued work (a clear that replaces the document itself). Idempotent.
+
+    ``scripts``: :func:`erase_scripts` of ``client``, for a caller that erases often (built here
+    when absent)."""
     user = validate_user_id(user_id)
     whole_user = isinstance(agent_name, _AllAgents)
     agent = None if isinstance(agent_name, _AllAgents) else validate_agent_name(agent_name)
     keys = KeySchema(settings.key_prefix, settings.shards)
-    script = client.register_script(
-        resources.files("storage").joinpath("erase_contexts.lua").read_text("utf-8")
-    )
+    script = (scripts or erase_scripts(client))["erase_contexts"]
     totals = [0] * 6
     for shard in keys.all_shards():
         members = sorted(

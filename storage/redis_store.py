@@ -14,7 +14,6 @@ import logging
 import random
 import time
 from collections.abc import Iterator
-from importlib import resources
 from typing import Any
 
 from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS, RedisClient, redis_client
@@ -28,6 +27,7 @@ from memq.core.errors import (
 )
 from memq.core.identity import validate_agent_name, validate_user_id
 from memq.core.keys import KeySchema
+from memq.core.scripts import register
 from memq.core.settings import MemqSettings
 from storage.base import Change, Fence, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document
@@ -71,8 +71,7 @@ class RedisMemoryStorage:
         self.conflict_timeout_seconds = settings.storage_lock_timeout_seconds
         self.history_max_entries = settings.history_max_entries
         self.watermark_ttl_ms = settings.watermark_ttl_ms
-        source = resources.files("storage").joinpath("save_document.lua").read_text("utf-8")
-        self._save_script = self.redis.register_script(source)
+        self._save_script = register(self.redis, "storage", "save_document")
 
     def close(self) -> None:
         if self._owns_client:

@@ -2,7 +2,7 @@
 
 Each atomic operation is one Lua script next to this module (see each file's header for its KEYS,
 ARGV and return codes), assembled with its shared fragments (``includes/``) by
-:mod:`worker.scripts`. Scripts return small codes; they are mapped to Enums here, once.
+:mod:`memq.core.scripts`. Scripts return small codes; they are mapped to Enums here, once.
 """
 
 from __future__ import annotations
@@ -14,15 +14,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, cast
 
-from redis.commands.core import Script
-
 from memq.core.connection import RedisClient
 from memq.core.errors import InvalidIdentifier
 from memq.core.identity import user_id_of
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.metrics import read_snapshot, summarise
+from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
-from worker.scripts import assemble
 from worker.shard_reads import due_members
 
 _SCRIPTS = (
@@ -99,9 +97,7 @@ class QueueClient:
         self.settings = settings
         self.redis = redis_client
         self.keys = KeySchema(settings.key_prefix, settings.shards)
-        self._scripts: dict[str, Script] = {
-            name: redis_client.register_script(assemble("worker", name)) for name in _SCRIPTS
-        }
+        self._scripts = LuaScripts(redis_client, "worker", _SCRIPTS)
 
     # --- claim and reap (the ticker)
     def claim(self, now: int | None = None, limit: int | None = None) -> ClaimBatch:
