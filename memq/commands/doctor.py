@@ -279,21 +279,22 @@ def check_timing(settings: MemqSettings) -> list[Check]:
 
 def check_storage(settings: MemqSettings) -> list[Check]:
     """Where memory documents live, and whether every process of a deployment sees them."""
-    if settings.storage == "redis":
+    from storage.backends import backend_for
+
+    backend = backend_for(settings)
+    where = f"memory documents {backend.where(settings)} ({backend.name} storage)"
+    if backend.shared_across_hosts:
         return [
             Check(
-                "ok",
-                "storage",
-                f"memory documents in Redis at {mask_url(settings.redis_url)}: shared by every "
-                "worker and agent that uses this Redis",
+                "ok", "storage", f"{where}: shared by every worker and agent that uses this Redis"
             )
         ]
     return [
         Check(
             "warn",
             "storage",
-            f"file storage in {settings.storage_dir}: only processes on this host that use this "
-            "folder see the memory; workers on other hosts write documents agents here never read",
+            f"{where}: only processes on this host that use them see the memory; workers on "
+            "other hosts write documents agents here never read",
             "unset MEMQ_STORAGE (Redis storage, the default) unless every worker runs on this host",
         )
     ]

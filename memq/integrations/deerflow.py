@@ -108,9 +108,7 @@ class MemqMemoryManager(MemoryManager):
         settings = load_settings(**values)
         self._settings = settings
         self._redis = redis_client(settings, socket_timeout=3.0)
-        self._storage = get_storage(
-            settings, redis=self._redis if settings.storage == "redis" else None
-        )
+        self._storage = get_storage(settings, redis=self._redis)
         self._producer = MemoryProducer(settings)
 
     @classmethod
