@@ -24,6 +24,25 @@ pytest_plugins = [
 ]
 
 
+def _needs_redis_server(item: pytest.Item) -> bool:
+    """A test needs a real redis-server when it reaches the shared one through a fixture, or its
+    module starts one of its own (the launcher or the whole stack)."""
+    from memq.stack import Stack
+
+    if "redis_server" in getattr(item, "fixturenames", ()):
+        return True
+    module = getattr(item, "module", None)
+    return any(value is RedisServer or value is Stack for value in vars(module or object).values())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `integration` marker is derived, never hand-applied: every test that needs a real
+    redis-server carries it, so `-m "not integration"` (`make fast`) runs without one."""
+    for item in items:
+        if _needs_redis_server(item):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never pick up the developer's MEMQ_* or OpenAI settings."""
