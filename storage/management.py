@@ -26,8 +26,6 @@ from storage.search import search_facts
 
 log = logging.getLogger(__name__)
 
-MANUAL_REASON = "edited by hand"
-
 
 class DuplicateFact(InvalidMemoryData):
     """``add_fact(..., reject_duplicate=True)``: a fact with the same content (case-folded) is

@@ -86,10 +86,6 @@ class DeadEntry:
     expires_at_ms: int = 0  # when the dead letter (and the text it holds) is deleted
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 class QueueClient:
     """The worker side of the Redis contract, on one client (its scripts registered once)."""
 
@@ -135,7 +131,7 @@ class QueueClient:
             full = full or int(raw[0]) == 2
             deferred += int(raw[1])
             for pos in range(2, len(raw), 3):
-                claims.append(Claim(_text(raw[pos]), _text(raw[pos + 1]), int(raw[pos + 2])))
+                claims.append(Claim(str(raw[pos]), str(raw[pos + 1]), int(raw[pos + 2])))
         return ClaimBatch(claims=claims, examined=examined, full=full, deferred=deferred)
 
     def reap(self, now: int | None = None, limit: int = 1000) -> ReapResult:
@@ -187,7 +183,7 @@ class QueueClient:
     def load(self, context_id: str) -> dict[str, str]:
         """The ``ctx:<id>`` hash ({} when it is gone)."""
         raw = self.redis.hgetall(self._q(context_id).context(context_id))
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {str(k): str(v) for k, v in raw.items()}
 
     def renew(self, context_id: str, token: str, now: int | None = None) -> bool:
         """Extend the lease by ``lease_ms`` from now and mark the run as started (an expired lease
@@ -207,8 +203,8 @@ class QueueClient:
         pipe.hgetall(q.context(context_id))
         pipe.get(q.watermark(context_id))
         raw, watermark = pipe.execute()
-        data = {_text(k): _text(v) for k, v in raw.items()}
-        return data, (_text(watermark) if watermark is not None else None)
+        data = {str(k): str(v) for k, v in raw.items()}
+        return data, (str(watermark) if watermark is not None else None)
 
     def complete(
         self,
@@ -246,7 +242,7 @@ class QueueClient:
     def watermark(self, context_id: str) -> str | None:
         """The stored watermark of a context (None when there is none)."""
         raw = self.redis.get(self._q(context_id).watermark(context_id))
-        return _text(raw) if raw is not None else None
+        return str(raw) if raw is not None else None
 
     def fail(
         self,
@@ -289,7 +285,7 @@ class QueueClient:
                 "list[tuple[Any, float]]",
                 self.redis.zrange(shard.dead, 0, limit - 1, withscores=True),
             )
-            rows.extend((_text(member), int(score)) for member, score in found)
+            rows.extend((str(member), int(score)) for member, score in found)
         rows.sort(key=lambda row: row[1])
         rows = rows[:limit]
         pipe = self.redis.pipeline(transaction=False)
@@ -301,7 +297,7 @@ class QueueClient:
                 context_id=context_id,
                 dead_at_ms=dead_at,
                 attempts=int(attempts or 0),
-                last_error=_text(error) if error is not None else "",
+                last_error=str(error) if error is not None else "",
                 expires_at_ms=dead_at + self.settings.dead_retention_ms,
             )
             for (context_id, dead_at), (attempts, error) in zip(rows, details, strict=True)
@@ -356,7 +352,7 @@ class QueueClient:
     ) -> Iterable[tuple[QueueKeys, Sequence[str]]]:
         if ids == "all":
             for shard in self.keys.all_shards():
-                members = [_text(m) for m in self.redis.zrange(shard.dead, 0, -1)]
+                members = [str(m) for m in self.redis.zrange(shard.dead, 0, -1)]
                 for start in range(0, len(members), _DEAD_BATCH):
                     yield shard, members[start : start + _DEAD_BATCH]
             return
