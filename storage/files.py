@@ -1,5 +1,4 @@
-"""The file backend (``MEMQ_STORAGE=file``; Redis is the default): one memory.json per (user,
-agent) on this host's file system.
+"""The file backend (``MEMQ_STORAGE=file``): one memory.json per (user, agent) on this host.
 
 Layout under ``settings.storage_dir``::
 
