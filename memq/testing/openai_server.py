@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import threading
 import time
@@ -174,3 +175,94 @@ class ScriptedOpenAI:
                 "\n".join(str(m.get("content", "")) for m in r.get("messages", []))
                 for r in self.requests
             ]
+
+
+# --- `memq eval`'s scripted model: extracts, answers and judges deterministically ---------------
+# Kept apart from the server above so that other behaviours can be added without touching it.
+# Extraction: every user line of the update prompt's <conversation> slot that is not a question
+# becomes a fact, word for word (a leading "[date]" and "Name:" dropped). Answer: the remembered
+# fact sharing the most content words with the question (the first such on a tie), else "The
+# information is not available." Judge: an unanswerable question is correct when the answer says
+# "not available"; any other when every content word of the gold answer is in the answer. Usage
+# is the character estimate of what was sent and answered, so token counts are computable.
+
+_EVAL_CONVERSATION = re.compile(r"<conversation>\n([\s\S]*?)\n</conversation>")
+_EVAL_DATE = re.compile(r"^\[[^\]]*\]\s*")
+_EVAL_NAME = re.compile(r"^[A-Z][\w-]*:\s+")
+_EVAL_FACT_LINE = re.compile(r"^- \[[^\]]*\] (.*)$", re.MULTILINE)
+_EVAL_FIELD = re.compile(
+    r"^(Question|Gold answer|Correct Answer|Rubric|Explanation|"
+    r"Generated answer|Model Response): (.*)$",
+    re.MULTILINE,
+)
+NOT_AVAILABLE = "The information is not available."
+
+
+def _eval_reply(request: dict[str, Any], content: str) -> Reply:
+    from prompts.tokens import estimate_tokens
+
+    sent = "\n".join(str(m.get("content", "")) for m in request.get("messages", []))
+    return Reply(
+        content=content,
+        prompt_tokens=estimate_tokens(sent),
+        completion_tokens=estimate_tokens(content),
+    )
+
+
+def _eval_fields(text: str) -> dict[str, str]:
+    return {str(name): str(value) for name, value in _EVAL_FIELD.findall(text)}
+
+
+def eval_extracted_facts(conversation: str) -> list[str]:
+    """The facts the scripted extraction finds in a ``<conversation>`` slot."""
+    facts = []
+    for line in conversation.splitlines():
+        if not line.startswith("User: "):
+            continue
+        text = _EVAL_NAME.sub("", _EVAL_DATE.sub("", line.removeprefix("User: ").strip()))
+        if text and not text.endswith("?"):
+            facts.append(text)
+    return facts
+
+
+def evaluation_responder(request: dict[str, Any]) -> Reply:
+    """The responder for `memq eval` tests: extraction, answers and verdicts, all scripted."""
+    from memq.evaluation.prompts import ANSWER_SYSTEM, JUDGE_SYSTEM
+    from memq.evaluation.scoring import content_words
+
+    messages = request.get("messages", [])
+    system = str(messages[0].get("content", "")) if messages else ""
+    user = str(messages[-1].get("content", "")) if messages else ""
+    if system == ANSWER_SYSTEM:
+        question = _eval_fields(user).get("Question", "")
+        wanted = content_words(question)
+        best, answer = 0, NOT_AVAILABLE
+        for fact in _EVAL_FACT_LINE.findall(user):
+            shared = len(wanted & content_words(fact))
+            if shared > best:
+                best, answer = shared, fact
+        return _eval_reply(request, answer)
+    if system == JUDGE_SYSTEM:
+        fields = _eval_fields(user)
+        response = fields.get("Generated answer", fields.get("Model Response", ""))
+        unanswerable = "Explanation" in fields or "cannot be answered" in user
+        if unanswerable:
+            correct = "not available" in response.lower()
+        else:
+            gold = content_words(
+                fields.get("Gold answer", fields.get("Correct Answer", fields.get("Rubric", "")))
+            )
+            correct = bool(gold) and gold <= content_words(response)
+        if "Gold answer" in fields:  # LoCoMo's judge answers JSON
+            label = "CORRECT" if correct else "WRONG"
+            return _eval_reply(request, json.dumps({"reason": "scripted", "label": label}))
+        return _eval_reply(request, "yes" if correct else "no")
+    found = _EVAL_CONVERSATION.search(user)
+    facts = eval_extracted_facts(found.group(1)) if found else []
+    update = {
+        "user": {},
+        "history": {},
+        "newFacts": [{"content": f, "category": "context", "confidence": 0.95} for f in facts],
+        "factsToRemove": [],
+    }
+    return _eval_reply(request, json.dumps(update))

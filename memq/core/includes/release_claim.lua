@@ -3,7 +3,9 @@
 -- The id leaves `inflight` and its user's in-flight set (the per-user cap), and the claim and
 -- started tokens are cleared, so a late renew, complete, fail or fenced save of that run is a stale
 -- no-op. Call it last, once the id is in `due` or `dead` (or its hash is deleted): a failing
--- script keeps what it already wrote, and the id must never be in no set.
+-- script keeps what it already wrote, and the id must never be in no set. Once the user holds no
+-- lease, the zset's only other member, the deferral horizon of claim_due.lua, goes with it (it
+-- only orders a capped user's backlog).
 --
 --   ctx       ctx:<id> hash of the context (HDEL on a deleted hash does nothing)
 --   inflight  zset  context id -> lease expiry (epoch ms)
@@ -13,4 +15,7 @@ local function release_claim(ctx, inflight, users, id)
   redis.call('HDEL', ctx, 'claim_token', 'started_token')
   redis.call('ZREM', inflight, id)
   redis.call('ZREM', users, id)
+  if redis.call('ZCARD', users) == 1 and redis.call('ZSCORE', users, '~defer') then
+    redis.call('DEL', users)
+  end
 end
