@@ -24,15 +24,22 @@ pytest_plugins = [
 ]
 
 
-def _needs_redis_server(item: pytest.Item) -> bool:
-    """A test needs a real redis-server when it reaches the shared one through a fixture, or its
-    module starts one of its own (the launcher or the whole stack)."""
-    from memq.stack import Stack
+# Modules whose parts start a redis-server of their own: the launcher, the stack, the soak.
+_STARTS_REDIS = ("memq.redis_server", "memq.redis_cluster", "memq.stack", "bench.soak")
 
-    if "redis_server" in getattr(item, "fixturenames", ()):
+
+def _needs_redis_server(item: pytest.Item) -> bool:
+    """A test needs a real redis-server when it reaches the shared one through a fixture, is
+    end-to-end (a real Redis broker, often `memq up` or `memq demo` starting one), or its module
+    uses a part that starts one of its own."""
+    if "redis_server" in getattr(item, "fixturenames", ()) or item.get_closest_marker("e2e"):
         return True
     module = getattr(item, "module", None)
-    return any(value is RedisServer or value is Stack for value in vars(module or object).values())
+    return any(
+        str(getattr(value, "__module__", "")).startswith(_STARTS_REDIS)
+        for value in vars(module or object).values()
+        if callable(value)
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
