@@ -24,10 +24,16 @@ def collected(*args: str) -> set[str]:
 
 
 def test_deselecting_integration_leaves_only_tests_without_a_redis_server() -> None:
-    files = ("tests/test_storage_contract.py", "tests/test_failover.py", "tests/test_prompt.py")
+    files = (
+        "tests/test_storage_contract.py",
+        "tests/test_failover.py",  # starts servers of its own
+        "tests/test_demo.py",  # end to end: `memq demo` starts its own
+        "tests/test_soak.py",  # the soak harness starts its own
+        "tests/test_prompt.py",
+    )
     kept = collected("-m", "not integration", *files)
-    # The contract's backends all need Redis; the registry check does not. Failover starts
-    # servers of its own. The prompt tests are pure.
+    # The contract's backends all need Redis; the registry check does not. The prompt tests are
+    # pure.
     assert {n.split("::")[0] for n in kept} == {
         "tests/test_storage_contract.py",
         "tests/test_prompt.py",
