@@ -36,6 +36,7 @@ BENCHMARKS = {
     "P3": "bench.p3_flush",
     "BURST": "bench.p8_burst",
     "P4": "bench.p4_throughput",
+    "SERVE": "bench.p15_serve",
     # Starts its own 3-master Redis Cluster beside the one Redis; skips when it cannot.
     "CLUSTER": "bench.p9_cluster",
 }

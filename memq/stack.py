@@ -84,6 +84,7 @@ class StackOptions:
     beat: bool = True
     flower: bool = True
     exporter: bool = False  # `memq up` turns it on (it binds a fixed port)
+    serve: bool = False  # `memq serve`, the HTTP API and MCP; `memq up` turns it on
     loglevel: str = "INFO"
     # None: a private redis-server only when no Redis is configured; True: always (the demo never
     # touches a configured Redis).
@@ -148,7 +149,7 @@ class Stack:
         self._stopping = True
         if timeout_seconds is None:
             timeout_seconds = self._stop_timeout()
-        for child in self.children:  # already in beat → worker → flower order
+        for child in self.children:  # already in serve → beat → worker → flower order
             if child.running and child.process is not None:
                 child.process.terminate()
         deadline = time.monotonic() + timeout_seconds
@@ -343,6 +344,9 @@ class Stack:
             f"--max-tasks={FLOWER_MAX_TASKS}",
         ]
         rows: list[tuple[str, bool, list[str]]] = [
+            # First to stop: no new hand-offs while the worker drains; its spool goes to Redis,
+            # which stops last.
+            ("serve", self.options.serve, [sys.executable, "-m", "memq.cli", "serve"]),
             ("beat", self.options.beat, [*celery, "beat", level]),
             ("worker", self.options.worker, [*celery, "worker", level, "--without-gossip"]),
             ("flower", self.options.flower, flower),

@@ -35,20 +35,23 @@ from memq.core.identity import (
     validate_user_id,
 )
 from memq.core.settings import MemqSettings
-from storage.base import Change, Fence, UpdateFn
+from storage.base import Change, Fence, RewriteFn, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document, utc_now
 from storage.filelock import acquire_flock
 from storage.history import (
     DocumentDecodeError,
+    append_history_file,
+    bounded,
     decode_changes,
     dump_document,
-    encode_change,
     newest_first,
     parse_document,
+    read_history_file,
     split_update_result,
     stamp_for_save,
+    write_history_file,
 )
-from storage.private import append_private, write_private
+from storage.private import write_private
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +207,23 @@ class FileMemoryStorage:
             raise StorageError(f"cannot read {path}: {exc}") from exc
         return newest_first(decode_changes(lines), limit)
 
+    def rewrite(self, user_id: str | None, agent_name: str | None, fn: RewriteFn) -> bool:
+        directory = self.directory(user_id, agent_name)
+        with self._locked(directory):
+            current = self._read(directory / DOCUMENT_NAME, locked=True)
+            if current is None:
+                return False
+            history_path = directory / HISTORY_NAME
+            result = fn(copy_document(current), read_history_file(history_path))
+            if result is None:
+                return False
+            self._write(directory / DOCUMENT_NAME, stamp_for_save(result[0]))
+            try:
+                write_history_file(history_path, bounded(result[1], self.history_max_entries))
+            except OSError as exc:
+                raise StorageError(f"cannot rewrite {history_path}: {exc}") from exc
+        return True
+
     def list_users(self) -> list[str]:
         users_dir = self.root / "users"
         if not users_dir.is_dir():
@@ -329,24 +349,7 @@ class FileMemoryStorage:
 
     def _append_history(self, directory: Path, changes: list[Change]) -> None:
         """Append under the caller's lock; trim to the bound by an atomic rewrite."""
-        if not changes or self.history_max_entries == 0:
-            return
-        path = directory / HISTORY_NAME
-        lines = "".join(encode_change(c) + "\n" for c in changes).encode("utf-8")
-        try:
-            append_private(path, lines)
-            kept = path.read_bytes().splitlines(keepends=True)
-            if len(kept) > self.history_max_entries:
-                tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-                try:
-                    write_private(tmp, b"".join(kept[-self.history_max_entries :]))
-                    os.replace(tmp, path)
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        tmp.unlink()
-        except OSError as exc:
-            # The document is saved; losing an audit line must not fail the update.
-            log.warning("could not record memory history in %s: %s", path, exc)
+        append_history_file(directory / HISTORY_NAME, changes, self.history_max_entries)
 
     @staticmethod
     def _check_fence(fences: dict[str, int], fence: Fence) -> None:

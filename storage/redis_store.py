@@ -27,12 +27,13 @@ from memq.core.errors import (
 )
 from memq.core.identity import validate_agent_name, validate_user_id
 from memq.core.keys import KeySchema
-from memq.core.scripts import register
+from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
-from storage.base import Change, Fence, UpdateFn
+from storage.base import Change, Fence, RewriteFn, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document
 from storage.history import (
     DocumentDecodeError,
+    bounded,
     decode_changes,
     dump_document,
     encode_change,
@@ -71,7 +72,9 @@ class RedisMemoryStorage:
         self.conflict_timeout_seconds = settings.storage_lock_timeout_seconds
         self.history_max_entries = settings.history_max_entries
         self.watermark_ttl_ms = settings.watermark_ttl_ms
-        self._save_script = register(self.redis, "storage", "save_document")
+        scripts = LuaScripts(self.redis, "storage", ("save_document", "rewrite_document"))
+        self._save_script = scripts["save_document"]
+        self._rewrite_script = scripts["rewrite_document"]
 
     def close(self) -> None:
         if self._owns_client:
@@ -134,6 +137,37 @@ class RedisMemoryStorage:
         with _redis_errors("reading memory history"):
             raw = self.redis.lrange(self.keys.memory_history(user, agent), -limit, -1)
         return newest_first(decode_changes(_text(item) for item in raw), limit)
+
+    def rewrite(self, user_id: str | None, agent_name: str | None, fn: RewriteFn) -> bool:
+        user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
+        keys = [self.keys.memory_document(user, agent), self.keys.memory_history(user, agent)]
+        deadline = time.monotonic() + self.conflict_timeout_seconds
+        while True:
+            with _redis_errors("reading a memory document and its history"):
+                # One transaction: the history read belongs to the revision read with it.
+                pipe = self.redis.pipeline(transaction=True)
+                pipe.hget(keys[0], "rev")
+                pipe.lrange(keys[1], 0, -1)
+                rev, raw = pipe.execute()
+            revision, current = self._fetch(user, agent)
+            if revision == int(rev or 0):
+                if not self.redis.exists(keys[0]):
+                    return False
+                result = fn(current, decode_changes(_text(item) for item in raw))
+                if result is None:
+                    return False
+                document, history = result
+                entries = [encode_change(c) for c in bounded(history, self.history_max_entries)]
+                with _redis_errors("rewriting a memory document"):
+                    code, _ = self._rewrite_script(
+                        keys=keys,
+                        args=[revision, dump_document(stamp_for_save(document)), *entries],
+                    )
+                if int(code) == 1:
+                    return True
+            if time.monotonic() >= deadline:
+                raise LockTimeout(f"memory of user={user} agent={agent or '-'} kept changing")
+            time.sleep(random.uniform(0, 0.01))  # saved in between: read both again
 
     def list_users(self) -> list[str]:
         return sorted({user for user, _ in self._indexed()})

@@ -21,6 +21,7 @@ pytest_plugins = [
     "tests.support.celery_procs",
     "tests.support.scenarios",
     "tests.support.cluster",
+    "tests.support.serve",
 ]
 
 

@@ -403,3 +403,15 @@ def test_clear_or_delete_is_not_undone_by_an_extraction_in_flight(
     facts = [f["content"] for f in manager.get_memory(user_id="alice", agent_name="coder")["facts"]]
     assert "The user owns a red bicycle" not in facts
     manager.close()
+
+
+def test_create_fact_uses_the_one_vocabulary(made: Any) -> None:
+    """DeerFlow's create_fact stored "Correction" as an unknown category and accepted
+    "Likes  green tea" beside "likes green tea"; an extraction saw a correction and one fact."""
+    manager, _ = made()
+    manager.create_fact("likes green tea", user_id="zoe")
+    status, _ = callsites.gateway(lambda: manager.create_fact("Likes  green TEA", user_id="zoe"))
+    assert status == 409
+    manager.create_fact("Use uv, not pip", category="Correction", user_id="zoe")
+    facts = manager.get_memory(user_id="zoe")["facts"]
+    assert sorted(f["category"] for f in facts) == ["context", "correction"]

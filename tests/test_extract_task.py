@@ -31,6 +31,8 @@ class Report:
     outcome: str = "updated"
     facts_added: int = 1
     facts_removed: int = 0
+    facts_invalid: int = 0
+    facts_refused: int = 0
     prompt_tokens: int = 120
     completion_tokens: int = 30
     duration_ms: int = 5
@@ -135,6 +137,20 @@ def test_a_run_whose_metrics_cannot_be_recorded_still_settles(h: Harness) -> Non
         "queue": "done",
     }
     assert h.queue.load(cid) == {}
+
+
+def test_facts_dropped_as_invalid_are_counted_and_logged(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A saved answer whose new facts did not all validate says so: in the extraction's log
+    line and in the metrics (they used to vanish silently)."""
+    h.pipeline = ScriptedPipeline(lambda ctx: Report(facts_invalid=2))
+    h.enqueue(T0)
+    with caplog.at_level("INFO", logger="memq.extract"):
+        h.run(h.claim(T0), T0 + 10)
+    assert h.metrics()["facts_invalid"] == "2"
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("extraction")]
+    assert "facts_invalid=2" in line
 
 
 def test_messages_arriving_during_the_run_are_run_again(h: Harness) -> None:

@@ -10,8 +10,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("memq", "storage", "prompts", "producer", "worker")
 LIMIT = 400
 # Grown past the limit in parallel branches; each wants a split by reason (the settings table by
-# area, the supervisor's children from its lifecycle, the producer's spool replay from its calls).
-STILL_OVER = {"memq/core/settings.py", "memq/stack.py", "producer/producer.py"}
+# area, the supervisor's children from its lifecycle, the producer's spool replay from its calls,
+# the file backend's fence file from its documents, fact management's provenance queries).
+STILL_OVER = {
+    "memq/core/settings.py",
+    "memq/stack.py",
+    "producer/producer.py",
+    "storage/files.py",
+    "storage/management.py",
+}
 
 
 def lines_of(path: Path) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -28,12 +29,14 @@ from memq.memory.apply import apply_update
 from memq.memory.signals import signals_in
 from memq.memory.update import UpdateAnswer
 from prompts.answer import parse_update_response
+from prompts.conversation import message_text
 from prompts.tokens import TokenCounter, make_token_counter
-from prompts.update_prompt import UpdatePrompt, build_update_prompt
+from prompts.update_prompt import PROMPT_VERSION, UpdatePrompt, build_update_prompt
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import MemoryDocument, utc_now
+from storage.provenance import RunInfo, RunMessage
 from worker.model import UpdateModel
-from worker.watermark import ChunkBudget, Selection, split_at_watermark
+from worker.watermark import ChunkBudget, Selection, message_identity, split_at_watermark
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,8 @@ class ExtractionReport:
     outcome: Outcome
     facts_added: int = 0
     facts_removed: int = 0
+    facts_invalid: int = 0  # new facts of the answer that did not validate (dropped)
+    facts_refused: int = 0  # new facts refused as not grounded in the user's words
     prompt_tokens: int = 0
     completion_tokens: int = 0
     duration_ms: int = 0
@@ -186,12 +191,15 @@ class ExtractionPipeline:
                 watermark=selection.watermark,
                 more=selection.more,
             )
+        run = run_info(context, selection, prompt, usage, self._clock())
+        refused: list[int] = [0]
         try:
             saving = None if fence is None else replace(fence, watermark=selection.watermark)
-            changes = [] if answer.is_noop() else self._apply(context, answer, saving)
+            changes = [] if answer.is_noop() else self._apply(context, answer, run, saving, refused)
         except StaleClaim as exc:
             return _stale_report(usage, elapsed_ms(), str(exc))
         report = _saved_report(changes, usage, prompt, selection, elapsed_ms())
+        report = replace(report, facts_invalid=answer.dropped_facts, facts_refused=refused[0])
         _log_extracted(context, report)
         return report
 
@@ -216,7 +224,12 @@ class ExtractionPipeline:
         return selection
 
     def _apply(
-        self, context: ConversationContext, answer: UpdateAnswer, fence: Fence | None
+        self,
+        context: ConversationContext,
+        answer: UpdateAnswer,
+        run: RunInfo,
+        fence: Fence | None,
+        refused: list[int],
     ) -> list[Change]:
         latest_changes: list[Change] = []
 
@@ -228,12 +241,41 @@ class ExtractionPipeline:
                 settings=self._settings,
                 now=self._clock(),
                 thread_id=context.thread_id,
+                run=run,
             )
             latest_changes[:] = result.changes
+            refused[0] = result.refused
             return UpdateResult(result.document, result.changes)
 
         self._storage.update(context.user_id, context.agent_name, fn, fence=fence)
         return latest_changes
+
+
+def run_info(
+    context: ConversationContext,
+    selection: Selection,
+    prompt: UpdatePrompt,
+    usage: Usage,
+    now: datetime,
+) -> RunInfo:
+    """What the sources of the facts this run learns say about it: the labelled new messages
+    (by their watermark identity — a digest, never text), the run id, the model and the prompt
+    version. The prompt sends the newest of the new messages that have text, each maybe cut: the
+    identity is the uncut message's, the one the watermark knows it by."""
+    sent = [m for m in selection.new if message_text(m)][-len(prompt.conversation) :]
+    messages = tuple(
+        RunMessage(label, message_identity(m), m.role)
+        for m, label in zip(sent, prompt.labels, strict=True)
+    )
+    return RunInfo(
+        thread_id=context.thread_id,
+        run_id=uuid.uuid4().hex[:12],
+        at=now,
+        messages=messages,
+        model=usage.model or None,
+        prompt_version=PROMPT_VERSION,
+        user_confirmed=prompt.reinforcement,
+    )
 
 
 def _stopwatch() -> Callable[[], int]:
@@ -265,7 +307,7 @@ def _saved_report(
     return ExtractionReport(
         outcome="updated" if changes else "unchanged",
         facts_added=_count(changes, "add", "merge"),
-        facts_removed=_count(changes, "remove", "stale", "evict"),
+        facts_removed=_count(changes, "remove", "supersede", "stale", "evict"),
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         duration_ms=duration_ms,

@@ -259,15 +259,25 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
         run.context_id, run.token, run.clock(), watermark=report.watermark, more=report.more
     )
     duration = run.clock() - run.started
-    run.metrics.extraction(report.outcome, _usage(report))
+    run.metrics.extraction(
+        report.outcome,
+        {
+            **_usage(report),
+            "facts_invalid": report.facts_invalid,
+            "facts_refused": report.facts_refused,
+        },
+    )
     log.info(
         "extraction key=%s version=%d outcome=%s facts_added=%d facts_removed=%d "
-        "prompt_tokens=%d completion_tokens=%d duration_ms=%d queue=%s",
+        "facts_invalid=%d facts_refused=%d prompt_tokens=%d completion_tokens=%d duration_ms=%d "
+        "queue=%s",
         run.context_id,
         run.version,
         report.outcome,
         report.facts_added,
         report.facts_removed,
+        report.facts_invalid,
+        report.facts_refused,
         report.prompt_tokens,
         report.completion_tokens,
         duration,

@@ -121,6 +121,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="only this agent's memory and queued work (e.g. an agent that was deleted); the "
         "user's other memories stay",
     )
+    forget.add_argument(
+        "--thread",
+        default=None,
+        help="forget only this thread (in every agent's memory): facts learnt only from it, its "
+        "sources in other facts, its history entries, its queued conversations and watermark",
+    )
     forget.add_argument("--json", action="store_true", help="print what was removed as JSON")
     forget.set_defaults(run=run_forget)
 
@@ -342,9 +348,23 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_forget(args: argparse.Namespace, context: CommandContext) -> int:
-    from storage.erasure import ALL_AGENTS, erase
+    from storage.erasure import ALL_AGENTS, erase, erase_thread
 
     user = validate_user_id(args.user)
+    if args.thread is not None:
+        if getattr(args, "agent", None) is not None:
+            raise CommandError("forget --thread T forgets the thread in every agent: no --agent")
+        done = erase_thread(context.settings, context.redis, context.storage, user, args.thread)
+        if getattr(args, "json", False):
+            print_json({"user_id": user, "thread_id": args.thread, "removed": done.as_dict()})
+            return 0
+        print(
+            f"forgot thread {args.thread!r} of user {user}: "
+            f"{count(done.facts_removed, 'fact')} removed, "
+            f"{count(done.facts_trimmed, 'fact')} kept without it, "
+            f"{count(done.contexts, 'conversation')} deleted"
+        )
+        return 0
     agent_arg = getattr(args, "agent", None)
     agent = None if agent_arg is None else validate_agent_name(agent_arg)
     scope = ALL_AGENTS if agent is None else agent

@@ -55,6 +55,8 @@ COUNTERS: Final[tuple[Counter, ...]] = (
     Counter("prompt_tokens", "prompt tokens"),
     Counter("completion_tokens", "completion tokens"),
     Counter("stale_runs", "stale runs discarded (lost their claim)"),
+    Counter("facts_invalid", "new facts of saved answers dropped: they did not validate"),
+    Counter("facts_refused", "new facts refused: only assistant messages said them"),
     Counter("forgets", "users forgotten"),
     Counter("tick_claimed", "queue: claimed and dispatched"),
     Counter("leases_expired", "queue: leases expired, back to due"),

@@ -52,7 +52,9 @@ HARD_LIMIT_GRACE_SECONDS = 5.0
 REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "unix")
 
 # Settings whose values may be secrets: an error about them never repeats the value.
-_SECRET_FIELDS = frozenset({"redis_url", "broker_url", "llm_api_key", "flower_password"})
+_SECRET_FIELDS = frozenset(
+    {"redis_url", "broker_url", "llm_api_key", "flower_password", "serve_api_keys"}
+)
 
 # Pydantic's wording of the common type errors, said the short way.
 _SHORT_MESSAGES = {
@@ -151,6 +153,10 @@ class MemqSettings(BaseSettings):
     consolidation_min_facts: int = Field(default=8, ge=3, le=30)
     consolidation_max_groups_per_cycle: int = Field(default=3, ge=1, le=10)
     consolidation_max_sources: int = Field(default=8, ge=2, le=20)
+    # --- provenance
+    fact_max_sources: int = Field(default=5, ge=1, le=50)
+    superseded_max_facts: int = Field(default=50, ge=0, le=5000)
+    grounding_requires_user: bool = True
 
     # --- storage
     # Redis by default: every agent process and worker of a deployment, on any host and in any
@@ -182,6 +188,19 @@ class MemqSettings(BaseSettings):
     exporter_address: str = "127.0.0.1"
     exporter_port: int = Field(default=9808, ge=0, le=65535)
 
+    # --- `memq serve` (HTTP API and MCP over streamable HTTP)
+    serve_host: str = "127.0.0.1"
+    serve_port: int = Field(default=8790, ge=0, le=65535)
+    # API keys: a JSON file (0600) and/or the JSON itself in the environment; see
+    # docs/operations.md. Without any key the server only binds a loopback address.
+    serve_api_keys_file: Path | None = None
+    serve_api_keys: SecretStr | None = None
+    # A request body above this is refused with 413 before it is read whole.
+    serve_max_body_bytes: int = Field(default=2_000_000, ge=1000, le=100_000_000)
+    # Addresses whose X-Forwarded-For / X-Forwarded-Proto uvicorn trusts (a reverse proxy).
+    serve_forwarded_allow_ips: str = "127.0.0.1"
+    serve_root_path: str = ""
+
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, value: str) -> str:
@@ -194,9 +213,11 @@ class MemqSettings(BaseSettings):
             )
         return value
 
-    @field_validator("storage_dir", "data_dir")
+    @field_validator("storage_dir", "data_dir", "serve_api_keys_file")
     @classmethod
-    def _absolute(cls, value: Path) -> Path:
+    def _absolute(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
         # Resolved once, here: a process that later changes directory, or one started elsewhere
         # and handed these settings, still means the same folder.
         return Path(os.path.abspath(value.expanduser()))

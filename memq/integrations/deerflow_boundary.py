@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -32,7 +31,7 @@ from memq.core.errors import (
 )
 from memq.core.settings import MemqSettings, load_settings, settings_values
 from storage.backends import backend_for
-from storage.management import valid_content
+from storage.management import valid_confidence, valid_content
 
 log = logging.getLogger("memq.integrations.deerflow")
 
@@ -142,9 +141,7 @@ def fact_content(value: object) -> str:
 
 
 def fact_confidence(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError("confidence")
-    number = float(value)
-    if not math.isfinite(number) or not 0.0 <= number <= 1.0:
-        raise ValueError("confidence")
-    return number
+    try:
+        return valid_confidence(value)
+    except InvalidMemoryData:
+        raise ValueError("confidence") from None

@@ -16,7 +16,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
+
+from memq.memory.update import NewFact, UpdateAnswer
 
 
 @dataclass
@@ -30,14 +32,90 @@ class Reply:
     completion_tokens: int = 20
 
 
-EMPTY_UPDATE = json.dumps(
-    {
-        "user": {},
-        "history": {},
-        "newFacts": [],
-        "factsToRemove": [],
-    }
-)
+def update_text(answer: UpdateAnswer) -> str:
+    """An update answer as a model would send it, written by the one answer model."""
+    return json.dumps(answer.to_wire(), ensure_ascii=False)
+
+
+EMPTY_UPDATE = update_text(UpdateAnswer())
+
+# A new message of the update prompt: "[m1] User: …" (continuation lines are indented).
+_LABELLED = re.compile(r"^\[(m\d+)\] (User|Assistant): (.*(?:\n    .*)*)", re.MULTILINE)
+_MEMORY = re.compile(r"<current_memory>\n([\s\S]*?)\n</current_memory>")
+
+
+def request_text(request: dict[str, Any]) -> str:
+    return "\n".join(str(m.get("content", "")) for m in request.get("messages", []))
+
+
+def labelled_messages(request: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(label, role, text) of each new message of an update prompt, as the model sees them."""
+    return [
+        (label, role.lower(), text)
+        for label, role, text in _LABELLED.findall(request_text(request))
+    ]
+
+
+def memory_facts(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The facts of the ``<current_memory>`` slot (id, content, …)."""
+    found = _MEMORY.search(request_text(request))
+    if found is None:
+        return []
+    facts = json.loads(found.group(1)).get("facts", [])
+    return [f for f in facts if isinstance(f, dict)]
+
+
+@dataclass(frozen=True)
+class Teach:
+    """One fact a :class:`CitingModel` learns when a new message holds ``said``: cited
+    ``right`` (the labels of those messages), ``wrong`` (a label the prompt does not have) or
+    ``none`` (no citation)."""
+
+    content: str
+    said: str
+    role: str | None = None  # only messages of this role count ("user", "assistant")
+    cite: Literal["right", "wrong", "none"] = "right"
+    category: str = "context"
+    confidence: float = 0.95
+
+
+@dataclass
+class CitingModel:
+    """A responder that answers like a model that cites: the facts of ``teach`` whose phrase a
+    new message holds, each with its citation, and ``factsToRemove`` naming every stored fact
+    whose content holds one of ``contradicts``."""
+
+    teach: list[Teach] = field(default_factory=list)
+    contradicts: list[str] = field(default_factory=list)
+    delay_seconds: float = 0.0
+
+    def __call__(self, request: dict[str, Any]) -> Reply:
+        messages = labelled_messages(request)
+        facts = []
+        for rule in self.teach:
+            labels = tuple(
+                label
+                for label, role, text in messages
+                if rule.said in text and (rule.role is None or role == rule.role)
+            )
+            if not labels:
+                continue
+            cites = {"right": labels, "wrong": ("m999",), "none": ()}[rule.cite]
+            facts.append(
+                NewFact(
+                    content=rule.content,
+                    category=rule.category,
+                    confidence=rule.confidence,
+                    cites=cites,
+                )
+            )
+        removals = tuple(
+            str(f["id"])
+            for f in memory_facts(request)
+            if any(old in str(f.get("content", "")) for old in self.contradicts)
+        )
+        answer = UpdateAnswer(new_facts=tuple(facts), facts_to_remove=removals if facts else ())
+        return Reply(content=update_text(answer), delay_seconds=self.delay_seconds)
 
 
 def completion_body(reply: Reply, model: str) -> dict[str, Any]:
@@ -186,7 +264,17 @@ class ScriptedOpenAI:
 # "not available"; any other when every content word of the gold answer is in the answer. Usage
 # is the character estimate of what was sent and answered, so token counts are computable.
 
-_EVAL_CONVERSATION = re.compile(r"<conversation>\n([\s\S]*?)\n</conversation>")
+
+def _eval_conversation(text: str) -> str | None:
+    """The <conversation> slot's body, found by two linear scans (no lazy pattern to rescan)."""
+    start = text.find("<conversation>\n")
+    if start < 0:
+        return None
+    start += len("<conversation>\n")
+    end = text.find("\n</conversation>", start)
+    return text[start:end] if end >= 0 else None
+
+
 _EVAL_DATE = re.compile(r"^\[[^\]]*\]\s*")
 _EVAL_NAME = re.compile(r"^[A-Z][\w-]*:\s+")
 _EVAL_FACT_LINE = re.compile(r"^- \[[^\]]*\] (.*)$", re.MULTILINE)
@@ -257,8 +345,8 @@ def evaluation_responder(request: dict[str, Any]) -> Reply:
             label = "CORRECT" if correct else "WRONG"
             return _eval_reply(request, json.dumps({"reason": "scripted", "label": label}))
         return _eval_reply(request, "yes" if correct else "no")
-    found = _EVAL_CONVERSATION.search(user)
-    facts = eval_extracted_facts(found.group(1)) if found else []
+    found = _eval_conversation(user)
+    facts = eval_extracted_facts(found) if found is not None else []
     update = {
         "user": {},
         "history": {},
