@@ -37,7 +37,8 @@ _MAX_RETRY_AFTER_SECONDS = 3600.0  # a server asking for more than an hour is no
 
 
 class WorkerRuntime:
-    """Redis client, queue client and extraction pipeline, built lazily once per process.
+    """Redis client, queue client, metrics recorder and extraction pipeline, built lazily once
+    per process.
 
     Lazy because a prefork worker forks after the app is built: connections and the LLM client
     must be created in the child that uses them (the pid check rebuilds after a fork).
@@ -68,11 +69,7 @@ class WorkerRuntime:
 
     @property
     def metrics(self) -> MetricsRecorder:
-        with self._lock:
-            self._check_fork()
-            if self._metrics is None:
-                self._metrics = MetricsRecorder.for_settings(self.settings, self._base_locked()[0])
-            return self._metrics
+        return self._base()[2]
 
     @property
     def pipeline(self) -> ExtractionPipeline:
@@ -82,19 +79,20 @@ class WorkerRuntime:
                 self._pipeline = self._pipeline_factory(self.settings, self._base_locked()[0])
             return self._pipeline
 
-    def _base(self) -> tuple[RedisClient, QueueClient]:
+    def _base(self) -> tuple[RedisClient, QueueClient, MetricsRecorder]:
         with self._lock:
             self._check_fork()
             return self._base_locked()
 
-    def _base_locked(self) -> tuple[RedisClient, QueueClient]:
-        if self._redis is None or self._queue is None:
+    def _base_locked(self) -> tuple[RedisClient, QueueClient, MetricsRecorder]:
+        if self._redis is None or self._queue is None or self._metrics is None:
             # Worker-side calls ride out a short Redis restart (a few seconds) instead of failing
             # the run's settlement and leaving its context to wait for its lease.
             self._redis = redis_client(self.settings, outage_retries=8)
             self._queue = QueueClient(self.settings, self._redis)
+            self._metrics = MetricsRecorder.for_settings(self.settings, self._redis)
             self._pid = os.getpid()
-        return self._redis, self._queue
+        return self._redis, self._queue, self._metrics
 
     def _check_fork(self) -> None:
         if self._pid is not None and self._pid != os.getpid():
