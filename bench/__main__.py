@@ -37,6 +37,8 @@ BENCHMARKS = {
     "BURST": "bench.p8_burst",
     "P4": "bench.p4_throughput",
     "SERVE": "bench.p15_serve",
+    # The inspector's memory page over 200 facts and its queue page, against the API's JSON.
+    "INSPECTOR": "bench.p16_inspector",
     # Starts its own 3-master Redis Cluster beside the one Redis; skips when it cannot.
     "CLUSTER": "bench.p9_cluster",
 }

@@ -15,6 +15,9 @@
 -- `inflight` and `dead`, how many hashes and watermarks were deleted, and how many of the two
 -- per-user keys existed before (ARGV[1] = "1" only).
 --
+-- Erasing one agent leaves the per-user in-flight set as a released claim would: gone once it
+-- holds no lease (only the `~defer` horizon of claim_due.lua).
+--
 -- Deleting the hash of a context in flight fences its run: the run's claim token is gone, so its
 -- save, renew and complete are refused and the memory is never re-created by it.
 
@@ -41,5 +44,9 @@ for i = 1, #ARGV - 1 do
 end
 if ARGV[1] == '1' then
   redis.call('DEL', users_inflight, users_contexts)
+elseif redis.call('ZCARD', users_inflight) == 1 and redis.call('ZSCORE', users_inflight, '~defer') then
+  -- One agent erased, and with it the user's last lease: the claim's deferral horizon, the set's
+  -- only other member, goes with the set, as when a run ends (worker/includes/release_claim.lua).
+  redis.call('DEL', users_inflight)
 end
 return out

@@ -22,6 +22,7 @@ pytest_plugins = [
     "tests.support.scenarios",
     "tests.support.cluster",
     "tests.support.serve",
+    "tests.support.inspector",
 ]
 
 

@@ -19,7 +19,7 @@ from memq.core.connection import RedisClient
 from memq.core.errors import InvalidIdentifier
 from memq.core.identity import user_id_of
 from memq.core.keys import KeySchema, QueueKeys
-from memq.core.metrics import read_snapshot, summarise
+from memq.core.metrics import MetricsRecorder, read_snapshot, summarise
 from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
 from worker.shard_reads import due_members
@@ -97,6 +97,7 @@ class QueueClient:
         self.redis = redis_client
         self.keys = KeySchema(settings.key_prefix, settings.shards)
         self._scripts = LuaScripts(redis_client, "worker", _SCRIPTS)
+        self._metrics = MetricsRecorder(redis_client, self.keys.metrics())
 
     # --- claim and reap (the ticker)
     def claim(self, now: int | None = None, limit: int | None = None) -> ClaimBatch:
@@ -210,16 +211,29 @@ class QueueClient:
         raw, watermark = pipe.execute()
         data = {str(k): str(v) for k, v in raw.items()}
         if data.get("cut_messages"):
-            # enqueue.lua cut the oldest messages to stay within context_max_bytes: say so
-            # wherever the run is logged (the counts only, never the text).
-            log.warning(
-                "context %s: %s messages (%s bytes) were cut before extraction to stay within "
-                "context_max_bytes",
-                context_id,
-                data["cut_messages"],
-                data.get("cut_bytes", "?"),
-            )
+            self._report_cut(q, context_id)
         return data, (str(watermark) if watermark is not None else None)
+
+    def _report_cut(self, q: QueueKeys, context_id: str) -> None:
+        """enqueue.lua cut the oldest messages to stay within context_max_bytes: take its counts
+        off the hash (atomically, so a cut made meanwhile is kept for the next run, and a retry
+        of this run reports nothing again), add them to the metrics and say so in the run's log
+        (the counts only, never the text)."""
+        ctx = q.context(context_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hmget(ctx, ["cut_messages", "cut_bytes"])
+        pipe.hdel(ctx, "cut_messages", "cut_bytes")
+        (messages, cut_bytes), _ = pipe.execute()
+        if not messages:
+            return
+        self._metrics.count(context_messages_cut=int(messages))
+        log.warning(
+            "context %s: %s messages (%s bytes) were cut before extraction to stay within "
+            "context_max_bytes",
+            context_id,
+            messages,
+            cut_bytes if cut_bytes is not None else "?",
+        )
 
     def complete(
         self,

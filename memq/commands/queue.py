@@ -9,6 +9,7 @@ from typing import Any
 from memq.commands.common import (
     CommandContext,
     CommandError,
+    add_user_argument,
     format_table,
     print_json,
     read_json_file,
@@ -27,7 +28,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     enqueue.add_argument("file", help="JSON file of messages")
     enqueue.add_argument("--thread", required=True, help="thread id")
-    enqueue.add_argument("--user", required=True, help="user id")
+    add_user_argument(enqueue, option=True)
     enqueue.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
     enqueue.add_argument("--flush", action="store_true", help="due now, skip the debounce")
     enqueue.set_defaults(run=run_enqueue)

@@ -63,6 +63,7 @@ COUNTERS: Final[tuple[Counter, ...]] = (
     Counter("leases_dead", "queue: leases expired past max attempts, dead-lettered"),
     Counter("tick_released", "queue: released (broker refused the send)"),
     Counter("tick_deferred", "queue: deferred (user at in-flight cap)"),
+    Counter("context_messages_cut", "messages cut to context_max_bytes"),
 )
 COUNTER_FIELDS: Final = frozenset(c.field for c in COUNTERS)
 

@@ -53,7 +53,14 @@ REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster", "redis+se
 
 # Settings whose values may be secrets: an error about them never repeats the value.
 _SECRET_FIELDS = frozenset(
-    {"redis_url", "broker_url", "llm_api_key", "flower_password", "serve_api_keys"}
+    {
+        "redis_url",
+        "broker_url",
+        "llm_api_key",
+        "flower_password",
+        "serve_api_keys",
+        "serve_session_secret",
+    }
 )
 
 # Pydantic's wording of the common type errors, said the short way.
@@ -200,6 +207,10 @@ class MemqSettings(BaseSettings):
     # Addresses whose X-Forwarded-For / X-Forwarded-Proto uvicorn trusts (a reverse proxy).
     serve_forwarded_allow_ips: str = "127.0.0.1"
     serve_root_path: str = ""
+    # The inspector at /ui: its session cookies are signed with this secret. Unset: a random one
+    # per process (sessions end when it restarts; several processes behind one address need it).
+    serve_session_secret: SecretStr | None = None
+    serve_session_max_age_seconds: int = Field(default=28_800, ge=60, le=2_592_000)
 
     @field_validator("redis_url")
     @classmethod

@@ -87,6 +87,10 @@ def create_app(
         app.router.routes.extend(module.router.routes)
     if mcp_app is not None:
         app.router.routes.append(mcp_app.route(keys))
+    # The inspector: its own small app (HTML errors, session login), swept by its own tests.
+    from memq.server.ui import build_inspector
+
+    app.mount("/ui", build_inspector(settings, keys, handles), name="ui")
     app.add_middleware(RequestGuard, max_body_bytes=settings.serve_max_body_bytes)
     _document_public_routes(app)
     return app
