@@ -19,7 +19,8 @@ from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
 from worker.queue import Claim, QueueClient, ReapResult, now_ms
-from worker.tasks import WorkerRuntime, backoff_ms, describe_args, extract, retry_delay_ms
+from worker.retry import backoff_ms, retry_delay_ms
+from worker.tasks import WorkerRuntime, describe_args, extract
 
 pytestmark = pytest.mark.integration
 

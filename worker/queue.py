@@ -129,7 +129,7 @@ class QueueClient:
                 continue
             keys = [shard.due, shard.inflight, shard.epoch]
             for context_id in ids:
-                keys += (shard.context(context_id), self._user_inflight(shard, context_id))
+                keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
             raw = self._scripts["claim_due"](
                 keys=keys, args=[now, settings.lease_ms, cap, user_cap, defer_ms, *ids]
             )
@@ -161,7 +161,7 @@ class QueueClient:
                 batch = ids[start : start + _SCRIPT_BATCH]
                 keys = [shard.inflight, shard.due, shard.dead]
                 for context_id in batch:
-                    keys += (shard.context(context_id), self._user_inflight(shard, context_id))
+                    keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
                 raw = self._scripts["reap_expired"](
                     keys=keys,
                     args=[
@@ -180,7 +180,7 @@ class QueueClient:
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["release"](
-            keys=[q.context(context_id), q.inflight, q.due, self._user_inflight(q, context_id)],
+            keys=[q.context(context_id), q.inflight, q.due, self.user_inflight_key(q, context_id)],
             args=[context_id, token, now],
         )
         return int(raw) == 1
@@ -197,7 +197,7 @@ class QueueClient:
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["renew"](
-            keys=[q.context(context_id), q.inflight, self._user_inflight(q, context_id)],
+            keys=[q.context(context_id), q.inflight, self.user_inflight_key(q, context_id)],
             args=[context_id, token, now + self.settings.lease_ms],
         )
         return int(raw) == 1
@@ -255,7 +255,7 @@ class QueueClient:
                 q.inflight,
                 q.due,
                 q.watermark(context_id),
-                self._user_inflight(q, context_id),
+                self.user_inflight_key(q, context_id),
             ],
             args=[
                 context_id,
@@ -291,7 +291,7 @@ class QueueClient:
                 q.inflight,
                 q.due,
                 q.dead,
-                self._user_inflight(q, context_id),
+                self.user_inflight_key(q, context_id),
             ],
             args=[
                 context_id,
@@ -366,7 +366,7 @@ class QueueClient:
         return self.keys.for_context(context_id)
 
     @staticmethod
-    def _user_inflight(q: QueueKeys, context_id: str) -> str:
+    def user_inflight_key(q: QueueKeys, context_id: str) -> str:
         """The per-user lease set of a context's user, in the context's own shard."""
         try:
             user_id = user_id_of(context_id)

@@ -16,9 +16,6 @@ from memq.core.connection import RedisClient, redis_client
 from memq.core.errors import (
     LLMError,
     MemqError,
-    PermanentLLMError,
-    ResponseParseError,
-    TransientLLMError,
 )
 from memq.core.identity import ContextKey
 from memq.core.metrics import MetricsRecorder
@@ -27,13 +24,14 @@ from memq.core.settings import MemqSettings
 from storage.base import Fence
 from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient, now_ms
+from worker.retry import retry_delay_ms
 
 if TYPE_CHECKING:
+    from worker.batch import BatchLane
+    from worker.batch_queue import BatchQueue
     from worker.pipeline import ExtractionPipeline, ExtractionReport
 
 log = logging.getLogger("memq.extract")
-
-_MAX_RETRY_AFTER_SECONDS = 3600.0  # a server asking for more than an hour is not honoured as is
 
 
 class WorkerRuntime:
@@ -58,6 +56,8 @@ class WorkerRuntime:
         self._queue: QueueClient | None = None
         self._metrics: MetricsRecorder | None = None
         self._pipeline: ExtractionPipeline | None = None
+        self._batches: BatchQueue | None = None
+        self._lane: BatchLane | None = None
 
     @property
     def client(self) -> RedisClient:
@@ -79,6 +79,34 @@ class WorkerRuntime:
                 self._pipeline = self._pipeline_factory(self.settings, self._base_locked()[0])
             return self._pipeline
 
+    @property
+    def batches(self) -> BatchQueue:
+        """The batch lane's queue operations (its scripts registered once per process)."""
+        from worker.batch_queue import BatchQueue
+
+        with self._lock:
+            self._check_fork()
+            if self._batches is None:
+                self._batches = BatchQueue(self.settings, self._base_locked()[0])
+            return self._batches
+
+    def batch_lane(self) -> BatchLane:
+        """The gatherer and poller of batch jobs (the ``memq.batch`` task)."""
+        from worker.batch import BatchLane
+        from worker.batch_api import OpenAIBatchEndpoint
+
+        pipeline, batches = self.pipeline, self.batches
+        with self._lock:
+            if self._lane is None:
+                self._lane = BatchLane(
+                    self.settings,
+                    self._base_locked()[1],
+                    batches,
+                    pipeline,
+                    OpenAIBatchEndpoint(self.settings),
+                )
+            return self._lane
+
     def _base(self) -> tuple[RedisClient, QueueClient, MetricsRecorder]:
         with self._lock:
             self._check_fork()
@@ -97,6 +125,7 @@ class WorkerRuntime:
     def _check_fork(self) -> None:
         if self._pid is not None and self._pid != os.getpid():
             self._redis = self._queue = self._pipeline = self._metrics = None
+            self._batches = self._lane = None
             self._pid = None
 
 
@@ -116,18 +145,6 @@ def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPip
     )
 
 
-def backoff_ms(
-    attempts: int, settings: MemqSettings, retry_after_seconds: float | None = None
-) -> int:
-    """Delay before the next try after ``attempts`` earlier failures: exponential from
-    ``retry_backoff_seconds``, capped, but never shorter than a server's Retry-After."""
-    delay = settings.retry_backoff_seconds * (2 ** min(max(attempts, 0), 20))
-    delay = min(delay, settings.retry_backoff_max_seconds)
-    if retry_after_seconds is not None and retry_after_seconds > 0:
-        delay = max(delay, min(retry_after_seconds, _MAX_RETRY_AFTER_SECONDS))
-    return int(delay * 1000)
-
-
 def describe_args(context_id: str, version: int) -> str:
     """What Flower shows as the task's arguments: identifiers, never message content."""
     try:
@@ -135,35 +152,6 @@ def describe_args(context_id: str, version: int) -> str:
     except MemqError:
         return f"key={context_id!r:.200} version={version}"
     return f"{key.describe()} version={version}"
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How a failed run is tried again."""
-
-    retry: bool  # False: permanent, the context is dead at once
-    honour_retry_after: bool = False  # wait at least the server's Retry-After
-
-
-# The first entry the error is an instance of applies (most specific first).
-RETRY_POLICIES: tuple[tuple[type[Exception], RetryPolicy], ...] = (
-    (PermanentLLMError, RetryPolicy(retry=False)),
-    (TransientLLMError, RetryPolicy(retry=True, honour_retry_after=True)),
-    # LLMs are nondeterministic: the next answer may parse.
-    (ResponseParseError, RetryPolicy(retry=True)),
-    # Never lose the key: anything else is retried until max_attempts.
-    (Exception, RetryPolicy(retry=True)),
-)
-
-
-def retry_delay_ms(exc: Exception, attempts: int, settings: MemqSettings) -> int | None:
-    """Milliseconds until the next try after ``exc`` and ``attempts`` earlier failures; None when
-    the error is permanent."""
-    policy = next(policy for kind, policy in RETRY_POLICIES if isinstance(exc, kind))
-    if not policy.retry:
-        return None
-    retry_after = getattr(exc, "retry_after_seconds", None) if policy.honour_retry_after else None
-    return backoff_ms(attempts, settings, retry_after)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,11 +188,20 @@ def extract(
         context = ConversationContext.from_hash(data)
     except MemqError as exc:  # a context that does not decode never will: dead at once
         return _failed(run, exc, None)
+    may_batch = runtime.settings.llm_batch_active and data.get("claimed_sync") != "1"
     try:
-        report = _run_pipeline(runtime, run, context, watermark)
+        report = _run_pipeline(runtime, run, context, watermark, may_batch=may_batch)
     except Exception as exc:
         delay = retry_delay_ms(exc, attempts, runtime.settings)
         return _failed(run, exc, None if delay is None else clock() + delay)
+    if report is None:
+        log.info(
+            "extraction key=%s version=%d outcome=batched (waits for a batch job)",
+            run.context_id,
+            run.version,
+            extra=run.log_extra("batched"),
+        )
+        return {"outcome": "batched", "queue": "batched"}
     if report.outcome == "stale":
         return _discarded(run, report)
     return _completed(run, context, report)
@@ -231,10 +228,17 @@ def _start(run: _Run, data: dict[str, Any]) -> bool:
 
 
 def _run_pipeline(
-    runtime: WorkerRuntime, run: _Run, context: ConversationContext, watermark: str | None
-) -> ExtractionReport:
-    """The pipeline, with the lease renewed in the background while it runs."""
+    runtime: WorkerRuntime,
+    run: _Run,
+    context: ConversationContext,
+    watermark: str | None,
+    *,
+    may_batch: bool = False,
+) -> ExtractionReport | None:
+    """The pipeline, with the lease renewed in the background while it runs. With ``may_batch``
+    a run that fits one prompt is parked for the batch lane instead (None)."""
     settings = runtime.settings
+    fence = Fence(run.context_id, run.token)
     with LeaseKeeper(
         run.queue,
         run.context_id,
@@ -243,9 +247,19 @@ def _run_pipeline(
         renew_until_ms=run.started + int(settings.run_hard_limit_seconds * 1000),
         clock=run.clock,
     ):
-        return runtime.pipeline.run(
-            context, watermark=watermark, fence=Fence(run.context_id, run.token)
-        )
+        if not may_batch:
+            return runtime.pipeline.run(context, watermark=watermark, fence=fence)
+        from worker.batch import park
+        from worker.pipeline import ExtractionReport
+
+        step = runtime.pipeline.prepare(context, watermark=watermark, fence=fence)
+        if isinstance(step, ExtractionReport):
+            return step
+        if step.selection.more:  # over one prompt's budget: chunks go synchronously
+            return runtime.pipeline.finish(context, step, fence=fence)
+        if park(settings, runtime.batches, runtime.pipeline, context, run.token, step, run.clock()):
+            return None
+        return ExtractionReport("stale", reason="claim gone before the run was parked")
 
 
 def _completed(run: _Run, context: ConversationContext, report: ExtractionReport) -> dict[str, Any]:

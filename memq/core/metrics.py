@@ -64,6 +64,13 @@ COUNTERS: Final[tuple[Counter, ...]] = (
     Counter("tick_released", "queue: released (broker refused the send)"),
     Counter("tick_deferred", "queue: deferred (user at in-flight cap)"),
     Counter("context_messages_cut", "messages cut to context_max_bytes"),
+    Counter("batch_prompt_tokens", "batch lane: prompt tokens (apart from prompt_tokens)"),
+    Counter("batch_completion_tokens", "batch lane: completion tokens"),
+    Counter("batch_jobs_created", "batch lane: jobs created"),
+    Counter("batch_requests_sent", "batch lane: requests sent in jobs"),
+    Counter("batch_applied", "batch lane: answers applied"),
+    Counter("batch_fallbacks", "batch lane: sent back to synchronous calls"),
+    Counter("batch_stale", "batch lane: answers discarded (claim moved on)"),
 )
 COUNTER_FIELDS: Final = frozenset(c.field for c in COUNTERS)
 
