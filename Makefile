@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit lint format typecheck bench demo up clean soak flaky-check screenshots
+.PHONY: setup test unit fast lint format typecheck bench demo up clean soak flaky-check screenshots
 
 setup: $(VENV)/.installed
 
@@ -31,6 +31,11 @@ test: lint typecheck
 
 unit: setup
 	$(PY) -m pytest -m "not e2e and not reliability" $(PYTEST_ARGS)
+
+# The pure tests alone: no redis-server, no Celery (the `integration` marker is derived in
+# tests/conftest.py from what a test uses).
+fast: setup
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) -m bench

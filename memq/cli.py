@@ -19,7 +19,6 @@ from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
 from memq.core.errors import ConfigError, MemqError
 
 EXIT_ERROR = 1
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 

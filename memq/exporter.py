@@ -21,16 +21,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from memq.core.metrics import COUNTERS, EXTRACTION_OUTCOMES, MetricsSnapshot, read_snapshot
 from memq.core.settings import MemqSettings
-from worker.metrics import EXTRACTION_OUTCOMES, MetricsSnapshot, read_metrics, read_shards
 from worker.queue import now_ms
 
 if TYPE_CHECKING:
     from memq.core.connection import RedisClient
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PORT = 9808
 
 
 class MemqCollector(Collector):
@@ -46,9 +44,7 @@ class MemqCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("memq_up", "1 when the exporter could read memq's Redis")
         try:
-            now = self._clock()
-            shards = read_shards(self._client, self._settings, now)
-            snapshot = read_metrics(self._client, self._settings)
+            read = read_snapshot(self._client, self._settings, self._clock())
         except Exception as exc:  # a scrape reports the outage, it does not fail
             log.warning("scrape: cannot read Redis: %s", exc)
             up.add_metric([], 0)
@@ -56,6 +52,7 @@ class MemqCollector(Collector):
             return
         up.add_metric([], 1)
         yield up
+        shards, snapshot = read.shards, read.metrics
         gauges = {
             "memq_due": ("Contexts waiting in `due` (debouncing or ready)", "due"),
             "memq_inflight": ("Contexts claimed and being extracted", "inflight"),
@@ -110,49 +107,15 @@ class MemqCollector(Collector):
             sum_value=snapshot.llm_latency_sum_seconds,
         )
         yield latency
-        simple = (
-            ("memq_prompt_tokens", "Prompt tokens of successful extractions", "prompt_tokens"),
-            (
-                "memq_completion_tokens",
-                "Completion tokens of successful extractions",
-                "completion_tokens",
-            ),
-            (
-                "memq_stale_runs",
-                "Runs whose answer was discarded: they lost their claim",
-                "stale_runs",
-            ),
-            (
-                "memq_facts_invalid",
-                "New facts of saved answers dropped because they did not validate",
-                "facts_invalid",
-            ),
-            (
-                "memq_facts_refused",
-                "New facts refused because only assistant messages said them",
-                "facts_refused",
-            ),
-            ("memq_forgets", "Users erased with `memq forget`", "forgets"),
-            (
-                "memq_dead_lettered",
-                "Contexts moved to the dead letters (by a failed run or the lease reaper)",
-                "dead_lettered",
-            ),
-            (
-                "memq_leases_expired",
-                "Claims whose lease expired and were put back in `due`",
-                "leases_expired",
-            ),
-            ("memq_tick_claimed", "Contexts the ticker claimed and dispatched", "tick_claimed"),
-            (
-                "memq_context_messages_cut",
-                "Oldest messages of a context cut to stay within context_max_bytes",
-                "context_messages_cut",
-            ),
+        dead_lettered = CounterMetricFamily(
+            "memq_dead_lettered",
+            "Contexts moved to the dead letters (by a failed run or the lease reaper)",
         )
-        for name, text, attribute in simple:
-            counter = CounterMetricFamily(name, text)
-            counter.add_metric([], getattr(snapshot, attribute))
+        dead_lettered.add_metric([], snapshot.dead_lettered)
+        yield dead_lettered
+        for entry in COUNTERS:
+            counter = CounterMetricFamily(f"memq_{entry.field}", entry.text)
+            counter.add_metric([], snapshot[entry.field])
             yield counter
 
 

@@ -27,10 +27,6 @@ from redis.retry import Retry
 from memq.core.errors import MemqError
 from memq.supervision import die_with_parent
 
-# everysec: a crash of the host may lose up to about a second of acknowledged writes; always: none,
-# at the cost of one fsync per write.
-APPENDFSYNC_CHOICES = ("everysec", "always", "no")
-
 # Without a ceiling `noeviction` never applies: Redis grows until the kernel's OOM killer ends it
 # (and with it every queued conversation not yet fsynced). A quarter of the RAM leaves room for
 # the workers, the agents and an AOF rewrite's copy-on-write pages on the same host.

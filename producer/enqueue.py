@@ -20,13 +20,13 @@ import enum
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from importlib import resources
 
 from memq.core.connection import REDIS_ERRORS, RedisClient
 from memq.core.errors import InvalidIdentifier, RedisUnavailable
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.models import Message
+from memq.core.scripts import register
 from producer.accumulate import merge_within
 from producer.bounds import bound_hand_off
 from producer.messages import filter_messages_for_memory, has_minimum_dialogue
@@ -180,8 +180,7 @@ class Enqueuer:
         pending_max_bytes: int | None = None,
         context_max_bytes: int | None = None,
     ):
-        source = resources.files("producer").joinpath("enqueue.lua").read_text(encoding="utf-8")
-        self._script = client.register_script(source)
+        self._script = register(client, "producer", "enqueue")
         self._keys = keys
         self._debounce = str(debounce_ms)
         self._max_delay = str(max_delay_ms)

@@ -1,7 +1,8 @@
 """The agent-side reader: the ``<user_memory>`` block for the next prompt.
 
 Every call reads the latest memory (DeerFlow froze it per thread, so what a thread taught
-was only seen by the next one); the file backend's stat-checked cache keeps that cheap. Injection is
+was only seen by the next one): one Redis round trip with the default backend (the file
+backend keeps a stat-checked cache, so its reads stay cheap too). Injection is
 best effort: any failure is logged and the agent simply gets no memory for that turn.
 
 The read runs before every agent turn, so it gets the producer's protections: a Redis client with
@@ -60,9 +61,10 @@ class MemoryInjector:
                 self._settings = load_settings()
             if self._storage is None:
                 from storage import get_storage
+                from storage.backends import backend_for
 
                 settings = self._settings
-                if settings.storage == "redis":
+                if backend_for(settings).reads_from_redis:
                     self._client = redis_client(
                         settings, socket_timeout=settings.injector_timeout_seconds
                     )

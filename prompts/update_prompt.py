@@ -119,8 +119,6 @@ class UpdatePrompt:
     messages_dropped: int = 0
     earlier_shown: int = 0  # already-extracted messages shown as context
     labels: tuple[str, ...] = ()  # the citation label of each message of ``conversation``
-    stale_candidates_shown: int = 0
-    consolidation_groups_shown: int = 0
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
@@ -192,7 +190,7 @@ def build_update_prompt(
         memory,
         conversation.labelled_text(labels),
         earlier=shown_before.text if shown_before.messages else "",
-        sections=[*signal_hints(correction, reinforcement), *reviews.sections],
+        sections=[*signal_hints(correction, reinforcement), *reviews],
     )
     return UpdatePrompt(
         system=SYSTEM_PROMPT,
@@ -203,8 +201,6 @@ def build_update_prompt(
         messages_dropped=conversation.dropped,
         earlier_shown=len(shown_before.messages),
         labels=labels,
-        stale_candidates_shown=reviews.stale_shown,
-        consolidation_groups_shown=reviews.groups_shown,
     )
 
 
@@ -216,16 +212,7 @@ def signal_hints(correction: bool, reinforcement: bool) -> list[str]:
     return ["\n".join(hints)] if hints else []
 
 
-@dataclass(frozen=True)
-class Reviews:
-    """The optional review sections of one prompt, and how much each shows."""
-
-    sections: list[str]
-    stale_shown: int = 0
-    groups_shown: int = 0
-
-
-def review_sections(memory: MemoryDocument, settings: MemqSettings, now: datetime) -> Reviews:
+def review_sections(memory: MemoryDocument, settings: MemqSettings, now: datetime) -> list[str]:
     """The staleness review (when enough facts are old enough) and the consolidation review (when
     enabled and a category is crowded), in that order."""
     stale = stale_candidates(memory, settings, now)
@@ -237,11 +224,7 @@ def review_sections(memory: MemoryDocument, settings: MemqSettings, now: datetim
         sections.append(render_staleness_section(stale, settings))
     if groups:
         sections.append(render_consolidation_section(groups, settings))
-    return Reviews(
-        sections,
-        stale_shown=len(stale),
-        groups_shown=min(len(groups), settings.consolidation_max_groups_per_cycle),
-    )
+    return sections
 
 
 def render_user_message(

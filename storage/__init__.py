@@ -25,20 +25,15 @@ __all__ = [
 def get_storage(
     settings: MemqSettings | None = None, *, redis: RedisClient | None = None
 ) -> MemoryStorage:
-    """The backend ``settings.storage`` names (``redis``, the default, or ``file``).
+    """The backend ``settings.storage`` names (``redis``, the default, or ``file``; see
+    :mod:`storage.backends`).
 
-    ``redis`` is an existing client to share (Redis backend only); without it one is built from the
-    settings. Settings come from the environment when omitted.
+    ``redis`` is the deployment's Redis client to share, whatever the backend: the Redis backend
+    keeps the documents in it, the file backend checks fenced saves' claims against it. Without
+    one, the backend builds its own from the settings when it first needs it. Settings come from
+    the environment when omitted.
     """
+    from storage.backends import backend_for
+
     settings = settings or load_settings()
-    if settings.storage == "redis":
-        from storage.redis_store import RedisMemoryStorage
-
-        return RedisMemoryStorage(settings, redis)
-    from storage.files import FileMemoryStorage
-
-    if redis is None:
-        return FileMemoryStorage(settings)
-    from storage.fencing import RedisClaimCheck
-
-    return FileMemoryStorage(settings, claim_check=RedisClaimCheck(settings, redis))
+    return backend_for(settings).open(settings, redis)

@@ -25,6 +25,8 @@
 -- for a context out in a batch job: its answer, when it comes back, finds no claim and writes
 -- nothing (the job's own record, token -> id, is dropped when the job is settled).
 
+--- @include "includes/release_claim"
+
 local due, inflight, dead, users_inflight, users_contexts = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
   KEYS[5]
 local batch_pending, batch_out = KEYS[6], KEYS[7]
@@ -35,19 +37,22 @@ end
 for i = 1, #ARGV - 1 do
   local id, ctx, wm = ARGV[1 + i], KEYS[6 + 2 * i], KEYS[7 + 2 * i]
   out[1] = out[1] + redis.call('ZREM', due, id)
-  out[2] = out[2] + redis.call('ZREM', inflight, id) + redis.call('ZREM', batch_pending, id)
-    + redis.call('ZREM', batch_out, id)
+  if redis.call('ZSCORE', inflight, id) then
+    out[2] = out[2] + 1
+  end
+  out[2] = out[2] + redis.call('ZREM', batch_pending, id) + redis.call('ZREM', batch_out, id)
   out[3] = out[3] + redis.call('ZREM', dead, id)
-  redis.call('ZREM', users_inflight, id)
   redis.call('SREM', users_contexts, id)
   out[4] = out[4] + redis.call('DEL', ctx)
   out[5] = out[5] + redis.call('DEL', wm)
+  -- Last, as everywhere: the hash is gone, so the run in flight is fenced already.
+  release_claim(ctx, inflight, users_inflight, id)
 end
 if ARGV[1] == '1' then
   redis.call('DEL', users_inflight, users_contexts)
 elseif redis.call('ZCARD', users_inflight) == 1 and redis.call('ZSCORE', users_inflight, '~defer') then
   -- One agent erased, and with it the user's last lease: the claim's deferral horizon, the set's
-  -- only other member, goes with the set, as when a run ends (worker/includes/release_claim.lua).
+  -- only other member, goes with the set, as when a run ends (includes/release_claim.lua).
   redis.call('DEL', users_inflight)
 end
 return out

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Final
 
 from memq.core.errors import InvalidIdentifier, MemqError
@@ -26,6 +25,8 @@ from memq.core.identity import (
     validate_user_id,
 )
 from memq.core.keys import KeySchema
+from memq.core.metrics import MetricsRecorder
+from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
 from storage.base import Change, MemoryStorage
 from storage.document import MemoryDocument
@@ -99,6 +100,11 @@ def _agent_of(context_id: str) -> str | None:
         return None
 
 
+def erase_scripts(client: RedisClient) -> LuaScripts:
+    """The scripts :func:`erase` runs, registered on ``client``: keep it beside the client."""
+    return LuaScripts(client, "storage", ("erase_contexts",))
+
+
 def _thread_of(context_id: str) -> str | None:
     try:
         return ContextKey.from_id(context_id).thread_id
@@ -114,10 +120,14 @@ def erase(
     *,
     agent_name: str | _AllAgents | None = ALL_AGENTS,
     documents: bool = True,
+    scripts: LuaScripts | None = None,
 ) -> ErasureReport:
     """Erase ``user_id`` (every agent and the user-global memory), or only ``agent_name`` of it
     (None: the user-global memory). ``documents=False`` keeps the memory documents and removes
-    only the queued work (a clear that replaces the document itself). Idempotent."""
+    only the queued work (a clear that replaces the document itself). Idempotent.
+
+    ``scripts``: :func:`erase_scripts` of ``client``, for a caller that erases often (built here
+    when absent)."""
     user = validate_user_id(user_id)
     whole_user = isinstance(agent_name, _AllAgents)
     agent = None if isinstance(agent_name, _AllAgents) else validate_agent_name(agent_name)
@@ -127,6 +137,7 @@ def erase(
         user,
         (lambda m: True) if whole_user else (lambda m: _agent_of(m) == agent),
         drop_sets=whole_user,
+        scripts=scripts,
     )
     removed_documents = 0
     if documents:
@@ -138,8 +149,7 @@ def erase(
         removed_documents = sum(storage.delete(user, target) for target in targets)
     report = ErasureReport(removed_documents, *totals)
     if whole_user:
-        keys = KeySchema(settings.key_prefix, settings.shards)
-        client.hincrby(keys.metrics(), "forgets", 1)
+        MetricsRecorder.for_settings(settings, client).forget()
     log.info(
         "erased user=%s agent=%s: %s",
         user,
@@ -156,20 +166,16 @@ def _erase_contexts(
     wanted: Callable[[str], bool],
     *,
     drop_sets: bool,
+    scripts: LuaScripts | None,
 ) -> list[int]:
     """Remove the user's contexts whose id ``wanted`` accepts from every queue structure of every
     shard (with their watermarks); ``drop_sets`` also deletes the per-user sets. The counts of
     ``erase_contexts.lua``, summed over the shards."""
     keys = KeySchema(settings.key_prefix, settings.shards)
-    script = client.register_script(
-        resources.files("storage").joinpath("erase_contexts.lua").read_text("utf-8")
-    )
+    script = (scripts or erase_scripts(client))["erase_contexts"]
     totals = [0] * 6
     for shard in keys.all_shards():
-        members = sorted(
-            m.decode("utf-8") if isinstance(m, bytes) else str(m)
-            for m in client.smembers(shard.user_contexts(user))
-        )
+        members = sorted(str(m) for m in client.smembers(shard.user_contexts(user)))
         members = [m for m in members if wanted(m)]
         batches = [members[i : i + _BATCH] for i in range(0, len(members), _BATCH)] or [[]]
         for index, batch in enumerate(batches):
@@ -216,6 +222,8 @@ def erase_thread(
     storage: MemoryStorage,
     user_id: str,
     thread_id: str,
+    *,
+    scripts: LuaScripts | None = None,
 ) -> ThreadErasureReport:
     """Forget one thread of a user, in every agent's memory and the user-global one: facts
     learnt only from it go, other facts lose its sources, summaries last rewritten from it are
@@ -225,7 +233,7 @@ def erase_thread(
     user = validate_user_id(user_id)
     thread = validate_thread_id(thread_id)
     counts = _erase_contexts(
-        settings, client, user, lambda m: _thread_of(m) == thread, drop_sets=False
+        settings, client, user, lambda m: _thread_of(m) == thread, drop_sets=False, scripts=scripts
     )
     removed = trimmed = cleared = documents = 0
     for agent in {validate_agent_name(a) for a in storage.list_agents(user)} | {None}:

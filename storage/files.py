@@ -1,4 +1,4 @@
-"""The default backend: one memory.json per (user, agent) on a local or shared file system.
+"""The file backend (``MEMQ_STORAGE=file``): one memory.json per (user, agent) on this host.
 
 Layout under ``settings.storage_dir``::
 

@@ -14,10 +14,11 @@ import logging
 import socket
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
+from storage.backends import BACKENDS, backend_for
 
 if TYPE_CHECKING:
     from memq.core.connection import RedisClient
@@ -35,7 +36,7 @@ _MAX_SHOWN = 300  # characters of a folder or host name in a message
 class StorageLocation:
     """A storage backend and, for files, the absolute folder (and the host whose disk it is)."""
 
-    backend: Literal["file", "redis"]
+    backend: str  # a name of storage.backends.BACKENDS
     folder: str = ""
     host: str = ""
 
@@ -44,8 +45,8 @@ class StorageLocation:
         return self.backend == other.backend and self.folder == other.folder
 
     def describe(self) -> str:
-        if self.backend == "redis":
-            return "Redis storage"
+        if not self.folder:  # stored in Redis, seen alike from every host
+            return f"{self.backend.capitalize()} storage"
         host = f" (host {_shown(self.host)})" if self.host else ""
         return f"file storage in {_shown(self.folder)}{host}"
 
@@ -59,11 +60,10 @@ def _shown(text: str) -> str:
 
 def location_of(settings: MemqSettings) -> StorageLocation:
     """This process's place, from its settings."""
-    if settings.storage == "redis":
-        return StorageLocation("redis", host=socket.gethostname())
-    return StorageLocation(
-        "file", folder=str(settings.storage_dir.expanduser().resolve()), host=socket.gethostname()
-    )
+    backend = backend_for(settings)
+    folder = backend.folder(settings)
+    place = "" if folder is None else str(folder.expanduser().resolve())
+    return StorageLocation(backend.name, folder=place, host=socket.gethostname())
 
 
 def publish(client: RedisClient, settings: MemqSettings) -> StorageLocation:
@@ -85,7 +85,7 @@ def published(client: RedisClient, settings: MemqSettings) -> StorageLocation | 
     try:
         data = json.loads(raw)
         backend = data["backend"]
-        if backend not in ("file", "redis"):
+        if backend not in BACKENDS:
             return None
         return StorageLocation(backend, str(data.get("folder", "")), str(data.get("host", "")))
     except (ValueError, TypeError, KeyError):

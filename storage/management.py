@@ -40,7 +40,6 @@ from storage.vocabulary import content_key, normalise_category, parse_confidence
 
 log = logging.getLogger(__name__)
 
-MANUAL_REASON = "edited by hand"
 _WHOLE_HISTORY = 1_000_000  # history is bounded by history_max_entries: read all of it
 
 

@@ -14,8 +14,6 @@ import logging
 import random
 import time
 from collections.abc import Iterator
-from importlib import resources
-from typing import Any
 
 from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS, RedisClient, redis_client
 from memq.core.errors import (
@@ -28,6 +26,7 @@ from memq.core.errors import (
 )
 from memq.core.identity import validate_agent_name, validate_user_id
 from memq.core.keys import KeySchema
+from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
 from storage.base import Change, Fence, RewriteFn, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document
@@ -46,10 +45,6 @@ from storage.history import (
 log = logging.getLogger(__name__)
 
 UNCONDITIONAL = -1
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 @contextlib.contextmanager
@@ -72,13 +67,9 @@ class RedisMemoryStorage:
         self.conflict_timeout_seconds = settings.storage_lock_timeout_seconds
         self.history_max_entries = settings.history_max_entries
         self.watermark_ttl_ms = settings.watermark_ttl_ms
-        scripts = resources.files("storage")
-        self._save_script = self.redis.register_script(
-            scripts.joinpath("save_document.lua").read_text("utf-8")
-        )
-        self._rewrite_script = self.redis.register_script(
-            scripts.joinpath("rewrite_document.lua").read_text("utf-8")
-        )
+        scripts = LuaScripts(self.redis, "storage", ("save_document", "rewrite_document"))
+        self._save_script = scripts["save_document"]
+        self._rewrite_script = scripts["rewrite_document"]
 
     def close(self) -> None:
         if self._owns_client:
@@ -140,7 +131,7 @@ class RedisMemoryStorage:
             return []
         with _redis_errors("reading memory history"):
             raw = self.redis.lrange(self.keys.memory_history(user, agent), -limit, -1)
-        return newest_first(decode_changes(_text(item) for item in raw), limit)
+        return newest_first(decode_changes(str(item) for item in raw), limit)
 
     def rewrite(self, user_id: str | None, agent_name: str | None, fn: RewriteFn) -> bool:
         user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
@@ -157,7 +148,7 @@ class RedisMemoryStorage:
             if revision == int(rev or 0):
                 if not self.redis.exists(keys[0]):
                     return False
-                result = fn(current, decode_changes(_text(item) for item in raw))
+                result = fn(current, decode_changes(str(item) for item in raw))
                 if result is None:
                     return False
                 document, history = result
@@ -198,7 +189,7 @@ class RedisMemoryStorage:
         if text is None:
             return int(rev or 0), empty_document()
         try:
-            return int(rev or 0), parse_document(_text(text))
+            return int(rev or 0), parse_document(str(text))
         except (DocumentDecodeError, ValueError) as exc:
             # No move-aside in Redis: the key is left as it is for an operator, and `update`
             # refuses to overwrite it (an explicit `save`, e.g. import or clear, replaces it).
@@ -249,7 +240,7 @@ class RedisMemoryStorage:
     def _indexed(self) -> list[tuple[str, str | None]]:
         """Indexed (user, agent) pairs whose document still exists."""
         with _redis_errors("listing memory documents"):
-            members = sorted(_text(m) for m in self.redis.smembers(self.keys.memory_index()))
+            members = sorted(str(m) for m in self.redis.smembers(self.keys.memory_index()))
             pairs: list[tuple[str, str | None]] = []
             for member in members:
                 try:

@@ -26,6 +26,32 @@ pytest_plugins = [
 ]
 
 
+# Modules whose parts start a redis-server of their own: the launcher, the stack, the soak.
+_STARTS_REDIS = ("memq.redis_server", "memq.redis_cluster", "memq.stack", "bench.soak")
+
+
+def _needs_redis_server(item: pytest.Item) -> bool:
+    """A test needs a real redis-server when it reaches the shared one through a fixture, is
+    end-to-end (a real Redis broker, often `memq up` or `memq demo` starting one), or its module
+    uses a part that starts one of its own."""
+    if "redis_server" in getattr(item, "fixturenames", ()) or item.get_closest_marker("e2e"):
+        return True
+    module = getattr(item, "module", None)
+    return any(
+        str(getattr(value, "__module__", "")).startswith(_STARTS_REDIS)
+        for value in vars(module or object).values()
+        if callable(value)
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The `integration` marker is derived, never hand-applied: every test that needs a real
+    redis-server carries it, so `-m "not integration"` (`make fast`) runs without one."""
+    for item in items:
+        if _needs_redis_server(item):
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests never pick up the developer's MEMQ_* or OpenAI settings."""

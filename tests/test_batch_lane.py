@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from memq.core.connection import redis_client
+from memq.core.metrics import read_snapshot
 from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from storage import get_storage
@@ -34,7 +35,6 @@ from tests.support.scenarios import (
 from tests.support.waiting import wait_for
 from tests.test_reliability_restart import stop_gracefully
 from worker.batch_queue import BatchQueue
-from worker.metrics import read_metrics
 from worker.queue import QueueClient, now_ms
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -114,7 +114,7 @@ def out_requests(server: ScriptedOpenAI, count: int) -> list[dict[str, Any]]:
 def last_tick_ms(settings: MemqSettings) -> int:
     client = redis_client(settings)
     try:
-        return read_metrics(client, settings).last_tick_ms or 0
+        return read_snapshot(client, settings, 0).metrics.last_tick_ms or 0
     finally:
         client.close()
 

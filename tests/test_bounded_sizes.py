@@ -262,8 +262,8 @@ def test_a_context_cut_to_its_byte_cap_is_counted_once_where_operators_look(
     from prometheus_client.exposition import generate_latest
 
     from memq.cli import main
+    from memq.core.metrics import read_snapshot
     from memq.exporter import build_registry
-    from worker.metrics import read_metrics
 
     settings = make_settings(**CAPPED)
     queue, enqueue = QueueClient(settings, redis_client), enqueuer(settings, redis_client)
@@ -277,7 +277,7 @@ def test_a_context_cut_to_its_byte_cap_is_counted_once_where_operators_look(
     cut = int(data["cut_messages"])
     assert cut > 0
     assert len([r for r in caplog.records if r.name == "memq.queue"]) == 1
-    assert read_metrics(redis_client, settings).context_messages_cut == cut
+    assert read_snapshot(redis_client, settings, 0).metrics["context_messages_cut"] == cut
 
     exposed = generate_latest(build_registry(settings, redis_client)).decode()
     assert f"memq_context_messages_cut_total {cut}.0" in exposed

@@ -117,14 +117,15 @@ def test_enqueue_a_json_file(
 def test_stats_names_depths_and_totals_apart(
     run: Run, cli_env: MemqSettings, redis_client: redis.Redis
 ) -> None:
-    from worker.metrics import STALE_RUNS, MetricsRecorder
+    from memq.core.metrics import MetricsRecorder
     from worker.tick import TickReport
 
     recorder = MetricsRecorder.for_settings(cli_env, redis_client)
     for outcome in ("updated", "updated", "retry", "dead"):
         recorder.extraction(outcome)
     recorder.tick(TickReport(claimed=4, requeued=1, dead=1), 1_000)
-    redis_client.hincrby(KeySchema(cli_env.key_prefix).metrics(), STALE_RUNS, 3)
+    for _ in range(3):
+        recorder.stale_run()
 
     code, out, _ = run("doctor", "--json")
     assert {c["name"]: c for c in json.loads(out)}["ticker"]["status"] == "warn"  # long ago

@@ -437,7 +437,7 @@ def test_deerflows_default_user_is_the_anonymous_user_the_importer_fills(
     fact = {"id": "fact_uv", "content": "Uses uv instead of pip", "category": "preference",
             "confidence": 0.9, "createdAt": "2026-07-14T09:00:00Z", "source": "t-1"}  # fmt: skip
     legacy.write_text(json.dumps({"version": "1.0", "facts": [fact]}), encoding="utf-8")
-    store = get_storage(settings, redis=manager._redis if settings.storage == "redis" else None)
+    store = get_storage(settings, redis=manager._redis)
     import_folder(store, tmp_path / "deerflow")
 
     for user in ("default", None):

@@ -60,7 +60,7 @@ def test_three_quick_turns_make_exactly_one_llm_call(
     wait_for(lambda: queue_idle(queue), timeout=5, what="the queue drained")
     assert openai_server.call_count == 1, celery_procs.logs()
     assert "item-3" in openai_server.prompts()[0]  # the latest messages, not the first turn's
-    assert queue.stats()["metrics"]["extractions"] == 1
+    assert queue.stats()["completed_total"] == 1
     logs = celery_procs.logs()
     assert "memq.extract" in logs and "outcome=updated" in logs
     assert "octopuses" not in logs and "sk-scripted" not in logs  # no content, no secrets

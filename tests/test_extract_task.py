@@ -19,7 +19,8 @@ from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
 from worker.queue import Claim, QueueClient, ReapResult, now_ms
-from worker.tasks import WorkerRuntime, backoff_ms, describe_args, extract, retry_delay_ms
+from worker.retry import backoff_ms, retry_delay_ms
+from worker.tasks import WorkerRuntime, describe_args, extract
 
 pytestmark = pytest.mark.integration
 
@@ -120,7 +121,23 @@ def test_a_successful_run_deletes_the_context_and_counts_tokens(h: Harness) -> N
     assert (seen.user_id, seen.agent_name, seen.thread_id) == ("alice", "coder", "thread-1")
     assert seen.messages[0].content == "I live in Lisbon" and seen.trace_id == "trace-7"
     assert h.queue.load(cid) == {}
-    assert h.metrics() == {"extractions": "1", "prompt_tokens": "120", "completion_tokens": "30"}
+    assert h.metrics() == {
+        "extractions:updated": "1",
+        "prompt_tokens": "120",
+        "completion_tokens": "30",
+    }
+
+
+def test_a_run_whose_metrics_cannot_be_recorded_still_settles(h: Harness) -> None:
+    cid = h.enqueue(T0)
+    h.client.set(h.queue.keys.metrics(), "not a hash")  # every HINCRBY now fails (WRONGTYPE)
+    assert h.run(h.claim(T0), T0 + 10) == {
+        "outcome": "updated",
+        "facts_added": 1,
+        "facts_removed": 0,
+        "queue": "done",
+    }
+    assert h.queue.load(cid) == {}
 
 
 def test_facts_dropped_as_invalid_are_counted_and_logged(
@@ -192,6 +209,36 @@ def test_only_a_run_that_started_counts_an_attempt_when_its_lease_expires(h: Har
     assert h.run(claim, T0 + 60_001)["queue"] == "stale"
     stored = h.queue.load(cid)
     assert (stored["attempts"], stored["last_error"]) == ("1", "lease expired")
+    # Its save landed before the claim went stale: one extraction, under its outcome, not a
+    # stale run (nothing it saved is undone).
+    assert h.metrics() == {
+        "extractions:updated": "1",
+        "prompt_tokens": "120",
+        "completion_tokens": "30",
+    }
+
+
+def test_each_way_a_run_ends_is_counted_once_under_its_name(h: Harness) -> None:
+    h.enqueue(T0)
+    h.run(h.claim(T0), T0 + 10)  # updated
+
+    def fails(ctx: ConversationContext) -> Report:
+        raise PermanentLLMError("invalid api key")
+
+    h.pipeline.action = fails
+    h.enqueue(T0 + 20)
+    h.run(h.claim(T0 + 20), T0 + 30)  # dead at once
+    h.queue.dead_retry("all", T0 + 50)
+    stale = h.claim(T0 + 50)
+    h.queue.reap(T0 + 50 + 60_001)
+    assert h.run(stale, T0 + 60_100) == {"outcome": "stale"}  # claim gone before it started
+    assert h.metrics() == {
+        "extractions:updated": "1",
+        "extractions:dead": "1",
+        "prompt_tokens": "120",
+        "completion_tokens": "30",
+        "stale_runs": "1",
+    }
 
 
 def test_transient_errors_retry_with_backoff_honouring_retry_after(h: Harness) -> None:
@@ -211,7 +258,7 @@ def test_transient_errors_retry_with_backoff_honouring_retry_after(h: Harness) -
     assert h.run(h.claim(T0 + 7_010), T0 + 7_020)["queue"] == "retry"
     assert h.due() == {cid: T0 + 7_020 + 4_000}  # second failure: 2 s * 2
     assert h.queue.load(cid)["attempts"] == "2"
-    assert h.metrics()["failures"] == "2"
+    assert h.metrics()["extractions:retry"] == "2"
 
 
 def test_parse_errors_retry_until_max_attempts_then_dead(h: Harness) -> None:
@@ -230,7 +277,7 @@ def test_parse_errors_retry_until_max_attempts_then_dead(h: Harness) -> None:
     assert outcomes == ["retry", "retry", "dead"]
     [entry] = h.queue.dead_list()
     assert entry.context_id == cid and "ResponseParseError" in entry.last_error
-    assert h.metrics()["dead"] == "1"
+    assert (h.metrics()["extractions:retry"], h.metrics()["extractions:dead"]) == ("2", "1")
 
 
 def test_permanent_errors_dead_letter_at_once_with_the_reason(h: Harness) -> None:

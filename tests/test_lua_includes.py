@@ -1,5 +1,6 @@
-"""The worker's Lua scripts are assembled from shared fragments (worker/includes/*.lua): every
-include resolves, every fragment is used, and what Redis receives compiles."""
+"""memq's Lua scripts (the producer's, storage's and the worker's) are assembled by one loader from
+shared fragments (memq/core/includes/*.lua): every include resolves, every fragment is used, no
+script spells a fragment's steps out by hand, and what Redis receives compiles."""
 
 from __future__ import annotations
 
@@ -11,35 +12,46 @@ from pathlib import Path
 import pytest
 import redis
 
-from worker.scripts import INCLUDE_LINE, ScriptAssemblyError, assemble, assemble_with_includes
+from memq.core.scripts import (
+    INCLUDE_LINE,
+    SHARED_FRAGMENTS,
+    ScriptAssemblyError,
+    assemble,
+    assemble_with_includes,
+)
 
+PACKAGES = ("producer", "storage", "worker")
 SCRIPTS = sorted(
-    entry.name.removesuffix(".lua")
-    for entry in resources.files("worker").iterdir()
+    (package, entry.name.removesuffix(".lua"))
+    for package in PACKAGES
+    for entry in resources.files(package).iterdir()
     if entry.name.endswith(".lua")
 )
 FRAGMENTS = sorted(
     f"includes/{entry.name}"
-    for entry in resources.files("worker").joinpath("includes").iterdir()
+    for entry in resources.files(SHARED_FRAGMENTS).joinpath("includes").iterdir()
     if entry.name.endswith(".lua")
 )
 FUNCTION = re.compile(r"^local function (\w+)\(", re.MULTILINE)
 
 
 def defined_function(fragment: str) -> str:
-    text = resources.files("worker").joinpath(fragment).read_text(encoding="utf-8")
+    text = resources.files(SHARED_FRAGMENTS).joinpath(fragment).read_text(encoding="utf-8")
     (name,) = FUNCTION.findall(text)
     return name
 
 
-def test_the_worker_has_scripts_and_fragments() -> None:
-    assert {"complete", "fail", "release", "reap_expired"} <= set(SCRIPTS)
+def test_every_package_has_its_scripts_and_the_fragments_are_shared() -> None:
+    assert {("worker", n) for n in ("complete", "fail", "release", "reap_expired")} <= set(SCRIPTS)
+    assert {("producer", "enqueue"), ("storage", "erase_contexts")} <= set(SCRIPTS)
     assert "includes/release_claim.lua" in FRAGMENTS
 
 
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_assembled_script_has_no_unresolved_include_and_each_fragment_once(name: str) -> None:
-    source, pulled = assemble_with_includes("worker", name)
+@pytest.mark.parametrize(("package", "name"), SCRIPTS)
+def test_assembled_script_has_no_unresolved_include_and_each_fragment_once(
+    package: str, name: str
+) -> None:
+    source, pulled = assemble_with_includes(package, name)
     assert not INCLUDE_LINE.search(source)
     assert "@include" not in source
     for fragment in pulled:
@@ -50,16 +62,17 @@ def test_assembled_script_has_no_unresolved_include_and_each_fragment_once(name:
 
 
 def test_every_fragment_is_used_by_some_script() -> None:
-    used = {fragment for name in SCRIPTS for fragment in assemble_with_includes("worker", name)[1]}
+    used = {f for package, name in SCRIPTS for f in assemble_with_includes(package, name)[1]}
     assert used == set(FRAGMENTS)
 
 
-def test_the_release_steps_live_only_in_their_fragment() -> None:
-    """The claim-release sequence is written once: no script spells it out by hand any more."""
-    for name in SCRIPTS:
-        raw = resources.files("worker").joinpath(f"{name}.lua").read_text(encoding="utf-8")
-        assert not re.search(r"HDEL', ctx, 'claim_token'", raw), name
-        assert not re.search(r"ZREM', inflight, id\)\s*\n\s*redis.call\('ZREM', users", raw), name
+@pytest.mark.parametrize(("package", "name"), SCRIPTS)
+def test_the_release_steps_live_only_in_their_fragment(package: str, name: str) -> None:
+    """The claim-release sequence is written once: no script, in any package, spells it out by
+    hand (erasing a user's contexts releases their claims through the same fragment)."""
+    raw = resources.files(package).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    assert not re.search(r"HDEL', ctx, 'claim_token'", raw)
+    assert not re.search(r"'ZREM', (inflight|users\w*), id\)", raw)
 
 
 @pytest.fixture
@@ -105,7 +118,9 @@ def test_an_include_cycle_is_refused(lua_package: Path) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_assembled_script_compiles_in_redis(name: str, redis_client: redis.Redis) -> None:
-    source = assemble("worker", name)
+@pytest.mark.parametrize(("package", "name"), SCRIPTS)
+def test_assembled_script_compiles_in_redis(
+    package: str, name: str, redis_client: redis.Redis
+) -> None:
+    source = assemble(package, name)
     assert redis_client.script_load(source)

@@ -1,5 +1,6 @@
-"""worker/metrics.py and the task wrapper's bookkeeping: fields recorded into the shared Redis hash
-read back as the same figures, and each way an extraction ends is counted once, under its name."""
+"""memq/core/metrics.py, the one writer and the one reader of the metrics hash: fields recorded
+into the shared Redis hash read back as the same figures, `memq stats`, the queue client and the
+exporter read them through one snapshot, and the task wrapper tells Celery how each run ended."""
 
 from __future__ import annotations
 
@@ -11,16 +12,18 @@ from celery.exceptions import Retry
 
 from memq.core.errors import ExtractionDeadLettered
 from memq.core.identity import ContextKey
-from memq.core.settings import MemqSettings
-from worker.celery_app import settle_task
-from worker.metrics import (
+from memq.core.metrics import (
+    COUNTERS,
     LATENCY_BUCKETS_SECONDS,
     MetricsRecorder,
     latency_bucket,
     parse_metrics,
-    read_metrics,
-    read_shards,
+    read_snapshot,
+    summarise,
 )
+from memq.core.settings import MemqSettings
+from worker.celery_app import settle_task
+from worker.queue import QueueClient
 from worker.tasks import WorkerRuntime
 from worker.tick import TickReport
 
@@ -62,15 +65,63 @@ def test_recorded_figures_read_back(settings: MemqSettings, redis_client: redis.
     recorder.llm_request("rate_limited", 0.05)
     recorder.tick(TickReport(claimed=3, requeued=2, dead=1, deferred=4, released=5), 1234)
     recorder.extraction("dead")
-    snapshot = read_metrics(redis_client, settings)
+    recorder.extraction("updated", {"prompt_tokens": 7, "completion_tokens": 2})
+    recorder.stale_run({"prompt_tokens": 5})
+    recorder.forget()
+    read = read_snapshot(redis_client, settings, 0)
+    snapshot = read.metrics
     assert snapshot.llm_requests == {"ok": 1, "rate_limited": 1}
     assert snapshot.llm_latency_count == 2 and snapshot.llm_latency_sum_seconds == 0.35
-    assert (snapshot.tick_claimed, snapshot.leases_expired, snapshot.leases_dead) == (3, 2, 1)
-    assert (snapshot.tick_deferred, snapshot.tick_released) == (4, 5)
+    assert (snapshot["tick_claimed"], snapshot["leases_expired"], snapshot["leases_dead"]) == (
+        3,
+        2,
+        1,
+    )
+    assert (snapshot["tick_deferred"], snapshot["tick_released"]) == (4, 5)
+    assert (snapshot["prompt_tokens"], snapshot["completion_tokens"]) == (12, 2)
+    assert (snapshot["stale_runs"], snapshot["forgets"]) == (1, 1)
     assert snapshot.last_tick_ms == 1234
     assert snapshot.dead_lettered == 2  # one failed run + one lease expired past its attempts
-    (shard,) = read_shards(redis_client, settings, 0)
+    (shard,) = read.shards
     assert (shard.due, shard.inflight, shard.dead, shard.oldest_due_lag_ms) == (0, 0, 0, 0)
+
+
+def test_a_name_that_is_not_a_counter_is_never_written(
+    settings: MemqSettings, redis_client: redis.Redis
+) -> None:
+    recorder = MetricsRecorder.for_settings(settings, redis_client)
+    recorder.extraction("updated", {"extractions": 1, "failures": 1, "prompt_tokens": 3})
+    recorder.count(dead=1)
+    fields = redis_client.hgetall(QueueClient(settings, redis_client).keys.metrics())
+    assert fields == {"extractions:updated": "1", "prompt_tokens": "3"}
+
+
+def test_a_recording_that_redis_refuses_never_raises(
+    settings: MemqSettings, redis_client: redis.Redis
+) -> None:
+    key = QueueClient(settings, redis_client).keys.metrics()
+    redis_client.set(key, "not a hash")  # every HINCRBY now fails with WRONGTYPE
+    recorder = MetricsRecorder.for_settings(settings, redis_client)
+    recorder.extraction("updated", {"prompt_tokens": 1})
+    recorder.stale_run()
+    recorder.forget()
+    recorder.tick(TickReport(claimed=1), 5)
+    assert redis_client.get(key) == "not a hash"
+
+
+def test_stats_the_cli_and_the_queue_client_read_one_snapshot(
+    settings: MemqSettings, redis_client: redis.Redis
+) -> None:
+    recorder = MetricsRecorder.for_settings(settings, redis_client)
+    recorder.extraction("updated", {"prompt_tokens": 9})
+    recorder.extraction("skipped")
+    recorder.tick(TickReport(claimed=2), 1_000)
+    stats = QueueClient(settings, redis_client).stats(now=3_000)
+    assert stats == summarise(read_snapshot(redis_client, settings, 3_000))
+    assert stats["extractions"] == {"updated": 1, "skipped": 1}
+    assert stats["completed_total"] == 2 and stats["last_tick_age_ms"] == 2_000
+    assert {c.field for c in COUNTERS} <= set(stats)
+    assert (stats["prompt_tokens"], stats["tick_claimed"]) == (9, 2)
 
 
 def test_a_recording_lost_to_redis_never_raises(settings: MemqSettings) -> None:
@@ -78,7 +129,7 @@ def test_a_recording_lost_to_redis_never_raises(settings: MemqSettings) -> None:
     MetricsRecorder.for_settings(settings, dead).extraction("updated")  # logged, not raised
 
 
-def test_each_end_of_a_run_is_counted_once_and_told_to_celery(
+def test_each_end_of_a_run_is_told_to_celery_and_counted_by_the_run_alone(
     settings: MemqSettings, redis_client: redis.Redis
 ) -> None:
     runtime = WorkerRuntime(settings)
@@ -87,7 +138,8 @@ def test_each_end_of_a_run_is_counted_once_and_told_to_celery(
         {"outcome": "updated", "queue": "done"},
         {"outcome": "unchanged", "queue": "rescheduled"},
         {"outcome": "stale"},  # lost its claim before it started
-        {"outcome": "updated", "queue": "stale"},  # its save was refused: not an extraction
+        {"outcome": "updated", "queue": "stale"},  # saved, then its claim went stale
+        {"outcome": "failed", "queue": "stale"},
     ]
     for result in results:
         assert settle_task(runtime, context_id, result) is result
@@ -97,9 +149,5 @@ def test_each_end_of_a_run_is_counted_once_and_told_to_celery(
         )
     with pytest.raises(ExtractionDeadLettered, match="dead-lettered thread=t1 user=zoe"):
         settle_task(runtime, context_id, {"outcome": "failed", "queue": "dead", "error": "X"})
-    assert read_metrics(redis_client, settings).extractions == {
-        "updated": 1,
-        "unchanged": 1,
-        "retry": 1,
-        "dead": 1,
-    }
+    # The run body counted each of them when it settled the queue; telling Celery adds nothing.
+    assert read_snapshot(redis_client, settings, 0).metrics.extractions == {}

@@ -134,7 +134,7 @@ def test_citations_confirmations_grounding_and_supersession(
     assert producer.flush("t-echo", "alice", None, echo)
     wait_for(lambda: openai_server.call_count > calls and queue_idle(queue), timeout=30)
     assert fact_named(settings, "alice", MISO.content) is None
-    wait_for(lambda: queue.stats()["metrics"].get("facts_refused") == 1, timeout=10)
+    wait_for(lambda: queue.stats()["facts_refused"] == 1, timeout=10)
     confirm = [*echo, user("Yes, exactly: Miso is my cat."), assistant("Lovely.")]
     assert producer.flush("t-echo", "alice", None, confirm)
     wait_for(lambda: fact_named(settings, "alice", MISO.content) is not None, timeout=30)

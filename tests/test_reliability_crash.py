@@ -69,7 +69,7 @@ def test_a_worker_killed_mid_extraction_is_replaced_and_the_update_applied_once(
     assert [c.action for c in history] == ["add"]
     assert openai_server.call_count == 2  # the dead worker's call, then the replacement's
     stats = queue.stats()
-    assert stats["dead"] == 0 and stats["metrics"]["extractions"] == 1
+    assert stats["dead"] == 0 and stats["completed_total"] == 1
 
 
 def test_redis_restarted_under_load_loses_no_conversation(

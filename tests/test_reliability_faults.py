@@ -173,5 +173,5 @@ def test_two_beats_make_one_llm_call_per_version(
     # over two versions when the second comes after the debounce: more versions, never repeats.)
     assert len(runs) == len(versions) >= contexts * 3 // 2, celery_procs.logs()
     assert openai_server.call_count == len(versions)
-    assert queue.stats()["metrics"]["extractions"] == len(versions)
+    assert queue.stats()["completed_total"] == len(versions)
     assert all(facts_of(settings, f"b{n}") == [fact_for(f"item-{n}")] for n in range(contexts))

@@ -166,7 +166,7 @@ def test_a_redis_restart_with_extractions_in_flight_keeps_the_worker_and_the_wor
         f"outage {back_at - down_at:.1f} s; LLM calls {calls_before} for {contexts} context(s); "
         f"all saved {recovered_at - back_at:.1f} s after Redis returned; "
         f"a new context then took {consuming_after:.1f} s (2 s of it the model); "
-        f"extractions counted {stats['metrics'].get('extractions', 0)} "
+        f"extractions counted {stats['completed_total']} "
         f"(incl. that one)"
     )
 

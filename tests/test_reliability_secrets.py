@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from memq.cli import main
+from memq.core.metrics import read_snapshot
 from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
 from memq.stack import Stack, StackOptions
@@ -24,7 +25,6 @@ from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, facts_of, learn_items, stack_settings, turn
 from tests.support.waiting import wait_for
 from worker.celery_app import TICK_TASK, create_app
-from worker.metrics import read_metrics
 
 pytestmark = pytest.mark.reliability
 
@@ -79,7 +79,10 @@ def test_api_key_and_redis_password_never_appear_in_messages_logs_or_cli(
         assert_no_secret("the worker log", worker.log_text())
 
         # The task counts its outcome just after the save the facts showed.
-        wait_for(lambda: read_metrics(client, settings).extractions == {"updated": 1}, timeout=20)
+        wait_for(
+            lambda: read_snapshot(client, settings, 0).metrics.extractions == {"updated": 1},
+            timeout=20,
+        )
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         capsys.readouterr()

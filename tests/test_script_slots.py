@@ -16,6 +16,7 @@ from redis.crc import key_slot
 
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
+from memq.core.scripts import assemble
 from memq.redis_server import RedisServer
 from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage
@@ -23,7 +24,6 @@ from storage.document import Fact, MemoryDocument
 from storage.erasure import erase
 from worker.batch_queue import BatchQueue, OutRequest
 from worker.queue import QueueClient
-from worker.scripts import assemble
 
 pytestmark = pytest.mark.integration
 

@@ -80,7 +80,7 @@ def test_an_agent_in_another_directory_reads_what_the_worker_wrote(
 
     def extracted() -> bool:
         stats = queue.stats()
-        return bool(stats["metrics"].get("extractions")) and stats["due"] + stats["inflight"] == 0
+        return bool(stats["completed_total"]) and stats["due"] + stats["inflight"] == 0
 
     wait_for(extracted, timeout=30, interval=0.1, what="the worker extracted the thread")
 

@@ -1,4 +1,5 @@
-"""RedisMemoryStorage on a real redis-server: round trip, isolation, CAS, history, listing."""
+"""RedisMemoryStorage on a real redis-server, what only it does: key names, CAS retries, data
+written by others (the shared contract is tests/test_storage_contract.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import redis
 from memq.core.errors import CorruptMemoryFile, InvalidIdentifier
 from memq.core.keys import KeySchema
 from storage import get_storage
-from storage.base import Change, UpdateResult
 from storage.document import Fact, MemoryDocument
 from storage.history import parse_document
 from storage.redis_store import RedisMemoryStorage
@@ -37,19 +37,6 @@ def test_round_trip_and_keys_from_the_schema(
     assert contents(parse_document(stored["doc"])) == ["Uses vim"]
     loaded = store.load("alice", "coder")
     assert contents(loaded) == ["Uses vim"] and loaded.last_updated is not None
-
-
-def test_documents_are_isolated_per_user_and_agent(store: RedisMemoryStorage) -> None:
-    store.save("alice", "coder", doc_with("alice coder"))
-    store.save("bob", "coder", doc_with("bob coder"))
-    store.save("alice", None, doc_with("alice global"))
-
-    assert contents(store.load("alice", "coder")) == ["alice coder"]
-    assert contents(store.load("bob", "coder")) == ["bob coder"]
-    assert contents(store.load("alice")) == ["alice global"]
-    assert store.load("bob").facts == []
-    assert store.list_users() == ["alice", "bob"]
-    assert store.list_agents("alice") == [None, "coder"]
 
 
 def test_identifiers_cannot_inject_into_key_names(store: RedisMemoryStorage) -> None:
@@ -104,27 +91,3 @@ def test_corrupt_document_raises_and_update_refuses_to_overwrite(
     with pytest.raises(CorruptMemoryFile):
         store.update("alice", None, lambda d: doc_with("would erase"))
     assert redis_client.hget(key, "doc") == '{"facts": ['
-
-
-def test_history_is_a_bounded_list_newest_first(make_settings: Any) -> None:
-    store = RedisMemoryStorage(make_settings(storage="redis", history_max_entries=3))
-    for i in range(5):
-
-        def add(document: MemoryDocument, i: int = i) -> UpdateResult:
-            document.facts.append(Fact(content=f"fact {i}"))
-            return UpdateResult(document, [Change(action="add", content=f"fact {i}")])
-
-        store.update("alice", "coder", add)
-    history = store.history("alice", "coder", limit=10)
-    assert [c.content for c in history] == ["fact 4", "fact 3", "fact 2"]
-    assert len(store.load("alice", "coder").facts) == 5
-    store.close()
-
-
-def test_delete_removes_document_history_and_index(store: RedisMemoryStorage) -> None:
-    store.save("alice", "coder", doc_with("x"), changes=[Change(action="add", content="x")])
-    assert store.delete("alice", "coder") is True
-    assert store.load("alice", "coder").facts == []
-    assert store.history("alice", "coder") == []
-    assert store.list_users() == []
-    assert store.delete("alice", "coder") is False

@@ -28,6 +28,7 @@ from typing import cast
 
 from memq.core.errors import LLMError, MemqError
 from memq.core.keys import QueueKeys
+from memq.core.metrics import MetricsRecorder
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from storage.base import Fence
@@ -37,7 +38,6 @@ from worker.batch_api import BatchEndpoint
 from worker.batch_jobs import FINISHED, RequestResult, read_results, request_lines
 from worker.batch_queue import BATCH_CYCLE_SECONDS, BATCH_LOCK_MS, BatchQueue, OutRequest
 from worker.llm import chat_request
-from worker.metrics import MetricsRecorder
 from worker.model import ModelAnswer
 from worker.pipeline import ExtractionPipeline, Prepared
 from worker.queue import QueueClient, now_ms
@@ -47,13 +47,6 @@ log = logging.getLogger("memq.batch")
 
 # Fields of the metrics hash the lane adds to (beside extractions:<outcome>): batch tokens have
 # their own names, so a price table can apply the batch discount to them.
-BATCH_PROMPT_TOKENS = "batch_prompt_tokens"
-BATCH_COMPLETION_TOKENS = "batch_completion_tokens"
-BATCH_JOBS_CREATED = "batch_jobs_created"
-BATCH_REQUESTS_SENT = "batch_requests_sent"
-BATCH_APPLIED = "batch_applied"
-BATCH_FALLBACKS = "batch_fallbacks"
-BATCH_STALE = "batch_stale"
 
 
 def request_body(settings: MemqSettings, prepared: Prepared) -> str:
@@ -170,14 +163,12 @@ class BatchLane:
                     self._gather(shard, index, report)
             finally:
                 self.batches.unlock(shard, lock)
-        self.queue.add_metrics(
-            **{
-                BATCH_JOBS_CREATED: report.jobs_created,
-                BATCH_REQUESTS_SENT: report.sent,
-                BATCH_APPLIED: report.applied,
-                BATCH_FALLBACKS: report.fallbacks,
-                BATCH_STALE: report.stale,
-            }
+        self._metrics.count(
+            batch_jobs_created=report.jobs_created,
+            batch_requests_sent=report.sent,
+            batch_applied=report.applied,
+            batch_fallbacks=report.fallbacks,
+            batch_stale=report.stale,
         )
         return report
 
@@ -292,18 +283,15 @@ class BatchLane:
         elif current:
             outcome = "unchanged"  # saved before a crash; only the settlement was missing
         settled = self.batches.complete(request, batch_id, covered, self.clock())
-        self.queue.add_metrics(
-            **{
-                BATCH_PROMPT_TOKENS: answer.prompt_tokens,
-                BATCH_COMPLETION_TOKENS: answer.completion_tokens,
-            }
+        self._metrics.count(
+            batch_prompt_tokens=answer.prompt_tokens,
+            batch_completion_tokens=answer.completion_tokens,
         )
         if outcome == "stale" or settled.name == "STALE":
             report.stale += 1
             log.info("batch answer of %s discarded: its claim moved on", request.context_id)
             return
         report.applied += 1
-        self.queue.add_metrics(extractions=1)
         self._metrics.extraction(outcome)
         log.info(
             "extraction key=%s outcome=%s lane=batch batch=%s prompt_tokens=%d "

@@ -14,13 +14,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from redis.commands.core import Script
-
 from memq.core.connection import RedisClient
 from memq.core.keys import KeySchema, QueueKeys
+from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
 from worker.queue import CompleteResult, QueueClient
-from worker.scripts import assemble
 
 _SCRIPTS = ("batch_park", "batch_submit", "batch_complete", "batch_fallback", "batch_unlock")
 # A job not finished this long after its window is lost to us: its contexts run synchronously.
@@ -63,9 +61,7 @@ class BatchQueue:
         self.settings = settings
         self.redis = client
         self.keys = KeySchema(settings.key_prefix, settings.shards)
-        self._scripts: dict[str, Script] = {
-            name: client.register_script(assemble("worker", name)) for name in _SCRIPTS
-        }
+        self._scripts = LuaScripts(client, "worker", _SCRIPTS)
 
     # --- the extract task
     def park(

@@ -16,7 +16,6 @@ from celery.exceptions import Retry
 from memq.core.errors import ExtractionDeadLettered, ExtractionRetryScheduled
 from memq.core.settings import MemqSettings
 from worker.batch_queue import BATCH_LOCK_MS
-from worker.metrics import MetricsRecorder
 from worker.queue import Claim, now_ms
 from worker.tasks import WorkerRuntime, describe_args, extract
 from worker.tick import dispatch_batch_work, run_tick
@@ -191,27 +190,19 @@ def create_app(settings: MemqSettings) -> Celery:
 
 
 def settle_task(runtime: WorkerRuntime, context_id: str, result: dict[str, Any]) -> dict[str, Any]:
-    """Count the run's outcome, then tell Celery the truth about it.
+    """Tell Celery the truth about a run (the run body already settled and counted it).
 
-    The queue is already settled when this runs: a dead-lettered context raises
-    :class:`ExtractionDeadLettered` (Celery and Flower show FAILURE and the reason), a retry the
-    queue scheduled raises Celery's ``Retry`` itself — which marks the task RETRY and emits
-    task-retried without Celery sending anything again (the ticker re-dispatches at the deadline
-    in Redis). A run that had lost its claim is not an extraction and is not counted here.
+    A dead-lettered context raises :class:`ExtractionDeadLettered` (Celery and Flower show
+    FAILURE and the reason), a retry the queue scheduled raises Celery's ``Retry`` itself — which
+    marks the task RETRY and emits task-retried without Celery sending anything again (the ticker
+    re-dispatches at the deadline in Redis). Anything else is a success.
     """
     queue_state = str(result.get("queue", ""))
-    if result.get("outcome") == "stale" or queue_state in ("stale", "batched"):
-        # Not an extraction (yet): a parked run is counted when its batch answer is applied.
+    if result.get("outcome") != "failed" or queue_state not in ("dead", "retry"):
         return result
-    recorder = MetricsRecorder.for_settings(runtime.settings, runtime.client)
-    if result.get("outcome") != "failed":
-        recorder.extraction(str(result.get("outcome", "updated")))
-        return result
-    outcome = "dead" if queue_state == "dead" else "retry"
-    recorder.extraction(outcome)
     reason = _last_error(runtime, context_id) or str(result.get("error", "unknown error"))
     described = f"{describe_context(context_id)}: {reason}"
-    if outcome == "dead":
+    if queue_state == "dead":
         raise ExtractionDeadLettered(f"dead-lettered {described}")
     raise Retry(f"retry scheduled by the queue: {described}", ExtractionRetryScheduled(described))
 

@@ -42,7 +42,6 @@ class LeaseKeeper:
         self._renew_until_ms = renew_until_ms
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memq-lease", daemon=True)
-        self.renewals = 0
 
     def __enter__(self) -> LeaseKeeper:
         self._thread.start()
@@ -72,4 +71,3 @@ class LeaseKeeper:
             except REDIS_ERRORS as exc:  # Redis may come back before the lease runs out
                 log.warning("lease renewal of key=%s failed: %s", self._context_id, exc)
                 continue
-            self.renewals += 1

@@ -2,7 +2,7 @@
 
 Each atomic operation is one Lua script next to this module (see each file's header for its KEYS,
 ARGV and return codes), assembled with its shared fragments (``includes/``) by
-:mod:`worker.scripts`. Scripts return small codes; they are mapped to Enums here, once.
+:mod:`memq.core.scripts`. Scripts return small codes; they are mapped to Enums here, once.
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, cast
 
-from redis.commands.core import Script
-
 from memq.core.connection import RedisClient
 from memq.core.errors import InvalidIdentifier
 from memq.core.identity import user_id_of
 from memq.core.keys import KeySchema, QueueKeys
+from memq.core.metrics import MetricsRecorder, read_snapshot, summarise
+from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
-from worker.metrics import CONTEXT_MESSAGES_CUT
-from worker.scripts import assemble
 from worker.shard_reads import due_members
 
 log = logging.getLogger("memq.queue")
@@ -91,10 +89,6 @@ class DeadEntry:
     expires_at_ms: int = 0  # when the dead letter (and the text it holds) is deleted
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 class QueueClient:
     """The worker side of the Redis contract, on one client (its scripts registered once)."""
 
@@ -102,9 +96,8 @@ class QueueClient:
         self.settings = settings
         self.redis = redis_client
         self.keys = KeySchema(settings.key_prefix, settings.shards)
-        self._scripts: dict[str, Script] = {
-            name: redis_client.register_script(assemble("worker", name)) for name in _SCRIPTS
-        }
+        self._scripts = LuaScripts(redis_client, "worker", _SCRIPTS)
+        self._metrics = MetricsRecorder(redis_client, self.keys.metrics())
 
     # --- claim and reap (the ticker)
     def claim(self, now: int | None = None, limit: int | None = None) -> ClaimBatch:
@@ -144,7 +137,7 @@ class QueueClient:
             full = full or int(raw[0]) == 2
             deferred += int(raw[1])
             for pos in range(2, len(raw), 3):
-                claims.append(Claim(_text(raw[pos]), _text(raw[pos + 1]), int(raw[pos + 2])))
+                claims.append(Claim(str(raw[pos]), str(raw[pos + 1]), int(raw[pos + 2])))
         return ClaimBatch(claims=claims, examined=examined, full=full, deferred=deferred)
 
     def reap(self, now: int | None = None, limit: int = 1000) -> ReapResult:
@@ -196,7 +189,7 @@ class QueueClient:
     def load(self, context_id: str) -> dict[str, str]:
         """The ``ctx:<id>`` hash ({} when it is gone)."""
         raw = self.redis.hgetall(self._q(context_id).context(context_id))
-        return {_text(k): _text(v) for k, v in raw.items()}
+        return {str(k): str(v) for k, v in raw.items()}
 
     def renew(self, context_id: str, token: str, now: int | None = None) -> bool:
         """Extend the lease by ``lease_ms`` from now and mark the run as started (an expired lease
@@ -216,10 +209,10 @@ class QueueClient:
         pipe.hgetall(q.context(context_id))
         pipe.get(q.watermark(context_id))
         raw, watermark = pipe.execute()
-        data = {_text(k): _text(v) for k, v in raw.items()}
+        data = {str(k): str(v) for k, v in raw.items()}
         if data.get("cut_messages"):
             self._report_cut(q, context_id)
-        return data, (_text(watermark) if watermark is not None else None)
+        return data, (str(watermark) if watermark is not None else None)
 
     def _report_cut(self, q: QueueKeys, context_id: str) -> None:
         """enqueue.lua cut the oldest messages to stay within context_max_bytes: take its counts
@@ -233,13 +226,13 @@ class QueueClient:
         (messages, cut_bytes), _ = pipe.execute()
         if not messages:
             return
-        self.add_metrics(**{CONTEXT_MESSAGES_CUT: int(messages)})
+        self._metrics.count(context_messages_cut=int(messages))
         log.warning(
             "context %s: %s messages (%s bytes) were cut before extraction to stay within "
             "context_max_bytes",
             context_id,
-            _text(messages),
-            _text(cut_bytes) if cut_bytes is not None else "?",
+            messages,
+            cut_bytes if cut_bytes is not None else "?",
         )
 
     def complete(
@@ -278,7 +271,7 @@ class QueueClient:
     def watermark(self, context_id: str) -> str | None:
         """The stored watermark of a context (None when there is none)."""
         raw = self.redis.get(self._q(context_id).watermark(context_id))
-        return _text(raw) if raw is not None else None
+        return str(raw) if raw is not None else None
 
     def fail(
         self,
@@ -312,14 +305,6 @@ class QueueClient:
         )
         return FailResult(int(raw))
 
-    def add_metrics(self, **counters: int) -> None:
-        """HINCRBY the global counters `memq stats` shows (one round trip, zeros skipped)."""
-        pipe = self.redis.pipeline(transaction=False)
-        for name, amount in counters.items():
-            if amount:
-                pipe.hincrby(self.keys.metrics(), name, amount)
-        pipe.execute()
-
     # --- dead letters (the CLI)
     def dead_list(self, limit: int = 1000) -> list[DeadEntry]:
         """Dead contexts, oldest death first, with their attempt count and last error."""
@@ -329,7 +314,7 @@ class QueueClient:
                 "list[tuple[Any, float]]",
                 self.redis.zrange(shard.dead, 0, limit - 1, withscores=True),
             )
-            rows.extend((_text(member), int(score)) for member, score in found)
+            rows.extend((str(member), int(score)) for member, score in found)
         rows.sort(key=lambda row: row[1])
         rows = rows[:limit]
         pipe = self.redis.pipeline(transaction=False)
@@ -341,7 +326,7 @@ class QueueClient:
                 context_id=context_id,
                 dead_at_ms=dead_at,
                 attempts=int(attempts or 0),
-                last_error=_text(error) if error is not None else "",
+                last_error=str(error) if error is not None else "",
                 expires_at_ms=dead_at + self.settings.dead_retention_ms,
             )
             for (context_id, dead_at), (attempts, error) in zip(rows, details, strict=True)
@@ -373,32 +358,8 @@ class QueueClient:
 
     # --- observing
     def stats(self, now: int | None = None) -> dict[str, Any]:
-        """Queue depths, the lag of the oldest due context, and the global counters."""
-        now = now_ms() if now is None else now
-        pipe = self.redis.pipeline(transaction=False)
-        shards = self.keys.all_shards()
-        for shard in shards:
-            pipe.zcard(shard.due)
-            pipe.zcard(shard.inflight)
-            pipe.zcard(shard.dead)
-            pipe.zrange(shard.due, 0, 0, withscores=True)
-        pipe.hgetall(self.keys.metrics())
-        replies = pipe.execute()
-        due = inflight = dead = 0
-        oldest: float | None = None
-        for index in range(len(shards)):
-            n_due, n_inflight, n_dead, first = replies[index * 4 : index * 4 + 4]
-            due, inflight, dead = due + n_due, inflight + n_inflight, dead + n_dead
-            if first:
-                oldest = first[0][1] if oldest is None else min(oldest, first[0][1])
-        metrics = {_text(k): int(v) for k, v in replies[-1].items()}
-        return {
-            "due": due,
-            "inflight": inflight,
-            "dead": dead,
-            "oldest_due_lag_ms": max(0, now - int(oldest)) if oldest is not None else 0,
-            "metrics": metrics,
-        }
+        """What `memq stats --json` prints: queue depths, lag and the counters."""
+        return summarise(read_snapshot(self.redis, self.settings, now_ms() if now is None else now))
 
     # --- helpers
     def _q(self, context_id: str) -> QueueKeys:
@@ -420,7 +381,7 @@ class QueueClient:
     ) -> Iterable[tuple[QueueKeys, Sequence[str]]]:
         if ids == "all":
             for shard in self.keys.all_shards():
-                members = [_text(m) for m in self.redis.zrange(shard.dead, 0, -1)]
+                members = [str(m) for m in self.redis.zrange(shard.dead, 0, -1)]
                 for start in range(0, len(members), _DEAD_BATCH):
                     yield shard, members[start : start + _DEAD_BATCH]
             return

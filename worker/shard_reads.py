@@ -22,10 +22,6 @@ _MASTER_AWAY: tuple[type[Exception], ...] = (
 )
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def due_members(
     client: RedisClient,
     zsets: Sequence[str],
@@ -67,5 +63,5 @@ def due_members(
             )
             continue
         for position, index in enumerate(indexes):
-            found[index] = [_text(member) for member in replies[position * step]]
+            found[index] = [str(member) for member in replies[position * step]]
     return found

@@ -16,16 +16,15 @@ from memq.core.connection import RedisClient, redis_client
 from memq.core.errors import (
     LLMError,
     MemqError,
-    PermanentLLMError,
-    ResponseParseError,
-    TransientLLMError,
 )
 from memq.core.identity import ContextKey
+from memq.core.metrics import MetricsRecorder
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from storage.base import Fence
 from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient, now_ms
+from worker.retry import retry_delay_ms
 
 if TYPE_CHECKING:
     from worker.batch import BatchLane
@@ -34,11 +33,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memq.extract")
 
-_MAX_RETRY_AFTER_SECONDS = 3600.0  # a server asking for more than an hour is not honoured as is
-
 
 class WorkerRuntime:
-    """Redis client, queue client and extraction pipeline, built lazily once per process.
+    """Redis client, queue client, metrics recorder and extraction pipeline, built lazily once
+    per process.
 
     Lazy because a prefork worker forks after the app is built: connections and the LLM client
     must be created in the child that uses them (the pid check rebuilds after a fork).
@@ -56,6 +54,7 @@ class WorkerRuntime:
         self._pid: int | None = None
         self._redis: RedisClient | None = None
         self._queue: QueueClient | None = None
+        self._metrics: MetricsRecorder | None = None
         self._pipeline: ExtractionPipeline | None = None
         self._batches: BatchQueue | None = None
         self._lane: BatchLane | None = None
@@ -67,6 +66,10 @@ class WorkerRuntime:
     @property
     def queue(self) -> QueueClient:
         return self._base()[1]
+
+    @property
+    def metrics(self) -> MetricsRecorder:
+        return self._base()[2]
 
     @property
     def pipeline(self) -> ExtractionPipeline:
@@ -104,23 +107,24 @@ class WorkerRuntime:
                 )
             return self._lane
 
-    def _base(self) -> tuple[RedisClient, QueueClient]:
+    def _base(self) -> tuple[RedisClient, QueueClient, MetricsRecorder]:
         with self._lock:
             self._check_fork()
             return self._base_locked()
 
-    def _base_locked(self) -> tuple[RedisClient, QueueClient]:
-        if self._redis is None or self._queue is None:
+    def _base_locked(self) -> tuple[RedisClient, QueueClient, MetricsRecorder]:
+        if self._redis is None or self._queue is None or self._metrics is None:
             # Worker-side calls ride out a short Redis restart (a few seconds) instead of failing
             # the run's settlement and leaving its context to wait for its lease.
             self._redis = redis_client(self.settings, outage_retries=8)
             self._queue = QueueClient(self.settings, self._redis)
+            self._metrics = MetricsRecorder.for_settings(self.settings, self._redis)
             self._pid = os.getpid()
-        return self._redis, self._queue
+        return self._redis, self._queue, self._metrics
 
     def _check_fork(self) -> None:
         if self._pid is not None and self._pid != os.getpid():
-            self._redis = self._queue = self._pipeline = None
+            self._redis = self._queue = self._pipeline = self._metrics = None
             self._batches = self._lane = None
             self._pid = None
 
@@ -130,7 +134,6 @@ def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPip
     so the ticker and the app factory never load the LLM client)."""
     from storage import get_storage
     from worker.llm import build_update_model
-    from worker.metrics import MetricsRecorder
     from worker.pipeline import ExtractionPipeline
 
     return ExtractionPipeline(
@@ -140,18 +143,6 @@ def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPip
             settings, observe=MetricsRecorder.for_settings(settings, client).llm_request
         ),
     )
-
-
-def backoff_ms(
-    attempts: int, settings: MemqSettings, retry_after_seconds: float | None = None
-) -> int:
-    """Delay before the next try after ``attempts`` earlier failures: exponential from
-    ``retry_backoff_seconds``, capped, but never shorter than a server's Retry-After."""
-    delay = settings.retry_backoff_seconds * (2 ** min(max(attempts, 0), 20))
-    delay = min(delay, settings.retry_backoff_max_seconds)
-    if retry_after_seconds is not None and retry_after_seconds > 0:
-        delay = max(delay, min(retry_after_seconds, _MAX_RETRY_AFTER_SECONDS))
-    return int(delay * 1000)
 
 
 def describe_args(context_id: str, version: int) -> str:
@@ -164,39 +155,11 @@ def describe_args(context_id: str, version: int) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How a failed run is tried again."""
-
-    retry: bool  # False: permanent, the context is dead at once
-    honour_retry_after: bool = False  # wait at least the server's Retry-After
-
-
-# The first entry the error is an instance of applies (most specific first).
-RETRY_POLICIES: tuple[tuple[type[Exception], RetryPolicy], ...] = (
-    (PermanentLLMError, RetryPolicy(retry=False)),
-    (TransientLLMError, RetryPolicy(retry=True, honour_retry_after=True)),
-    # LLMs are nondeterministic: the next answer may parse.
-    (ResponseParseError, RetryPolicy(retry=True)),
-    # Never lose the key: anything else is retried until max_attempts.
-    (Exception, RetryPolicy(retry=True)),
-)
-
-
-def retry_delay_ms(exc: Exception, attempts: int, settings: MemqSettings) -> int | None:
-    """Milliseconds until the next try after ``exc`` and ``attempts`` earlier failures; None when
-    the error is permanent."""
-    policy = next(policy for kind, policy in RETRY_POLICIES if isinstance(exc, kind))
-    if not policy.retry:
-        return None
-    retry_after = getattr(exc, "retry_after_seconds", None) if policy.honour_retry_after else None
-    return backoff_ms(attempts, settings, retry_after)
-
-
-@dataclass(frozen=True, slots=True)
 class _Run:
     """One claimed run: what its settlement and its log line name."""
 
     queue: QueueClient
+    metrics: MetricsRecorder
     context_id: str
     token: str
     version: int
@@ -216,7 +179,7 @@ def extract(
     clock: Callable[[], int] = now_ms,
 ) -> dict[str, Any]:
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
-    run = _Run(runtime.queue, context_id, token, version, clock(), clock)
+    run = _Run(runtime.queue, runtime.metrics, context_id, token, version, clock(), clock)
     data, watermark = run.queue.load_run(context_id)
     if not _start(run, data):
         return {"outcome": "stale"}
@@ -260,7 +223,7 @@ def _start(run: _Run, data: dict[str, Any]) -> bool:
         run.context_id,
         run.version,
     )
-    run.queue.add_metrics(stale_runs=1)
+    run.metrics.stale_run()
     return False
 
 
@@ -300,19 +263,21 @@ def _run_pipeline(
 
 
 def _completed(run: _Run, context: ConversationContext, report: ExtractionReport) -> dict[str, Any]:
-    """Settle a run that saved (or had nothing to save)."""
+    """Settle a run that saved (or had nothing to save); counted under its outcome even when
+    the claim went stale after the save, since what it saved stays."""
     # The watermark advances with the settlement, never before: a run that fails or lost its
     # claim leaves it where it was, so its messages are sent again.
     settled = run.queue.complete(
         run.context_id, run.token, run.clock(), watermark=report.watermark, more=report.more
     )
     duration = run.clock() - run.started
-    run.queue.add_metrics(
-        extractions=1,
-        prompt_tokens=report.prompt_tokens,
-        completion_tokens=report.completion_tokens,
-        facts_invalid=report.facts_invalid,
-        facts_refused=report.facts_refused,
+    run.metrics.extraction(
+        report.outcome,
+        {
+            **_usage(report),
+            "facts_invalid": report.facts_invalid,
+            "facts_refused": report.facts_refused,
+        },
     )
     log.info(
         "extraction key=%s version=%d outcome=%s facts_added=%d facts_removed=%d "
@@ -342,11 +307,7 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
 def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
     """A run whose claim was lost before it could save: its answer is dropped (the current claim
     extracts the same messages), its tokens were spent all the same."""
-    run.queue.add_metrics(
-        stale_runs=1,
-        prompt_tokens=report.prompt_tokens,
-        completion_tokens=report.completion_tokens,
-    )
+    run.metrics.stale_run(_usage(report))
     log.warning(
         "extraction key=%s version=%d outcome=stale answer discarded: %s prompt_tokens=%d "
         "completion_tokens=%d duration_ms=%d",
@@ -361,12 +322,19 @@ def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
     return {"outcome": "stale", "queue": "stale"}
 
 
+def _usage(report: ExtractionReport) -> dict[str, int]:
+    """What a run spent, for the counters of the same names."""
+    return {"prompt_tokens": report.prompt_tokens, "completion_tokens": report.completion_tokens}
+
+
 def _failed(run: _Run, exc: BaseException, retry_at_ms: int | None) -> dict[str, Any]:
     """Settle a failed run: retry at ``retry_at_ms`` or, when None, dead at once."""
     reason = public_reason(exc)
     settled = run.queue.fail(run.context_id, run.token, reason, retry_at_ms, run.clock())
-    if settled is not FailResult.STALE:
-        run.queue.add_metrics(failures=1, dead=int(settled is FailResult.DEAD))
+    if settled is FailResult.STALE:
+        run.metrics.stale_run()
+    else:
+        run.metrics.extraction("dead" if settled is FailResult.DEAD else "retry")
     log.warning(
         "extraction key=%s version=%d outcome=%s error=%s duration_ms=%d%s",
         run.context_id,

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from memq.core.metrics import MetricsRecorder
 from worker.batch_queue import BatchQueue
-from worker.metrics import MetricsRecorder
 from worker.queue import Claim, QueueClient, now_ms
 
 log = logging.getLogger("memq.tick")

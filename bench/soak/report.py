@@ -52,7 +52,7 @@ def _lost_line(result: SoakResult, turn: Turn) -> str:
 def render(result: SoakResult) -> list[str]:
     v, c = result.verdict, result.config
     stats = result.producer_stats
-    extractions = int(result.queue_stats.get("metrics", {}).get("extractions", 0))
+    extractions = int(result.queue_stats.get("completed_total", 0))
     answered = int(result.model_outcomes.get("ok", 0))
     calls_per = result.model_calls / answered if answered else float("nan")
     lags = v.lags_ms

@@ -240,7 +240,7 @@ class Stack:
         client = self.client()
         try:
             stats = QueueClient(self.settings, client).stats()
-            return int(stats["metrics"].get("extractions", 0))
+            return int(stats["completed_total"])
         except redis.RedisError:
             return None
         finally:

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 import regex
 
 from memq.core.errors import MemqError
 from memq.core.identity import ANONYMOUS_USER_ID, describe_user
+from memq.core.redis_urls import mask_url as mask_url  # where the commands import it from
 from memq.core.settings import MemqSettings, load_settings
 
 if TYPE_CHECKING:
@@ -27,35 +26,6 @@ Runner = Callable[[argparse.Namespace, "CommandContext"], int]
 
 class CommandError(MemqError):
     """Bad input to a command (unknown user, unusable file): one line for the operator."""
-
-
-_USERINFO = re.compile(r"(://[^:@/;,]*):[^@/;,]*@")
-_SECRET_QUERY = re.compile(r"(?i)((?:^|&)(?:password|pass|pwd|token|api_key|key|secret)=)[^&]*")
-
-
-def mask_url(url: str) -> str:
-    """The URL with its password (in the user part or a ``password=``-like query parameter)
-    replaced by ``***``; user names stay, they help debugging."""
-    if any(sep in url.partition("://")[2].partition("/")[0] for sep in ",;"):
-        # Several hosts (a cluster, Sentinels, kombu's `sentinel://a;sentinel://b`): urlsplit
-        # cannot read their ports; mask each `user:password@` in place.
-        masked = _USERINFO.sub(r"\1:***@", url)
-        head, question, query = masked.partition("?")
-        return head + question + _SECRET_QUERY.sub(r"\1***", query)
-    try:
-        parts = urlsplit(url)
-        password, port = parts.password, parts.port
-    except ValueError:
-        return "<unparsable url>"
-    if password is not None:
-        user = parts.username or ""
-        host = parts.hostname or ""
-        if ":" in host:  # IPv6 literal
-            host = f"[{host}]"
-        parts = parts._replace(netloc=f"{user}:***@{host}" + (f":{port}" if port else ""))
-    if parts.query:
-        parts = parts._replace(query=_SECRET_QUERY.sub(r"\1***", parts.query))
-    return urlunsplit(parts)
 
 
 class CommandContext:
@@ -85,8 +55,7 @@ class CommandContext:
         if self._storage is None:
             from storage import get_storage
 
-            redis = self.redis if self.settings.storage == "redis" else None
-            self._storage = get_storage(self.settings, redis=redis)
+            self._storage = get_storage(self.settings, redis=self.redis)
         return self._storage
 
     def close(self) -> None:

@@ -118,7 +118,11 @@ DESCRIPTIONS: dict[str, str] = {
         "per user and agent, on this host only)"
     ),
     "storage_dir": "folder of the file storage; a relative path is made absolute at load",
-    "storage_lock_timeout_seconds": "wait for the per-(user, agent) lock before giving up",
+    "storage_lock_timeout_seconds": (
+        "how long one update may wait for other writers of the same (user, agent) document: "
+        "the file lock (file storage) or retries after a concurrent save (Redis storage, which "
+        "takes no lock)"
+    ),
     "storage_cache_max_documents": "file storage: parsed documents a process keeps in memory "
     "(least recently used dropped first; 0 = no cache)",
     "history_max_entries": "change-history entries kept per document",

@@ -280,21 +280,22 @@ def check_timing(settings: MemqSettings) -> list[Check]:
 
 def check_storage(settings: MemqSettings) -> list[Check]:
     """Where memory documents live, and whether every process of a deployment sees them."""
-    if settings.storage == "redis":
+    from storage.backends import backend_for
+
+    backend = backend_for(settings)
+    where = f"memory documents {backend.where(settings)} ({backend.name} storage)"
+    if backend.shared_across_hosts:
         return [
             Check(
-                "ok",
-                "storage",
-                f"memory documents in Redis at {mask_url(settings.redis_url)}: shared by every "
-                "worker and agent that uses this Redis",
+                "ok", "storage", f"{where}: shared by every worker and agent that uses this Redis"
             )
         ]
     return [
         Check(
             "warn",
             "storage",
-            f"file storage in {settings.storage_dir}: only processes on this host that use this "
-            "folder see the memory; workers on other hosts write documents agents here never read",
+            f"{where}: only processes on this host that use them see the memory; workers on "
+            "other hosts write documents agents here never read",
             "unset MEMQ_STORAGE (Redis storage, the default) unless every worker runs on this host",
         )
     ]
@@ -325,14 +326,15 @@ def check_ticker(
     client: RedisClient, settings: MemqSettings, now_ms: int | None = None
 ) -> list[Check]:
     """Whether beat ticks: its heartbeat is the time of the last tick, kept in Redis."""
-    from worker.metrics import read_metrics
+    from memq.core.metrics import read_snapshot
     from worker.queue import now_ms as clock
 
-    last = read_metrics(client, settings).last_tick_ms
+    now = clock() if now_ms is None else now_ms
+    last = read_snapshot(client, settings, now).metrics.last_tick_ms
     fix = "start `celery -A worker.app beat` (or `memq up`); due contexts wait until it ticks"
     if last is None:
         return [Check("warn", "ticker", "no tick recorded yet for this key prefix", fix)]
-    age = ((clock() if now_ms is None else now_ms) - last) / 1000
+    age = (now - last) / 1000
     if age > max(10 * settings.tick_seconds, 30.0):
         return [Check("warn", "ticker", f"last tick {age:.0f} s ago: beat looks down", fix)]
     return [Check("ok", "ticker", f"last tick {max(age, 0.0):.1f} s ago")]

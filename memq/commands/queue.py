@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memq.commands.common import (
     CommandContext,
@@ -16,9 +15,6 @@ from memq.commands.common import (
     read_json_file,
     shown,
 )
-
-if TYPE_CHECKING:
-    from worker.metrics import MetricsSnapshot, ShardGauges
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -103,13 +99,10 @@ def _queue(context: CommandContext) -> Any:
 
 
 def run_stats(args: argparse.Namespace, context: CommandContext) -> int:
-    from worker.metrics import read_metrics, read_shards
+    from memq.core.metrics import read_snapshot, summarise
     from worker.queue import now_ms
 
-    now = now_ms()
-    shards = read_shards(context.redis, context.settings, now)
-    snapshot = read_metrics(context.redis, context.settings)
-    stats = stats_summary(shards, snapshot, now)
+    stats = summarise(read_snapshot(context.redis, context.settings, now_ms()))
     if args.json:
         print_json(stats)
         return 0
@@ -117,50 +110,10 @@ def run_stats(args: argparse.Namespace, context: CommandContext) -> int:
     return 0
 
 
-def stats_summary(shards: list[ShardGauges], snapshot: MetricsSnapshot, now: int) -> dict[str, Any]:
-    """Everything `memq stats` knows, as plain data (what `--json` prints)."""
-    return {
-        "due": sum(s.due for s in shards),
-        "inflight": sum(s.inflight for s in shards),
-        "dead": sum(s.dead for s in shards),
-        "oldest_due_lag_ms": max((s.oldest_due_lag_ms for s in shards), default=0),
-        "last_tick_age_ms": None if snapshot.last_tick_ms is None else now - snapshot.last_tick_ms,
-        "shards": [asdict(s) for s in shards],
-        "extractions": {
-            outcome: snapshot.extractions[outcome]
-            for outcome in sorted(snapshot.extractions, key=_outcome_order)
-        },
-        "dead_lettered_total": snapshot.dead_lettered,
-        "stale_runs": snapshot.stale_runs,
-        "queue": {
-            "claimed": snapshot.tick_claimed,
-            "leases_expired": snapshot.leases_expired,
-            "leases_expired_dead": snapshot.leases_dead,
-            "released": snapshot.tick_released,
-            "deferred": snapshot.tick_deferred,
-        },
-        "llm_requests": dict(sorted(snapshot.llm_requests.items())),
-        "llm_latency_mean_seconds": (
-            snapshot.llm_latency_sum_seconds / snapshot.llm_latency_count
-            if snapshot.llm_latency_count
-            else None
-        ),
-        "prompt_tokens": snapshot.prompt_tokens,
-        "completion_tokens": snapshot.completion_tokens,
-        "forgets": snapshot.forgets,
-        "context_messages_cut": snapshot.context_messages_cut,
-    }
-
-
-def _outcome_order(outcome: str) -> tuple[int, str]:
-    from worker.metrics import EXTRACTION_OUTCOMES
-
-    known = EXTRACTION_OUTCOMES.index(outcome) if outcome in EXTRACTION_OUTCOMES else 99
-    return known, outcome
-
-
 def stats_rows(stats: dict[str, Any]) -> list[tuple[str, object]]:
     """The table: current depths first, then totals since the counters began."""
+    from memq.core.metrics import COUNTERS
+
     tick_age = stats["last_tick_age_ms"]
     rows: list[tuple[str, object]] = [
         ("due", stats["due"]),
@@ -183,26 +136,13 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, object]]:
         (f"extractions: {names.get(outcome, outcome)}", count)
         for outcome, count in stats["extractions"].items()
     ]
-    rows += [
-        ("dead-lettered in total (failed runs + expired leases)", stats["dead_lettered_total"]),
-        ("stale runs discarded (lost their claim)", stats["stale_runs"]),
-    ]
-    queue = stats["queue"]
-    rows += [
-        ("queue: claimed and dispatched", queue["claimed"]),
-        ("queue: leases expired, back to due", queue["leases_expired"]),
-        ("queue: released (broker refused the send)", queue["released"]),
-        ("queue: deferred (user at in-flight cap)", queue["deferred"]),
-    ]
+    rows.append(
+        ("dead-lettered in total (failed runs + expired leases)", stats["dead_lettered_total"])
+    )
     rows += [(f"LLM requests: {result}", n) for result, n in stats["llm_requests"].items()]
     if stats["llm_latency_mean_seconds"] is not None:
         rows.append(("LLM latency, mean", f"{stats['llm_latency_mean_seconds']:.2f} s"))
-    rows += [
-        ("prompt tokens", stats["prompt_tokens"]),
-        ("completion tokens", stats["completion_tokens"]),
-        ("users forgotten", stats["forgets"]),
-        ("messages cut to context_max_bytes", stats["context_messages_cut"]),
-    ]
+    rows += [(counter.text, stats[counter.field]) for counter in COUNTERS]
     return rows
 
 

@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
     from memq.stack import Stack, StackOptions, uses_private_redis
+    from storage.backends import backend_for
 
     settings = context.settings
     if not uses_private_redis(settings):
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     where = "private redis-server, AOF in " + str(settings.data_dir / "redis")
     if not uses_private_redis(settings):
         where = "from MEMQ_REDIS_URL"
-    where_memory = settings.storage_dir if settings.storage == "file" else "in Redis"
+    where_memory = backend_for(settings).where(settings)
     lines = [
         f"memq up: Redis {mask_url(stack.agent_url)} ({where})",
         f"  storage: {settings.storage} ({where_memory})",

@@ -75,10 +75,6 @@ class QueueKeys:
     def dead(self) -> str:
         return f"{self.tag}:dead"
 
-    @property
-    def stats(self) -> str:
-        return f"{self.tag}:stats"
-
     def context(self, context_id: str) -> str:
         return f"{self.tag}:ctx:{context_id}"
 

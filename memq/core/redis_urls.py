@@ -9,9 +9,10 @@ Pure parsing, so settings validation, the connection factory and the broker wiri
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from memq.core.errors import ConfigError
 
@@ -136,3 +137,32 @@ def _kombu_sentinel_url(target: RedisTarget) -> str:
         auth = f"{target.username or ''}:{target.password or ''}@"
     nodes = ";".join(f"sentinel://{auth}{host}:{port}" for host, port in target.hosts)
     return f"{nodes}/{target.db}"
+
+
+_USERINFO = re.compile(r"(://[^:@/;,]*):[^@/;,]*@")
+_SECRET_QUERY = re.compile(r"(?i)((?:^|&)(?:password|pass|pwd|token|api_key|key|secret)=)[^&]*")
+
+
+def mask_url(url: str) -> str:
+    """The URL with its password (in the user part or a ``password=``-like query parameter)
+    replaced by ``***``; user names stay, they help debugging."""
+    if any(sep in url.partition("://")[2].partition("/")[0] for sep in ",;"):
+        # Several hosts (a cluster, Sentinels, kombu's `sentinel://a;sentinel://b`): urlsplit
+        # cannot read their ports; mask each `user:password@` in place.
+        masked = _USERINFO.sub(r"\1:***@", url)
+        head, question, query = masked.partition("?")
+        return head + question + _SECRET_QUERY.sub(r"\1***", query)
+    try:
+        parts = urlsplit(url)
+        password, port = parts.password, parts.port
+    except ValueError:
+        return "<unparsable url>"
+    if password is not None:
+        user = parts.username or ""
+        host = parts.hostname or ""
+        if ":" in host:  # IPv6 literal
+            host = f"[{host}]"
+        parts = parts._replace(netloc=f"{user}:***@{host}" + (f":{port}" if port else ""))
+    if parts.query:
+        parts = parts._replace(query=_SECRET_QUERY.sub(r"\1***", parts.query))
+    return urlunsplit(parts)

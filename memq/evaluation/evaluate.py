@@ -270,7 +270,7 @@ def _runner(
 
     redis = redis_client(settings, socket_timeout=10.0, max_connections=32)
     resources.callback(redis.close)
-    storage = get_storage(settings, redis=redis if settings.storage == "redis" else None)
+    storage = get_storage(settings, redis=redis)
     producer = resources.enter_context(MemoryProducer(settings))
     options = RunOptions(
         answer_model=models.answer,

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from html import escape
 from typing import Any
 
+from memq.core.metrics import parse_metrics
 from memq.evaluation.dataset import EvalSet
 from memq.evaluation.estimate import Estimate
 from memq.evaluation.scoring import (
@@ -27,7 +28,6 @@ from memq.evaluation.scoring import (
     extraction_score,
     per_thousand_turns,
 )
-from worker.metrics import parse_metrics
 
 # Names other versions of the metrics hash may give cached prompt tokens; absent: not recorded.
 CACHED_TOKEN_FIELDS = ("cached_tokens", "prompt_cached_tokens", "cached_prompt_tokens")
@@ -60,9 +60,9 @@ def extraction_usage(delta: Mapping[str, int]) -> tuple[Usage, bool]:
     cached_field = next((f for f in CACHED_TOKEN_FIELDS if f in delta), None)
     usage = Usage(
         calls=sum(snapshot.llm_requests.values()),
-        prompt_tokens=snapshot.prompt_tokens,
+        prompt_tokens=snapshot["prompt_tokens"],
         cached_tokens=delta[cached_field] if cached_field else 0,
-        completion_tokens=snapshot.completion_tokens,
+        completion_tokens=snapshot["completion_tokens"],
     )
     return usage, cached_field is not None
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from memq.core.errors import MemqError
 from memq.core.identity import ContextKey
-from memq.core.keys import KeySchema
+from memq.core.metrics import read_counts
 from memq.core.settings import MemqSettings
 from memq.evaluation.checkpoint import Checkpoint
 from memq.evaluation.dataset import (
@@ -329,17 +329,7 @@ class Runner:
 
     # --- the extraction spend
     def read_metrics(self) -> dict[str, int]:
-        raw = self._redis.hgetall(
-            KeySchema(self.settings.key_prefix, self.settings.shards).metrics()
-        )
-        values: dict[str, int] = {}
-        for key, value in raw.items():
-            name = key.decode() if isinstance(key, bytes) else str(key)
-            try:
-                values[name] = int(value)
-            except (TypeError, ValueError):
-                continue
-        return values
+        return read_counts(self._redis, self.settings)
 
     def erase_users(self) -> int:
         from storage.erasure import erase

@@ -50,6 +50,7 @@ from prompts.injection import format_memory_for_injection
 from prompts.tokens import make_token_counter
 from storage import get_storage
 from storage.document import MemoryDocument
+from storage.erasure import erase_scripts
 from storage.location import check_reader
 from storage.search import warm as warm_search
 
@@ -66,6 +67,7 @@ class MemqMemoryManager(ManagementCalls, MemoryManager):
     _settings: Any = PrivateAttr(default=None)
     _redis: Any = PrivateAttr(default=None)
     _storage: Any = PrivateAttr(default=None)
+    _erase_lua: Any = PrivateAttr(default=None)
     _producer: Any = PrivateAttr(default=None)
     _counter: Any = PrivateAttr(default=None)
     _keep_hidden: Any = PrivateAttr(default=None)
@@ -79,9 +81,8 @@ class MemqMemoryManager(ManagementCalls, MemoryManager):
         settings = given if isinstance(given, MemqSettings) else settings_for(self.backend_config)
         self._settings = settings
         self._redis = redis_client(settings, socket_timeout=3.0)
-        self._storage = get_storage(
-            settings, redis=self._redis if settings.storage == "redis" else None
-        )
+        self._storage = get_storage(settings, redis=self._redis)
+        self._erase_lua = erase_scripts(self._redis)
         self._producer = MemoryProducer(settings)
         # get_context runs before an agent's turn: memq's injector read, on its own client with
         # the short injector timeout and the skip-until back-off (strict: it raises, and

@@ -30,6 +30,7 @@ from memq.core.errors import (
     StorageError,
 )
 from memq.core.settings import MemqSettings, load_settings, settings_values
+from storage.backends import backend_for
 from storage.management import valid_confidence, valid_content
 
 log = logging.getLogger("memq.integrations.deerflow")
@@ -68,8 +69,9 @@ def settings_for(backend_config: Mapping[str, Any]) -> MemqSettings:
         # DeerMem's own knobs (model, patterns_dir, storage_class, …) mean nothing to memq.
         log.info("memq: backend_config keys without a memq setting, ignored: %s", ignored)
     settings = load_settings(**values)
-    if settings.storage == "file":
-        _usable_folder(settings.storage_dir, source)
+    folder = backend_for(settings).folder(settings)
+    if folder is not None:
+        _usable_folder(folder, source)
     return settings
 
 

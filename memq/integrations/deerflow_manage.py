@@ -23,12 +23,13 @@ from memq.integrations.deerflow_boundary import (
 )
 from memq.integrations.deerflow_format import deerflow_document, with_user_summaries
 from storage.document import MemoryDocument, empty_document
-from storage.erasure import ALL_AGENTS, erase
+from storage.erasure import ALL_AGENTS, ErasureReport, erase
 from storage.management import DuplicateFact
 from storage.management import MemoryManager as FactManager
 
 if TYPE_CHECKING:
     from memq.core.connection import RedisClient
+    from memq.core.scripts import LuaScripts
     from memq.core.settings import MemqSettings
     from storage.base import MemoryStorage
 
@@ -40,9 +41,16 @@ class ManagementCalls:
     if TYPE_CHECKING:
         _redis: RedisClient
         _storage: MemoryStorage
+        _erase_lua: LuaScripts
 
         @property
         def settings(self) -> MemqSettings: ...
+
+    def _erase(self, user: str, **options: Any) -> ErasureReport:
+        """:func:`storage.erasure.erase` with the scripts this manager registered once."""
+        return erase(
+            self.settings, self._redis, self._storage, user, scripts=self._erase_lua, **options
+        )
 
     def _facts(self) -> FactManager:
         return FactManager(
@@ -87,7 +95,7 @@ class ManagementCalls:
     def delete_memory(self, *, user_id: str | None = None, agent_name: str | None = None) -> None:
         user, agent = self._scope(user_id, agent_name)
         with management_errors():
-            erase(self.settings, self._redis, self._storage, user, agent_name=agent)
+            self._erase(user, agent_name=agent)
 
     def discard_pending_updates(self, *, user_id: str | None, agent_name: str | None) -> int:
         """DeerFlow's hook on agent deletion (probed with ``getattr``): the agent's queued work
@@ -96,14 +104,7 @@ class ManagementCalls:
         (the user-level memory is not an agent's to delete). Returns the contexts discarded."""
         user, agent = self._scope(user_id, agent_name)
         with management_errors():
-            report = erase(
-                self.settings,
-                self._redis,
-                self._storage,
-                user,
-                agent_name=agent,
-                documents=agent is not None,
-            )
+            report = self._erase(user, agent_name=agent, documents=agent is not None)
         return report.pending + report.in_flight + report.dead
 
     def clear_memory(
@@ -116,13 +117,7 @@ class ManagementCalls:
         with management_errors():
             # Queued work first: deleting a context takes its claim, so a run in flight for
             # this user can no longer save and re-create what is cleared (DeerFlow #5093).
-            erase(
-                self.settings,
-                self._redis,
-                self._storage,
-                user,
-                agent_name=ALL_AGENTS if agent_name is None else agent,
-            )
+            self._erase(user, agent_name=ALL_AGENTS if agent_name is None else agent)
         if agent_name is None:
             return deerflow_document(empty_document())
         return self._document(user, agent)
@@ -201,8 +196,6 @@ class ManagementCalls:
                 raise KeyError(fact_id)
             # Pending work of this thread may still hold the sentence the fact came from; it
             # goes, so no extraction re-learns what the user just deleted.
-            erase(
-                self.settings, self._redis, self._storage, user, agent_name=agent, documents=False
-            )
+            self._erase(user, agent_name=agent, documents=False)
             self._facts().delete_fact(user, fact_id, agent_name=agent)
         return self._document(user, agent)

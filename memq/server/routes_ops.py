@@ -34,16 +34,17 @@ def healthz() -> dict[str, str]:
 )
 def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
     """Redis answers and beat ticks (readiness): 200, else 503 naming what is missing."""
-    from worker.metrics import read_metrics
+    from memq.core.metrics import read_snapshot
     from worker.queue import now_ms
 
+    now = now_ms()
     try:
         svc.redis.ping()
-        snapshot = read_metrics(svc.redis, svc.settings)
+        snapshot = read_snapshot(svc.redis, svc.settings, now).metrics
     except REDIS_ERRORS:
         return problem(503, "Redis does not answer")
     last = snapshot.last_tick_ms
-    age_ms = None if last is None else max(0, now_ms() - last)
+    age_ms = None if last is None else max(0, now - last)
     limit_ms = max(10_000, int(svc.settings.tick_seconds * 1000 * _TICK_GRACE))
     if age_ms is None or age_ms > limit_ms:
         seen = "never" if age_ms is None else f"{age_ms / 1000:.0f} s ago"
@@ -54,13 +55,10 @@ def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
 @router.get("/v1/queue/stats", tags=["ops"], dependencies=[Depends(ADMIN)])
 def queue_stats(svc: Service) -> dict[str, Any]:
     """Queue depths, lag, extraction outcomes and tokens (what `memq stats --json` prints)."""
-    from memq.commands.queue import stats_summary
-    from worker.metrics import read_metrics, read_shards
+    from memq.core.metrics import read_snapshot, summarise
     from worker.queue import now_ms
 
-    now = now_ms()
-    shards = read_shards(svc.redis, svc.settings, now)
-    return stats_summary(shards, read_metrics(svc.redis, svc.settings), now)
+    return summarise(read_snapshot(svc.redis, svc.settings, now_ms()))
 
 
 class DeadLetter(BaseModel):

@@ -58,15 +58,11 @@ class MemqService:
             if redis is not None
             else redis_client(settings, socket_timeout=_STORAGE_TIMEOUT_SECONDS)
         )
-        self.storage: MemoryStorage = get_storage(
-            settings, redis=self.redis if settings.storage == "redis" else None
-        )
+        self.storage: MemoryStorage = get_storage(settings, redis=self.redis)
         # The agent-facing read (the block before a turn): its own client with the injector's
         # short timeout, as in an agent process (the injector backs off and fails open past it).
         self._read_redis = redis_client(settings, socket_timeout=settings.injector_timeout_seconds)
-        self._read_storage = get_storage(
-            settings, redis=self._read_redis if settings.storage == "redis" else None
-        )
+        self._read_storage = get_storage(settings, redis=self._read_redis)
         # Its own client with the producer's short timeouts: a hand-off costs one round trip.
         self.producer = MemoryProducer(settings)
         self.manager = MemoryManager(self.storage, max_facts=settings.max_facts)

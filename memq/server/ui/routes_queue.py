@@ -19,14 +19,13 @@ DONE = {"retried": "retried (due now)", "purged": "purged"}
 
 
 def _stats(page: Page) -> dict[str, Any]:
-    from memq.commands.queue import stats_rows, stats_summary
-    from worker.metrics import read_metrics, read_shards
+    from memq.commands.queue import stats_rows
+    from memq.core.metrics import read_snapshot, summarise
     from worker.queue import now_ms
 
     svc = page.svc
     now = now_ms()
-    shards = read_shards(svc.redis, svc.settings, now)
-    summary = stats_summary(shards, read_metrics(svc.redis, svc.settings), now)
+    summary = summarise(read_snapshot(svc.redis, svc.settings, now))
     return {
         "now_ms": now,
         "rows": [[label, str(value)] for label, value in stats_rows(summary)],

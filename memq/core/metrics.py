@@ -1,0 +1,330 @@
+"""What memq counts, kept in one Redis hash so that every worker process on every host adds to
+the same figures; `memq stats` and the Prometheus exporter read them back through one snapshot.
+
+:class:`MetricsRecorder` is the only writer of the metrics hash (``<prefix>:metrics``) and
+:func:`read_snapshot` its only reader. Counters are HINCRBY on fields of the hash. The LLM
+latency histogram is one field per bucket (each holds the count of that bucket alone; readers
+accumulate) plus a count and a sum in milliseconds. The ticker's heartbeat is the time of its
+last tick. Field names carry no user or thread ids, so the hash stays small whatever the traffic.
+
+It sits in the bottom layer so that every writer, storage's erasure included, uses it.
+
+Recording never raises into a task: a figure lost to a Redis hiccup (or to anything else) is
+better than an extraction that fails because of its bookkeeping.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from memq.core.connection import RedisClient
+from memq.core.keys import KeySchema
+from memq.core.settings import MemqSettings
+
+log = logging.getLogger(__name__)
+
+# --- field names of the metrics hash that carry a label (one field per value of the label)
+EXTRACTIONS = "extractions:"  # + outcome: updated, unchanged, skipped, retry, dead
+LLM_REQUESTS = "llm_requests:"  # + result: ok, timeout, unreachable, rate_limited, ...
+LLM_LATENCY_BUCKET = "llm_latency_le:"  # + upper bound in seconds, or +Inf
+LLM_LATENCY_COUNT = "llm_latency_count"
+LLM_LATENCY_SUM_MS = "llm_latency_sum_ms"
+LAST_TICK_MS = "last_tick_ms"
+
+# updated/unchanged: saved; skipped: nothing new since the last run; retry/dead: failed.
+EXTRACTION_OUTCOMES = ("updated", "unchanged", "skipped", "retry", "dead")
+LATENCY_BUCKETS_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """One plain counter: its field in the hash (the exporter serves it as
+    ``memq_<field>_total``) and what it counts (the exporter's help, the `memq stats` row)."""
+
+    field: str
+    text: str
+
+
+# Every plain counter. Adding one is one line here: the recorder accepts it (in ``usage`` or
+# through :meth:`MetricsRecorder.count`), the snapshot reads it, `memq stats` and the exporter
+# show it. A name not listed here is never written.
+COUNTERS: Final[tuple[Counter, ...]] = (
+    Counter("prompt_tokens", "prompt tokens"),
+    Counter("completion_tokens", "completion tokens"),
+    Counter("stale_runs", "stale runs discarded (lost their claim)"),
+    Counter("facts_invalid", "new facts of saved answers dropped: they did not validate"),
+    Counter("facts_refused", "new facts refused: only assistant messages said them"),
+    Counter("forgets", "users forgotten"),
+    Counter("tick_claimed", "queue: claimed and dispatched"),
+    Counter("leases_expired", "queue: leases expired, back to due"),
+    Counter("leases_dead", "queue: leases expired past max attempts, dead-lettered"),
+    Counter("tick_released", "queue: released (broker refused the send)"),
+    Counter("tick_deferred", "queue: deferred (user at in-flight cap)"),
+    Counter("context_messages_cut", "messages cut to context_max_bytes"),
+    Counter("batch_prompt_tokens", "batch lane: prompt tokens (apart from prompt_tokens)"),
+    Counter("batch_completion_tokens", "batch lane: completion tokens"),
+    Counter("batch_jobs_created", "batch lane: jobs created"),
+    Counter("batch_requests_sent", "batch lane: requests sent in jobs"),
+    Counter("batch_applied", "batch lane: answers applied"),
+    Counter("batch_fallbacks", "batch lane: sent back to synchronous calls"),
+    Counter("batch_stale", "batch lane: answers discarded (claim moved on)"),
+)
+COUNTER_FIELDS: Final = frozenset(c.field for c in COUNTERS)
+
+
+class TickFigures(Protocol):
+    """What one tick reports (``worker.tick.TickReport``)."""
+
+    @property
+    def claimed(self) -> int: ...
+    @property
+    def released(self) -> int: ...
+    @property
+    def requeued(self) -> int: ...
+    @property
+    def dead(self) -> int: ...
+    @property
+    def deferred(self) -> int: ...
+
+
+def latency_bucket(seconds: float) -> str:
+    """The histogram field a latency lands in (its smallest upper bound)."""
+    for bound in LATENCY_BUCKETS_SECONDS:
+        if seconds <= bound:
+            return f"{LLM_LATENCY_BUCKET}{bound:g}"
+    return f"{LLM_LATENCY_BUCKET}+Inf"
+
+
+class MetricsRecorder:
+    """Adds to the shared metrics hash; one round trip per call, errors logged, never raised."""
+
+    def __init__(self, client: RedisClient, key: str) -> None:
+        self._client = client
+        self._key = key
+
+    @classmethod
+    def for_settings(cls, settings: MemqSettings, client: RedisClient) -> MetricsRecorder:
+        return cls(client, KeySchema(settings.key_prefix, settings.shards).metrics())
+
+    def extraction(self, outcome: str, usage: Mapping[str, int] | None = None) -> None:
+        """One run ended with ``outcome``; ``usage`` adds to counters (tokens, facts dropped)."""
+        self._add({f"{EXTRACTIONS}{outcome}": 1}, usage)
+
+    def stale_run(self, usage: Mapping[str, int] | None = None) -> None:
+        """A run that had lost its claim: nothing of it is kept, what it spent still counts."""
+        self._add({"stale_runs": 1}, usage)
+
+    def forget(self) -> None:
+        self._add({"forgets": 1})
+
+    def count(self, **counters: int) -> None:
+        """Add to named counters of :data:`COUNTERS`."""
+        self._add({}, counters)
+
+    def llm_request(self, result: str, seconds: float) -> None:
+        self._add(
+            {
+                f"{LLM_REQUESTS}{result}": 1,
+                latency_bucket(seconds): 1,
+                LLM_LATENCY_COUNT: 1,
+                LLM_LATENCY_SUM_MS: max(0, round(seconds * 1000)),
+            }
+        )
+
+    def tick(self, report: TickFigures, now_ms: int) -> None:
+        """The heartbeat (always written, so "beat is down" is one alert) and the tick's counts."""
+        self._add(
+            {},
+            {
+                "tick_claimed": report.claimed,
+                "tick_released": report.released,
+                "tick_deferred": report.deferred,
+                "leases_expired": report.requeued,
+                "leases_dead": report.dead,
+            },
+            latest={LAST_TICK_MS: now_ms},
+        )
+
+    def _add(
+        self,
+        fields: Mapping[str, int],
+        counters: Mapping[str, int] | None = None,
+        latest: Mapping[str, int] | None = None,
+    ) -> None:
+        # The one guard: whatever goes wrong here (Redis, a bad figure) is logged, never raised.
+        try:
+            amounts = dict(fields)
+            for name, amount in (counters or {}).items():
+                if name in COUNTER_FIELDS:
+                    amounts[name] = amounts.get(name, 0) + int(amount)
+                else:
+                    log.warning("metrics: %r is not a counter of COUNTERS; not recorded", name)
+            pipe = self._client.pipeline(transaction=False)
+            for name, amount in amounts.items():
+                if amount:
+                    pipe.hincrby(self._key, name, amount)
+            for name, value in (latest or {}).items():
+                pipe.hset(self._key, name, value)
+            pipe.execute()
+        except Exception as exc:
+            log.debug("metrics not recorded: %s", exc)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSnapshot:
+    """The metrics hash, read into named figures (absent fields are zero)."""
+
+    extractions: dict[str, int] = field(default_factory=dict)
+    llm_requests: dict[str, int] = field(default_factory=dict)
+    # (upper bound in seconds, cumulative count), ending with +Inf
+    llm_latency_buckets: list[tuple[float, int]] = field(default_factory=list)
+    llm_latency_count: int = 0
+    llm_latency_sum_seconds: float = 0.0
+    counters: dict[str, int] = field(default_factory=dict)  # every field of COUNTERS
+    last_tick_ms: int | None = None
+
+    def __getitem__(self, counter: str) -> int:
+        """A counter of :data:`COUNTERS` by its field name (0 when never recorded)."""
+        return self.counters.get(counter, 0)
+
+    @property
+    def completed(self) -> int:
+        """Runs that ended done: saved (updated, unchanged) or with nothing new (skipped)."""
+        return sum(self.extractions.get(o, 0) for o in ("updated", "unchanged", "skipped"))
+
+    @property
+    def dead_lettered(self) -> int:
+        """Contexts ever moved to the dead letters (by a failed run or by the lease reaper)."""
+        return self.extractions.get("dead", 0) + self["leases_dead"]
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
+    """Pure: the hash's fields into a snapshot; unknown fields are ignored."""
+    values = {str(k): _int(v) for k, v in raw.items()}
+    by_prefix: dict[str, dict[str, int]] = {EXTRACTIONS: {}, LLM_REQUESTS: {}}
+    for name, value in values.items():
+        for prefix, found in by_prefix.items():
+            if name.startswith(prefix):
+                found[name.removeprefix(prefix)] = value
+    cumulative = 0
+    buckets: list[tuple[float, int]] = []
+    for bound in (*LATENCY_BUCKETS_SECONDS, float("inf")):
+        label = "+Inf" if bound == float("inf") else f"{bound:g}"
+        cumulative += values.get(f"{LLM_LATENCY_BUCKET}{label}", 0)
+        buckets.append((bound, cumulative))
+    last_tick = values.get(LAST_TICK_MS)
+    return MetricsSnapshot(
+        extractions=by_prefix[EXTRACTIONS],
+        llm_requests=by_prefix[LLM_REQUESTS],
+        llm_latency_buckets=buckets,
+        llm_latency_count=values.get(LLM_LATENCY_COUNT, 0),
+        llm_latency_sum_seconds=values.get(LLM_LATENCY_SUM_MS, 0) / 1000,
+        counters={c.field: values.get(c.field, 0) for c in COUNTERS},
+        last_tick_ms=last_tick or None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ShardGauges:
+    """One shard of the queue, now."""
+
+    shard: int
+    due: int
+    inflight: int
+    dead: int
+    oldest_due_lag_ms: int  # how far the oldest due context is past its deadline (0: none due)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The queue's depths per shard and the counters, read together."""
+
+    shards: list[ShardGauges]
+    metrics: MetricsSnapshot
+    now_ms: int
+
+
+def read_snapshot(client: RedisClient, settings: MemqSettings, now_ms: int) -> Snapshot:
+    """Depths and lag of every shard and the metrics hash, in one round trip: what `memq stats`,
+    ``QueueClient.stats`` and the exporter all show."""
+    schema = KeySchema(settings.key_prefix, settings.shards)
+    shards = schema.all_shards()
+    pipe = client.pipeline(transaction=False)
+    for shard in shards:
+        pipe.zcard(shard.due)
+        pipe.zcard(shard.inflight)
+        pipe.zcard(shard.dead)
+        pipe.zrange(shard.due, 0, 0, withscores=True)
+    pipe.hgetall(schema.metrics())
+    replies = pipe.execute()
+    gauges = []
+    for index in range(len(shards)):
+        due, inflight, dead, first = replies[index * 4 : index * 4 + 4]
+        lag = max(0, now_ms - int(first[0][1])) if first else 0
+        gauges.append(ShardGauges(index, int(due), int(inflight), int(dead), lag))
+    return Snapshot(gauges, parse_metrics(replies[-1]), now_ms)
+
+
+def read_counts(client: RedisClient, settings: MemqSettings) -> dict[str, int]:
+    """Every field of the metrics hash as an integer (fields that are none left out): for a
+    difference between two reads, which :func:`parse_metrics` then names."""
+    raw = client.hgetall(KeySchema(settings.key_prefix, settings.shards).metrics())
+    values: dict[str, int] = {}
+    for name, value in raw.items():
+        try:
+            values[str(name)] = int(value)
+        except (TypeError, ValueError):
+            continue
+    return values
+
+
+def _outcome_order(outcome: str) -> tuple[int, str]:
+    known = EXTRACTION_OUTCOMES.index(outcome) if outcome in EXTRACTION_OUTCOMES else 99
+    return known, outcome
+
+
+def summarise(snapshot: Snapshot) -> dict[str, Any]:
+    """Everything `memq stats` knows, as plain data (what `--json` prints): totals of the shards,
+    each shard, the extractions by outcome, the LLM figures and every counter by its field."""
+    shards, metrics = snapshot.shards, snapshot.metrics
+    last_tick = metrics.last_tick_ms
+    return {
+        "due": sum(s.due for s in shards),
+        "inflight": sum(s.inflight for s in shards),
+        "dead": sum(s.dead for s in shards),
+        "oldest_due_lag_ms": max((s.oldest_due_lag_ms for s in shards), default=0),
+        "last_tick_age_ms": None if last_tick is None else snapshot.now_ms - last_tick,
+        "shards": [
+            {
+                "shard": s.shard,
+                "due": s.due,
+                "inflight": s.inflight,
+                "dead": s.dead,
+                "oldest_due_lag_ms": s.oldest_due_lag_ms,
+            }
+            for s in shards
+        ],
+        "extractions": {
+            outcome: metrics.extractions[outcome]
+            for outcome in sorted(metrics.extractions, key=_outcome_order)
+        },
+        "completed_total": metrics.completed,
+        "dead_lettered_total": metrics.dead_lettered,
+        "llm_requests": dict(sorted(metrics.llm_requests.items())),
+        "llm_latency_mean_seconds": (
+            metrics.llm_latency_sum_seconds / metrics.llm_latency_count
+            if metrics.llm_latency_count
+            else None
+        ),
+        **{c.field: metrics[c.field] for c in COUNTERS},
+    }

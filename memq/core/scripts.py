@@ -1,0 +1,103 @@
+"""The one loader of memq's Lua scripts: read with ``importlib.resources``, assembled from shared
+fragments as BullMQ's script loader does, registered once per client and kept on the instance.
+
+Each script lives next to the module that calls it (``producer/enqueue.lua``,
+``storage/save_document.lua``, ``worker/complete.lua``, ...). Steps several scripts take the same
+way (releasing a claim, requeueing, dead-lettering) live once, as a local function in
+``memq/core/includes/<name>.lua``, so one fix reaches every script, whichever package it is in. A
+script pulls a fragment with a line of its own::
+
+    --- @include "includes/release_claim"
+
+The line is replaced by the fragment's text (``.lua`` may be left out). The path is looked up in
+the script's own package first, then among the shared fragments here. Each fragment is inlined
+once per script, at its first include; a fragment may include others, which are inlined before it.
+The result is plain Lua that ``register_script`` loads like any other: Redis only ever sees the
+assembled text. A missing fragment or an include cycle is a packaging bug, raised at load.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable
+from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import TYPE_CHECKING
+
+from memq.core.errors import MemqError
+
+if TYPE_CHECKING:
+    from redis.commands.core import Script
+
+    from memq.core.connection import RedisClient
+
+SHARED_FRAGMENTS = "memq.core"  # the package whose ``includes/`` every script may pull from
+
+# BullMQ's include syntax: two or three dashes, @include, a quoted path, nothing else on the line.
+INCLUDE_LINE = re.compile(r"^-{2,3}[ \t]*@include[ \t]+([\"'])(.+?)\1[; \t]*$", re.MULTILINE)
+
+
+class ScriptAssemblyError(MemqError, LookupError):
+    """A Lua script includes a fragment that does not exist, or fragments include each other."""
+
+
+def _file_name(reference: str) -> str:
+    return reference if reference.endswith(".lua") else f"{reference}.lua"
+
+
+def _read(root: Traversable, path: str, by: str) -> str:
+    for base in (root, resources.files(SHARED_FRAGMENTS)):
+        target = base.joinpath(*path.split("/"))
+        if target.is_file():
+            return target.read_text(encoding="utf-8")
+    raise ScriptAssemblyError(f"{by}: included Lua fragment {path!r} does not exist")
+
+
+def _inline(
+    root: Traversable, path: str, text: str, done: list[str], stack: tuple[str, ...]
+) -> str:
+    def replace(match: re.Match[str]) -> str:
+        include = _file_name(match.group(2))
+        if include in stack:
+            raise ScriptAssemblyError(f"Lua include cycle: {' -> '.join((*stack, include))}")
+        if include in done:
+            return ""
+        done.append(include)
+        source = _read(root, include, path)
+        return _inline(root, include, source, done, (*stack, include)).rstrip("\n")
+
+    return INCLUDE_LINE.sub(replace, text)
+
+
+def assemble_with_includes(package: str, name: str) -> tuple[str, tuple[str, ...]]:
+    """Script ``<name>.lua`` of ``package`` with its includes inlined, and the fragments it
+    pulled (paths relative to the package, in the order they were inlined)."""
+    root = resources.files(package)
+    path = _file_name(name)
+    done: list[str] = []
+    source = _inline(root, path, _read(root, path, package), done, (path,))
+    return source, tuple(done)
+
+
+@functools.cache
+def assemble(package: str, name: str) -> str:
+    """The source to register for script ``<name>.lua`` of ``package`` (read once per process:
+    it is package data, the same for every client)."""
+    return assemble_with_includes(package, name)[0]
+
+
+class LuaScripts:
+    """Scripts of one package registered on one client, once each: build it with the client and
+    keep it beside it (``register_script`` only hashes the text; EVALSHA loads it on first use)."""
+
+    def __init__(self, client: RedisClient, package: str, names: Iterable[str]) -> None:
+        self._scripts = {name: client.register_script(assemble(package, name)) for name in names}
+
+    def __getitem__(self, name: str) -> Script:
+        return self._scripts[name]
+
+
+def register(client: RedisClient, package: str, name: str) -> Script:
+    """The one script ``<name>.lua`` of ``package``, registered on ``client``."""
+    return LuaScripts(client, package, (name,))[name]

@@ -1,0 +1,54 @@
+"""How a failed run is tried again: which errors are retried, after how long (exponential back-off
+from ``retry_backoff_seconds``, capped, never shorter than a server's Retry-After), and which are
+dead at once. Pure: the settings and the error in, milliseconds out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memq.core.errors import PermanentLLMError, ResponseParseError, TransientLLMError
+from memq.core.settings import MemqSettings
+
+_MAX_RETRY_AFTER_SECONDS = 3600.0  # a server asking for more than an hour is not honoured as is
+
+
+def backoff_ms(
+    attempts: int, settings: MemqSettings, retry_after_seconds: float | None = None
+) -> int:
+    """Delay before the next try after ``attempts`` earlier failures: exponential from
+    ``retry_backoff_seconds``, capped, but never shorter than a server's Retry-After."""
+    delay = settings.retry_backoff_seconds * (2 ** min(max(attempts, 0), 20))
+    delay = min(delay, settings.retry_backoff_max_seconds)
+    if retry_after_seconds is not None and retry_after_seconds > 0:
+        delay = max(delay, min(retry_after_seconds, _MAX_RETRY_AFTER_SECONDS))
+    return int(delay * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How a failed run is tried again."""
+
+    retry: bool  # False: permanent, the context is dead at once
+    honour_retry_after: bool = False  # wait at least the server's Retry-After
+
+
+# The first entry the error is an instance of applies (most specific first).
+RETRY_POLICIES: tuple[tuple[type[Exception], RetryPolicy], ...] = (
+    (PermanentLLMError, RetryPolicy(retry=False)),
+    (TransientLLMError, RetryPolicy(retry=True, honour_retry_after=True)),
+    # LLMs are nondeterministic: the next answer may parse.
+    (ResponseParseError, RetryPolicy(retry=True)),
+    # Never lose the key: anything else is retried until max_attempts.
+    (Exception, RetryPolicy(retry=True)),
+)
+
+
+def retry_delay_ms(exc: Exception, attempts: int, settings: MemqSettings) -> int | None:
+    """Milliseconds until the next try after ``exc`` and ``attempts`` earlier failures; None when
+    the error is permanent."""
+    policy = next(policy for kind, policy in RETRY_POLICIES if isinstance(exc, kind))
+    if not policy.retry:
+        return None
+    retry_after = getattr(exc, "retry_after_seconds", None) if policy.honour_retry_after else None
+    return backoff_ms(attempts, settings, retry_after)
