@@ -78,6 +78,8 @@ class SourceView:
     thread_id: str | None
     messages: tuple[str, ...] = ()
     roles: tuple[str, ...] = ()
+    # The start of each cited message (message-level citations only), aligned with ``messages``.
+    excerpts: tuple[str, ...] = ()
     attribution: str = "thread"
     run_id: str | None = None
     at: datetime | None = None
@@ -105,6 +107,7 @@ def sources(fact: Any) -> list[SourceView]:
                 thread_id=_text(getattr(s, "thread_id", None)),
                 messages=_strings(getattr(s, "messages", ())),
                 roles=_strings(getattr(s, "roles", ())),
+                excerpts=_strings(getattr(s, "excerpts", ())),
                 attribution=_text(getattr(s, "attribution", None)) or "run",
                 run_id=_text(getattr(s, "run_id", None)),
                 at=getattr(s, "at", None) if isinstance(getattr(s, "at", None), datetime) else None,
