@@ -17,8 +17,8 @@ from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
 
 from memq.core.settings import MemqSettings
-from memq.testing.openai_server import CitingModel, Teach
 from memq.server.ui.render import path_segment
+from memq.testing.openai_server import CitingModel, Teach
 from memq.testing.waiting import wait_for
 from producer import MemoryProducer
 from storage import get_storage
