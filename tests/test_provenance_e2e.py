@@ -171,6 +171,7 @@ def test_citations_confirmations_grounding_and_supersession(
     ]
     text = cli(env, "why", "alice", munich.id).stdout
     assert "superseded (contradicted)" in text and berlin.id in text and "t-munich" in text
+    assert f"t-munich said: {SAID}" in text
     export = api.export("alice")
     assert [e["fact"]["content"] for e in export["superseded"]] == ["User lives in Munich"]
 
