@@ -57,8 +57,11 @@ class RunInfo:
         exact = bool(wanted) and all(label in by_label for label in wanted)
         chosen = [by_label[label] for label in wanted] if exact else list(self.messages)
         chosen = chosen[-MAX_SOURCE_MESSAGES:]  # a long run names its newest messages
-        # Only a citation says which message a fact came from: a run-level source shows none.
+        # Only a citation says which message a fact came from: a run-level source shows none;
+        # nor does a run that did not keep its messages' excerpts (all or none, so they align).
         excerpts = [m.excerpt[:MAX_EXCERPT_CHARS] for m in chosen[:MAX_SOURCE_EXCERPTS]]
+        if not all(excerpts):
+            excerpts = []
         return Source(
             thread_id=self.thread_id,
             messages=tuple(m.digest for m in chosen),

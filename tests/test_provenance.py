@@ -340,3 +340,8 @@ def test_excerpts_read_from_a_hand_edited_document_are_bounded() -> None:
     kept, run_level, odd = fact.sources
     assert [len(e) for e in kept.excerpts] == [MAX_EXCERPT_CHARS] * MAX_SOURCE_EXCERPTS
     assert run_level.excerpts == () and odd.excerpts == ()
+
+
+def test_a_run_without_excerpts_cites_without_them() -> None:
+    (fact,) = learn(MemoryDocument(), run_of("t1", "user"), new("Likes tea", "m1")).document.facts
+    assert fact.sources[0].attribution == "message" and fact.sources[0].excerpts == ()
