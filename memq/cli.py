@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from memq.commands import config, doctor, exporter, memory, queue, serve, up, why
 from memq.commands import demo as demo_command
 from memq.commands import eval as eval_command
-from memq.commands.common import CommandContext, mask_url, shown
+from memq.commands.common import CommandContext, mask_url, resolve_user, shown
 from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
 from memq.core.errors import ConfigError, MemqError
 
@@ -55,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     context = CommandContext()
     try:
+        resolve_user(args)
         return int(args.run(args, context))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -144,6 +144,11 @@ class MemqCollector(Collector):
                 "leases_expired",
             ),
             ("memq_tick_claimed", "Contexts the ticker claimed and dispatched", "tick_claimed"),
+            (
+                "memq_context_messages_cut",
+                "Oldest messages of a context cut to stay within context_max_bytes",
+                "context_messages_cut",
+            ),
         )
         for name, text, attribute in simple:
             counter = CounterMetricFamily(name, text)

@@ -44,6 +44,9 @@
 -- equal to the new list's first (the size cap dropped the front, or the turn after a merge):
 -- then the stored front is kept before it whole.
 --
+-- A flush, or a context over pending_max_bytes, also sets the hash's `urgent` field: urgent work
+-- never waits in the batch lane (claim_due hands the mark to the run as `claimed_sync`).
+--
 -- Returns {version, deadline_ms, code, cut}
 --   code 1  scheduled: due holds the context at deadline_ms
 --   code 2  deferred in flight: a worker holds the context; its complete reschedules it from
@@ -221,6 +224,10 @@ local max_bytes = tonumber(ARGV[13])
 if ARGV[4] == '1' or (max_bytes and #messages > max_bytes) then
   -- Too much pending text to wait for more: due now rather than cut (the worker splits it).
   deadline = now
+  -- Urgent work (a flush, an over-size context) never waits in the batch lane; claim_due hands
+  -- the mark to the run and clears it.
+  fields[n + 1], fields[n + 2] = 'urgent', '1'
+  n = n + 2
 else
   deadline = math.min(now + tonumber(ARGV[2]), pending_since + tonumber(ARGV[3]))
 end

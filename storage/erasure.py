@@ -182,6 +182,8 @@ def _erase_contexts(
                 shard.dead,
                 shard.user_inflight(user),
                 shard.user_contexts(user),
+                shard.batch_pending,
+                shard.batched,
             ]
             for context_id in batch:
                 script_keys += (shard.context(context_id), shard.watermark(context_id))

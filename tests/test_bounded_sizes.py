@@ -249,6 +249,48 @@ def test_a_context_rescheduled_after_its_run_stays_within_the_cap_and_the_worker
     assert f"{cut} messages" in line and "é" not in line  # counts, never the text
 
 
+def test_a_context_cut_to_its_byte_cap_is_counted_once_where_operators_look(
+    make_settings: Any,
+    redis_client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Hitting the per-context byte cap is never a silent drop: the messages cut are added to the
+    metrics hash (``memq stats``, the exporter) by the run that sees them, once, however many
+    times the context is loaded (a retried run neither counts nor warns again)."""
+    from prometheus_client.exposition import generate_latest
+
+    from memq.cli import main
+    from memq.exporter import build_registry
+    from worker.metrics import read_metrics
+
+    settings = make_settings(**CAPPED)
+    queue, enqueue = QueueClient(settings, redis_client), enqueuer(settings, redis_client)
+    key = ContextKey.create("th", "alice@example.com", None)
+    for n in range(100):
+        hand_off(enqueue, key, T0 + n, summarised_turn(n))
+    (claim,) = queue.claim(T0 + 200).claims
+    with caplog.at_level(logging.WARNING, logger="memq.queue"):
+        data, _ = queue.load_run(claim.context_id)
+        queue.load_run(claim.context_id)  # the same run, retried
+    cut = int(data["cut_messages"])
+    assert cut > 0
+    assert len([r for r in caplog.records if r.name == "memq.queue"]) == 1
+    assert read_metrics(redis_client, settings).context_messages_cut == cut
+
+    exposed = generate_latest(build_registry(settings, redis_client)).decode()
+    assert f"memq_context_messages_cut_total {cut}.0" in exposed
+    for name in ("redis_url", "key_prefix"):
+        monkeypatch.setenv(f"MEMQ_{name.upper()}", str(getattr(settings, name)))
+    capsys.readouterr()
+    assert main(["stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["context_messages_cut"] == cut
+    assert main(["stats"]) == 0
+    [row] = [r for r in capsys.readouterr().out.splitlines() if "context_max_bytes" in r]
+    assert row.split() == [*["messages", "cut", "to", "context_max_bytes"], str(cut)]
+
+
 # --- a tenant at its cap costs a tick little, however long its backlog
 
 

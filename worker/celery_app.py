@@ -15,15 +15,17 @@ from celery.exceptions import Retry
 
 from memq.core.errors import ExtractionDeadLettered, ExtractionRetryScheduled
 from memq.core.settings import MemqSettings
+from worker.batch_queue import BATCH_LOCK_MS
 from worker.metrics import MetricsRecorder
-from worker.queue import Claim
+from worker.queue import Claim, now_ms
 from worker.tasks import WorkerRuntime, describe_args, extract
-from worker.tick import run_tick
+from worker.tick import dispatch_batch_work, run_tick
 
 log = logging.getLogger("memq.worker")
 
 EXTRACT_TASK = "memq.extract"
 TICK_TASK = "memq.tick"
+BATCH_TASK = "memq.batch"
 # Flower's task cap for launchers to pass (`--max-tasks` or FLOWER_MAX_TASKS): ticks send no
 # events, so this is a day of extractions at about two per second.
 FLOWER_MAX_TASKS = 200_000
@@ -142,8 +144,24 @@ def create_app(settings: MemqSettings) -> Celery:
         result = extract(runtime, context_id, token, version)
         return settle_task(runtime, context_id, result)
 
+    def send_batch() -> None:
+        app.send_task(
+            BATCH_TASK,
+            args=[],
+            kwargs={},
+            # The next tick sends another: a copy that waited longer is of no use.
+            expires=max(2 * settings.tick_seconds, 5.0),
+            retry_policy=_SEND_RETRY_POLICY,
+        )
+
+    def batch_task() -> dict[str, Any]:
+        report = runtime.batch_lane().cycle()
+        return {"jobs_created": report.jobs_created, "applied": report.applied}
+
     def tick_task() -> dict[str, Any]:
         report = run_tick(runtime.queue, send_extract)
+        if settings.llm_batch_active:
+            dispatch_batch_work(runtime.batches, send_batch, now_ms())
         return {"claimed": report.claimed, "released": report.released, "full": report.full}
 
     # Registered by call, not decorator: celery is untyped and mypy --strict rejects that.
@@ -155,6 +173,15 @@ def create_app(settings: MemqSettings) -> Celery:
     # A tick a second would bury the extractions in Flower: the ticker sends no task events
     # (the heartbeat in the metrics hash tells whether it runs).
     app.task(name=TICK_TASK, shared=False, acks_late=False, send_events=False)(tick_task)
+    # The batch lane's gatherer and poller: HTTP to the provider, never a sleep; its shard locks
+    # outlast this limit, so no two cycles settle one job at once.
+    app.task(
+        name=BATCH_TASK,
+        shared=False,
+        acks_late=False,
+        soft_time_limit=BATCH_LOCK_MS / 1000 * 0.75,
+        time_limit=BATCH_LOCK_MS / 1000 * 0.9,
+    )(batch_task)
     # A dead letter is an expected FAILURE: shown with its reason, no error traceback logged.
     app.tasks[EXTRACT_TASK].throws = (ExtractionDeadLettered,)
     _quiet_beat(app)
@@ -173,7 +200,8 @@ def settle_task(runtime: WorkerRuntime, context_id: str, result: dict[str, Any])
     in Redis). A run that had lost its claim is not an extraction and is not counted here.
     """
     queue_state = str(result.get("queue", ""))
-    if result.get("outcome") == "stale" or queue_state == "stale":
+    if result.get("outcome") == "stale" or queue_state in ("stale", "batched"):
+        # Not an extraction (yet): a parked run is counted when its batch answer is applied.
         return result
     recorder = MetricsRecorder.for_settings(runtime.settings, runtime.client)
     if result.get("outcome") != "failed":

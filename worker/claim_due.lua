@@ -25,7 +25,10 @@
 --            2  stopped early: `inflight` is full (backpressure)
 --   deferred    how many due candidates were left in `due` because their user was at user_cap
 -- A candidate whose hash vanished is removed from `due` (celery-redbeat's cleanup); one already in
--- flight is removed from `due` too (its complete reschedules it from deadline_ms).
+-- flight is removed from `due` too (its complete reschedules it from deadline_ms), and so is one
+-- parked for or out in a batch job (`batch_token` set) unless it is `urgent` (a flush).
+-- A claim sets `claimed_sync` ("1": urgent, or sent back by a failed batch) and clears `urgent`,
+-- `batch_fallback` and the batch fields.
 --
 -- Fairness: a capped candidate only moves back in `due`, so the next batch reaches other users'
 -- due keys instead of the same wall of one user's. Its hash keeps deadline_ms: that is its real
@@ -108,10 +111,15 @@ for i = 1, n do
   local deadline = tonumber(deadlines[i])
   if deadline and deadline <= now then
     -- `version` is set by every enqueue, so its absence means the hash vanished.
-    local fields = redis.call('HMGET', ctx, 'version')
+    local fields = redis.call('HMGET', ctx, 'version', 'batch_token', 'urgent', 'batch_fallback')
     if not fields[1] then
       drop[#drop + 1] = id
     elseif leases[i] then
+      drop[#drop + 1] = id
+    elseif fields[2] and not fields[3] then
+      -- Parked for, or out in, a batch job: like a run in flight, its settlement reschedules it
+      -- from deadline_ms. Urgent work (a flush) is claimed anyway: the new token fences the
+      -- batch's answer off, and this run extracts everything after the watermark.
       drop[#drop + 1] = id
     elseif count >= cap then
       out[1] = 2
@@ -145,11 +153,17 @@ for i = 1, n do
         -- fences saves with it (a run from an earlier claim can never match, nor outrank).
         local token = next_token()
         local version = fields[1]
+        -- claimed_sync: this run calls the model itself, never through the batch lane (a
+        -- flush or an over-size context, or a batch that failed it).
+        local sync = (fields[3] or fields[4]) and '1' or '0'
         redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
-          'claimed_at_ms', ARGV[1])
+          'claimed_at_ms', ARGV[1], 'claimed_sync', sync)
         -- The next enqueue starts a fresh debounce window: it must not inherit this run's past
-        -- deadline (which would make it due at once) nor its max-delay start.
-        redis.call('HDEL', ctx, 'pending_since_ms', 'deadline_ms')
+        -- deadline (which would make it due at once) nor its max-delay start. A batch the context
+        -- was parked for is superseded by this claim.
+        redis.call('HDEL', ctx, 'pending_since_ms', 'deadline_ms', 'urgent', 'batch_fallback',
+          'batch_token', 'batch_request', 'batch_watermark', 'batch_run', 'batch_id',
+          'batch_parked_ms')
         out[#out + 1] = id
         out[#out + 1] = token
         out[#out + 1] = version

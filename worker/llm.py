@@ -113,6 +113,35 @@ def _rejects_json_mode(exc: openai.OpenAIError) -> bool:
     return isinstance(exc, openai.BadRequestError) and "response_format" in str(exc).lower()
 
 
+def chat_request(
+    prompt: UpdatePrompt, *, model: str, temperature: float, json_mode: bool
+) -> dict[str, Any]:
+    """The body of one extraction's chat completion request: what a synchronous call sends and
+    what a batch job's request line carries."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": prompt.chat_messages(),
+        "temperature": temperature,
+    }
+    if json_mode:
+        body["response_format"] = {"type": "json_object"}
+    return body
+
+
+def answer_of(response: Any, model: str, *, attempts: int = 1) -> ModelAnswer:
+    """The answer text and usage of a chat completion (the SDK's object, synchronous or parsed
+    from a batch job's output line)."""
+    choice = response.choices[0] if response.choices else None
+    usage = response.usage
+    return ModelAnswer(
+        text=response_text(choice.message.content if choice is not None else None),
+        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        model=str(response.model or model),
+        attempts=attempts,
+    )
+
+
 class OpenAIUpdateModel:
     """Chat completions with JSON mode, temperature and timeout from the settings."""
 
@@ -144,15 +173,10 @@ class OpenAIUpdateModel:
         self._observe = observe or _no_observer
 
     def _call(self, prompt: UpdatePrompt) -> Any:
-        extra: dict[str, Any] = {}
-        if self._json_mode:
-            extra["response_format"] = {"type": "json_object"}
-        return self._client.chat.completions.create(
-            model=self._model,
-            messages=prompt.chat_messages(),  # type: ignore[arg-type]
-            temperature=self._temperature,
-            **extra,
+        body = chat_request(
+            prompt, model=self._model, temperature=self._temperature, json_mode=self._json_mode
         )
+        return self._client.chat.completions.create(**body)
 
     def _wait_before_retry(self, error: TransientLLMError, attempt: int) -> float:
         if error.retry_after_seconds is not None:
@@ -195,15 +219,7 @@ class OpenAIUpdateModel:
                     error,
                 )
                 self._sleep(wait)
-        choice = response.choices[0] if response.choices else None
-        usage = response.usage
-        return ModelAnswer(
-            text=response_text(choice.message.content if choice is not None else None),
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-            model=str(response.model or self._model),
-            attempts=attempt,
-        )
+        return answer_of(response, self._model, attempts=attempt)
 
     def close(self) -> None:
         self._client.close()

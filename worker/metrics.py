@@ -43,6 +43,7 @@ TICK_RELEASED = "tick_released"  # claims handed back because the broker refused
 TICK_DEFERRED = "tick_deferred"  # due contexts moved on because their user was at its cap
 LEASES_EXPIRED = "leases_expired"  # put back in `due` by the reaper
 LEASES_DEAD = "leases_dead"  # expired past max_attempts: dead-lettered by the reaper
+CONTEXT_MESSAGES_CUT = "context_messages_cut"  # oldest messages cut to context_max_bytes
 
 # updated/unchanged: saved; skipped: nothing new since the last run; retry/dead: failed.
 EXTRACTION_OUTCOMES = ("updated", "unchanged", "skipped", "retry", "dead")
@@ -144,6 +145,7 @@ class MetricsSnapshot:
     tick_deferred: int = 0
     leases_expired: int = 0
     leases_dead: int = 0
+    context_messages_cut: int = 0
 
     @property
     def dead_lettered(self) -> int:
@@ -191,6 +193,7 @@ def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
         tick_deferred=values.get(TICK_DEFERRED, 0),
         leases_expired=values.get(LEASES_EXPIRED, 0),
         leases_dead=values.get(LEASES_DEAD, 0),
+        context_messages_cut=values.get(CONTEXT_MESSAGES_CUT, 0),
     )
 
 

@@ -35,7 +35,7 @@ from prompts.update_prompt import PROMPT_VERSION, UpdatePrompt, build_update_pro
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import MemoryDocument, utc_now
 from storage.provenance import RunInfo, RunMessage
-from worker.model import UpdateModel
+from worker.model import ModelAnswer, UpdateModel
 from worker.watermark import ChunkBudget, Selection, message_identity, split_at_watermark
 
 log = logging.getLogger(__name__)
@@ -104,25 +104,16 @@ def prompt_for(
     )
 
 
-def propose_update(
-    selection: Selection,
-    memory: MemoryDocument,
-    settings: MemqSettings,
-    model: UpdateModel,
-    *,
-    now: datetime,
-    count_tokens: TokenCounter,
-) -> tuple[UpdatePrompt | None, UpdateAnswer | None, Usage]:
-    """Prompt → model → parsed answer; (None, None, empty usage) when there is nothing to send.
+@dataclass(frozen=True)
+class Prepared:
+    """A run ready for the model: the prompt, and the selection of messages it covers."""
 
-    Raises TransientLLMError / PermanentLLMError from the model, ResponseParseError from parsing.
-    """
-    prompt = prompt_for(selection, memory, settings, now=now, count_tokens=count_tokens)
-    if prompt is None:
-        return None, None, Usage()
-    answer = model.propose(prompt)
-    usage = Usage(answer.prompt_tokens, answer.completion_tokens, answer.model, answer.attempts)
-    return prompt, parse_update_response(answer.text), usage
+    prompt: UpdatePrompt
+    selection: Selection
+
+
+def usage_of(answer: ModelAnswer) -> Usage:
+    return Usage(answer.prompt_tokens, answer.completion_tokens, answer.model, answer.attempts)
 
 
 class ExtractionPipeline:
@@ -159,6 +150,23 @@ class ExtractionPipeline:
         current: the report is then "stale", the answer discarded, its token usage still counted.
         """
         elapsed_ms = _stopwatch()
+        step = self.prepare(context, watermark=watermark, fence=fence)
+        if isinstance(step, ExtractionReport):
+            return step
+        return replace(self.finish(context, step, fence=fence), duration_ms=elapsed_ms())
+
+    def prepare(
+        self,
+        context: ConversationContext,
+        *,
+        watermark: str | None = None,
+        fence: Fence | None = None,
+    ) -> Prepared | ExtractionReport:
+        """Everything before the model call: the messages after ``watermark`` and the prompt for
+        them from a snapshot of the memory; a report instead when there is nothing to send or
+        the claim is already gone. The batch lane sends the prompt later and hands the answer to
+        :meth:`apply_answer`, as :meth:`finish` does at once."""
+        elapsed_ms = _stopwatch()
         if not context.messages:
             return ExtractionReport("skipped", duration_ms=elapsed_ms(), reason="no messages")
         selection = self._select(context, watermark)
@@ -174,15 +182,14 @@ class ExtractionPipeline:
                 self._storage.fence_run(context.user_id, context.agent_name, fence)
             except StaleClaim as exc:
                 return ExtractionReport("stale", duration_ms=elapsed_ms(), reason=str(exc))
-        prompt, answer, usage = propose_update(
+        prompt = prompt_for(
             selection,
             self._storage.load(context.user_id, context.agent_name),
             self._settings,
-            self._model,
             now=self._clock(),
             count_tokens=self._count_tokens,
         )
-        if prompt is None or answer is None:
+        if prompt is None:
             # The new part is blank: nothing to learn from it, and nothing to send again.
             return ExtractionReport(
                 "skipped",
@@ -191,15 +198,53 @@ class ExtractionPipeline:
                 watermark=selection.watermark,
                 more=selection.more,
             )
-        run = run_info(context, selection, prompt, usage, self._clock())
+        return Prepared(prompt, selection)
+
+    def run_info(self, context: ConversationContext, step: Prepared, model: str) -> RunInfo:
+        """What the sources of the facts a prepared run learns will say about it."""
+        return run_info(context, step.selection, step.prompt, Usage(model=model), self._clock())
+
+    def finish(
+        self, context: ConversationContext, step: Prepared, *, fence: Fence | None = None
+    ) -> ExtractionReport:
+        """The model call for a prepared run, then its fenced apply."""
+        answer = self._model.propose(step.prompt)
+        return self.apply_answer(
+            context,
+            answer,
+            self.run_info(context, step, answer.model),
+            watermark=step.selection.watermark,
+            more=step.selection.more,
+            fence=fence,
+            prompt=step.prompt,
+        )
+
+    def apply_answer(
+        self,
+        context: ConversationContext,
+        answer: ModelAnswer,
+        run: RunInfo,
+        *,
+        watermark: str | None,
+        more: bool = False,
+        fence: Fence | None = None,
+        prompt: UpdatePrompt | None = None,
+    ) -> ExtractionReport:
+        """Parse the model's answer and apply it to the *latest* document, its facts' sources
+        from ``run``, fenced by ``fence`` with ``watermark`` (what the prompt covered) saved
+        beside it. Raises ResponseParseError; a fence that refuses the save makes the report
+        "stale" (nothing written)."""
+        elapsed_ms = _stopwatch()
+        usage = usage_of(answer)
+        parsed = parse_update_response(answer.text)
         refused: list[int] = [0]
         try:
-            saving = None if fence is None else replace(fence, watermark=selection.watermark)
-            changes = [] if answer.is_noop() else self._apply(context, answer, run, saving, refused)
+            saving = None if fence is None else replace(fence, watermark=watermark)
+            changes = [] if parsed.is_noop() else self._apply(context, parsed, run, saving, refused)
         except StaleClaim as exc:
             return _stale_report(usage, elapsed_ms(), str(exc))
-        report = _saved_report(changes, usage, prompt, selection, elapsed_ms())
-        report = replace(report, facts_invalid=answer.dropped_facts, facts_refused=refused[0])
+        report = _saved_report(changes, usage, prompt, watermark, more, elapsed_ms())
+        report = replace(report, facts_invalid=parsed.dropped_facts, facts_refused=refused[0])
         _log_extracted(context, report)
         return report
 
@@ -299,8 +344,9 @@ def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionRepo
 def _saved_report(
     changes: list[Change],
     usage: Usage,
-    prompt: UpdatePrompt,
-    selection: Selection,
+    prompt: UpdatePrompt | None,
+    watermark: str | None,
+    more: bool,
     duration_ms: int,
 ) -> ExtractionReport:
     """The report of a run whose answer was applied (or was a no-op)."""
@@ -313,11 +359,11 @@ def _saved_report(
         duration_ms=duration_ms,
         changes=changes,
         model=usage.model,
-        messages_sent=len(prompt.conversation),
-        messages_dropped=prompt.messages_dropped,
-        earlier_shown=prompt.earlier_shown,
-        watermark=selection.watermark,
-        more=selection.more,
+        messages_sent=len(prompt.conversation) if prompt is not None else 0,
+        messages_dropped=prompt.messages_dropped if prompt is not None else 0,
+        earlier_shown=prompt.earlier_shown if prompt is not None else 0,
+        watermark=watermark,
+        more=more,
     )
 
 

@@ -22,6 +22,7 @@ from memq.core.errors import InvalidIdentifier
 from memq.core.identity import user_id_of
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.settings import MemqSettings
+from worker.metrics import CONTEXT_MESSAGES_CUT
 from worker.scripts import assemble
 from worker.shard_reads import due_members
 
@@ -135,7 +136,7 @@ class QueueClient:
                 continue
             keys = [shard.due, shard.inflight, shard.epoch]
             for context_id in ids:
-                keys += (shard.context(context_id), self._user_inflight(shard, context_id))
+                keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
             raw = self._scripts["claim_due"](
                 keys=keys, args=[now, settings.lease_ms, cap, user_cap, defer_ms, *ids]
             )
@@ -167,7 +168,7 @@ class QueueClient:
                 batch = ids[start : start + _SCRIPT_BATCH]
                 keys = [shard.inflight, shard.due, shard.dead]
                 for context_id in batch:
-                    keys += (shard.context(context_id), self._user_inflight(shard, context_id))
+                    keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
                 raw = self._scripts["reap_expired"](
                     keys=keys,
                     args=[
@@ -186,7 +187,7 @@ class QueueClient:
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["release"](
-            keys=[q.context(context_id), q.inflight, q.due, self._user_inflight(q, context_id)],
+            keys=[q.context(context_id), q.inflight, q.due, self.user_inflight_key(q, context_id)],
             args=[context_id, token, now],
         )
         return int(raw) == 1
@@ -203,7 +204,7 @@ class QueueClient:
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["renew"](
-            keys=[q.context(context_id), q.inflight, self._user_inflight(q, context_id)],
+            keys=[q.context(context_id), q.inflight, self.user_inflight_key(q, context_id)],
             args=[context_id, token, now + self.settings.lease_ms],
         )
         return int(raw) == 1
@@ -217,16 +218,29 @@ class QueueClient:
         raw, watermark = pipe.execute()
         data = {_text(k): _text(v) for k, v in raw.items()}
         if data.get("cut_messages"):
-            # enqueue.lua cut the oldest messages to stay within context_max_bytes: say so
-            # wherever the run is logged (the counts only, never the text).
-            log.warning(
-                "context %s: %s messages (%s bytes) were cut before extraction to stay within "
-                "context_max_bytes",
-                context_id,
-                data["cut_messages"],
-                data.get("cut_bytes", "?"),
-            )
+            self._report_cut(q, context_id)
         return data, (_text(watermark) if watermark is not None else None)
+
+    def _report_cut(self, q: QueueKeys, context_id: str) -> None:
+        """enqueue.lua cut the oldest messages to stay within context_max_bytes: take its counts
+        off the hash (atomically, so a cut made meanwhile is kept for the next run, and a retry
+        of this run reports nothing again), add them to the metrics and say so in the run's log
+        (the counts only, never the text)."""
+        ctx = q.context(context_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hmget(ctx, ["cut_messages", "cut_bytes"])
+        pipe.hdel(ctx, "cut_messages", "cut_bytes")
+        (messages, cut_bytes), _ = pipe.execute()
+        if not messages:
+            return
+        self.add_metrics(**{CONTEXT_MESSAGES_CUT: int(messages)})
+        log.warning(
+            "context %s: %s messages (%s bytes) were cut before extraction to stay within "
+            "context_max_bytes",
+            context_id,
+            _text(messages),
+            _text(cut_bytes) if cut_bytes is not None else "?",
+        )
 
     def complete(
         self,
@@ -248,7 +262,7 @@ class QueueClient:
                 q.inflight,
                 q.due,
                 q.watermark(context_id),
-                self._user_inflight(q, context_id),
+                self.user_inflight_key(q, context_id),
             ],
             args=[
                 context_id,
@@ -284,7 +298,7 @@ class QueueClient:
                 q.inflight,
                 q.due,
                 q.dead,
-                self._user_inflight(q, context_id),
+                self.user_inflight_key(q, context_id),
             ],
             args=[
                 context_id,
@@ -391,7 +405,7 @@ class QueueClient:
         return self.keys.for_context(context_id)
 
     @staticmethod
-    def _user_inflight(q: QueueKeys, context_id: str) -> str:
+    def user_inflight_key(q: QueueKeys, context_id: str) -> str:
         """The per-user lease set of a context's user, in the context's own shard."""
         try:
             user_id = user_id_of(context_id)

@@ -28,6 +28,8 @@ from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient, now_ms
 
 if TYPE_CHECKING:
+    from worker.batch import BatchLane
+    from worker.batch_queue import BatchQueue
     from worker.pipeline import ExtractionPipeline, ExtractionReport
 
 log = logging.getLogger("memq.extract")
@@ -55,6 +57,8 @@ class WorkerRuntime:
         self._redis: RedisClient | None = None
         self._queue: QueueClient | None = None
         self._pipeline: ExtractionPipeline | None = None
+        self._batches: BatchQueue | None = None
+        self._lane: BatchLane | None = None
 
     @property
     def client(self) -> RedisClient:
@@ -71,6 +75,34 @@ class WorkerRuntime:
             if self._pipeline is None:
                 self._pipeline = self._pipeline_factory(self.settings, self._base_locked()[0])
             return self._pipeline
+
+    @property
+    def batches(self) -> BatchQueue:
+        """The batch lane's queue operations (its scripts registered once per process)."""
+        from worker.batch_queue import BatchQueue
+
+        with self._lock:
+            self._check_fork()
+            if self._batches is None:
+                self._batches = BatchQueue(self.settings, self._base_locked()[0])
+            return self._batches
+
+    def batch_lane(self) -> BatchLane:
+        """The gatherer and poller of batch jobs (the ``memq.batch`` task)."""
+        from worker.batch import BatchLane
+        from worker.batch_api import OpenAIBatchEndpoint
+
+        pipeline, batches = self.pipeline, self.batches
+        with self._lock:
+            if self._lane is None:
+                self._lane = BatchLane(
+                    self.settings,
+                    self._base_locked()[1],
+                    batches,
+                    pipeline,
+                    OpenAIBatchEndpoint(self.settings),
+                )
+            return self._lane
 
     def _base(self) -> tuple[RedisClient, QueueClient]:
         with self._lock:
@@ -89,6 +121,7 @@ class WorkerRuntime:
     def _check_fork(self) -> None:
         if self._pid is not None and self._pid != os.getpid():
             self._redis = self._queue = self._pipeline = None
+            self._batches = self._lane = None
             self._pid = None
 
 
@@ -192,11 +225,20 @@ def extract(
         context = ConversationContext.from_hash(data)
     except MemqError as exc:  # a context that does not decode never will: dead at once
         return _failed(run, exc, None)
+    may_batch = runtime.settings.llm_batch_active and data.get("claimed_sync") != "1"
     try:
-        report = _run_pipeline(runtime, run, context, watermark)
+        report = _run_pipeline(runtime, run, context, watermark, may_batch=may_batch)
     except Exception as exc:
         delay = retry_delay_ms(exc, attempts, runtime.settings)
         return _failed(run, exc, None if delay is None else clock() + delay)
+    if report is None:
+        log.info(
+            "extraction key=%s version=%d outcome=batched (waits for a batch job)",
+            run.context_id,
+            run.version,
+            extra=run.log_extra("batched"),
+        )
+        return {"outcome": "batched", "queue": "batched"}
     if report.outcome == "stale":
         return _discarded(run, report)
     return _completed(run, context, report)
@@ -223,10 +265,17 @@ def _start(run: _Run, data: dict[str, Any]) -> bool:
 
 
 def _run_pipeline(
-    runtime: WorkerRuntime, run: _Run, context: ConversationContext, watermark: str | None
-) -> ExtractionReport:
-    """The pipeline, with the lease renewed in the background while it runs."""
+    runtime: WorkerRuntime,
+    run: _Run,
+    context: ConversationContext,
+    watermark: str | None,
+    *,
+    may_batch: bool = False,
+) -> ExtractionReport | None:
+    """The pipeline, with the lease renewed in the background while it runs. With ``may_batch``
+    a run that fits one prompt is parked for the batch lane instead (None)."""
     settings = runtime.settings
+    fence = Fence(run.context_id, run.token)
     with LeaseKeeper(
         run.queue,
         run.context_id,
@@ -235,9 +284,19 @@ def _run_pipeline(
         renew_until_ms=run.started + int(settings.run_hard_limit_seconds * 1000),
         clock=run.clock,
     ):
-        return runtime.pipeline.run(
-            context, watermark=watermark, fence=Fence(run.context_id, run.token)
-        )
+        if not may_batch:
+            return runtime.pipeline.run(context, watermark=watermark, fence=fence)
+        from worker.batch import park
+        from worker.pipeline import ExtractionReport
+
+        step = runtime.pipeline.prepare(context, watermark=watermark, fence=fence)
+        if isinstance(step, ExtractionReport):
+            return step
+        if step.selection.more:  # over one prompt's budget: chunks go synchronously
+            return runtime.pipeline.finish(context, step, fence=fence)
+        if park(settings, runtime.batches, runtime.pipeline, context, run.token, step, run.clock()):
+            return None
+        return ExtractionReport("stale", reason="claim gone before the run was parked")
 
 
 def _completed(run: _Run, context: ConversationContext, report: ExtractionReport) -> dict[str, Any]:

@@ -79,6 +79,16 @@ DESCRIPTIONS: dict[str, str] = {
     "llm_max_retries": "retries inside the openai client before the task retries",
     "llm_json_mode": "ask for `response_format: json_object`",
     "llm_temperature": "sampling temperature of the extraction call",
+    "llm_batch_enabled": (
+        "batch lane: due contexts that were not flushed go out in OpenAI Batch API jobs "
+        "(batch prices, results within the completion window); flushes stay synchronous"
+    ),
+    "llm_batch_completion_window": "completion window of each batch job (OpenAI accepts `24h`)",
+    "llm_batch_max_requests": "requests (contexts) gathered into one batch job at most",
+    "llm_batch_gather_seconds": (
+        "longest a context waits to be gathered into a batch job (sooner when one is full)"
+    ),
+    "llm_batch_poll_seconds": "how often the ticker asks for the status of a batch job out",
     "max_facts": "fact cap per memory document",
     "fact_max_chars": "longest fact (content or mistake): cut at extraction and import, "
     "refused by hand",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from memq.commands.common import CommandContext, CommandError
+from memq.commands.common import CommandContext, CommandError, add_user_argument
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "and delete facts, and the memory document as a resource. Logs go to stderr."
         ),
     )
-    mcp.add_argument("--user", default=None, help="user id (default: `default`)")
+    # Neither --user nor --anonymous: the anonymous user, as an agent that passes no user id.
+    add_user_argument(mcp, option=True, optional=True)
     mcp.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
     mcp.set_defaults(run=run_mcp)
 

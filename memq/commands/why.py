@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 
-from memq.commands.common import CommandContext, format_table, print_json, shown
+from memq.commands.common import (
+    CommandContext,
+    add_user_argument,
+    format_table,
+    print_json,
+    shown,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -14,7 +20,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "why",
         help="where a fact came from: its sources, confirmations and whole change history",
     )
-    why.add_argument("user", help="user id")
+    add_user_argument(why)
     why.add_argument("fact_id")
     why.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
     why.add_argument("--json", action="store_true", help="print the explanation as JSON")

@@ -16,7 +16,13 @@ import itertools
 import zlib
 from dataclasses import dataclass
 
-from memq.core.identity import decode_agent, decode_user, encode_agent, encode_user
+from memq.core.identity import (
+    decode_agent,
+    decode_user,
+    encode_agent,
+    encode_segment,
+    encode_user,
+)
 
 CLUSTER_SLOTS = 16384
 _TAG_WINDOW = 8  # slots either side of a shard's ideal slot
@@ -94,6 +100,31 @@ class QueueKeys:
         """Zset of one user's contexts in flight in this shard (id -> lease expiry): the per-user
         cap counts it, so one tenant's backlog cannot fill the broker ahead of everyone else."""
         return f"{self.tag}:uinflight:{encode_user(user_id)}"
+
+    # --- the batch lane: contexts whose extraction goes out in a provider's batch job
+    @property
+    def batch_pending(self) -> str:
+        """Zset of contexts parked for the next batch job (id -> time parked, epoch ms)."""
+        return f"{self.tag}:batch:pending"
+
+    @property
+    def batched(self) -> str:
+        """Zset of contexts out in a batch job (id -> time past which the job counts as lost)."""
+        return f"{self.tag}:batch:out"
+
+    @property
+    def batch_jobs(self) -> str:
+        """Zset of this shard's batch jobs out (batch id -> next poll, epoch ms)."""
+        return f"{self.tag}:batch:jobs"
+
+    def batch_job(self, batch_id: str) -> str:
+        """Hash of one batch job: claim token (the request's custom id) -> context id."""
+        return f"{self.tag}:batch:job:{encode_segment(batch_id)}"
+
+    @property
+    def batch_lock(self) -> str:
+        """Held while one process gathers or polls this shard's batch jobs (SET NX PX)."""
+        return f"{self.tag}:batch:lock"
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,6 +141,12 @@ class MemqSettings(BaseSettings):
     llm_max_retries: int = Field(default=2, ge=0, le=10)
     llm_json_mode: bool = True
     llm_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    # The batch lane: work that can wait goes out in OpenAI Batch API jobs at batch prices.
+    llm_batch_enabled: bool = False
+    llm_batch_completion_window: str = Field(default="24h", pattern=r"^[1-9][0-9]{0,2}h$")
+    llm_batch_max_requests: int = Field(default=1000, ge=1, le=50_000)
+    llm_batch_gather_seconds: float = Field(default=60.0, ge=0.0, le=86400.0)
+    llm_batch_poll_seconds: float = Field(default=60.0, gt=0.0, le=3600.0)
 
     # --- extraction
     max_facts: int = Field(default=200, ge=10, le=5000)
@@ -375,6 +381,16 @@ class MemqSettings(BaseSettings):
     @property
     def watermark_ttl_ms(self) -> int:
         return self.watermark_ttl_days * 86_400_000
+
+    @property
+    def llm_batch_active(self) -> bool:
+        """The batch lane runs only against a real endpoint (the offline rules have no batches)."""
+        return self.llm_batch_enabled and self.resolved_llm_provider == "openai"
+
+    @property
+    def llm_batch_window_ms(self) -> int:
+        """The completion window in milliseconds ("24h" → 86 400 000)."""
+        return int(self.llm_batch_completion_window.removesuffix("h")) * 3_600_000
 
     @property
     def resolved_llm_provider(self) -> Literal["openai", "rules"]:

@@ -20,7 +20,8 @@ DeerFlow process) and maps each call of the contract onto memq:
   ``deerflow_manage``; the settings, argument checks and error mapping in ``deerflow_boundary``.
 
 Agent names map one to one (DeerFlow's ``None`` — its ``__default__`` bucket — is memq's
-user-global memory); a missing user id is DeerFlow's ``"default"``.
+user-global memory). DeerFlow's user without login, ``"default"`` (or no user id), is memq's
+anonymous user, where ``memq import --deerflow`` puts DeerFlow's ``users/default`` memory.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pydantic import ConfigDict, PrivateAttr
 
 from memq.core.connection import redis_client
 from memq.core.settings import MemqSettings
+from memq.deerflow_import import from_deerflow_user
 from memq.integrations.deerflow_boundary import read_errors, settings_for
 from memq.integrations.deerflow_format import (
     KeepHidden,
@@ -131,7 +133,11 @@ class MemqMemoryManager(ManagementCalls, MemoryManager):
     ) -> None:
         keep: KeepHidden | None = self._keep_hidden
         self._producer.after_agent(
-            thread_id, user_id, agent_name, apply_hidden_filter(messages, keep), trace_id=trace_id
+            thread_id,
+            from_deerflow_user(user_id),
+            agent_name,
+            apply_hidden_filter(messages, keep),
+            trace_id=trace_id,
         )
 
     def add_nowait(
@@ -143,7 +149,9 @@ class MemqMemoryManager(ManagementCalls, MemoryManager):
         user_id: str | None = None,
     ) -> None:
         keep: KeepHidden | None = self._keep_hidden
-        self._producer.flush(thread_id, user_id, agent_name, apply_hidden_filter(messages, keep))
+        self._producer.flush(
+            thread_id, from_deerflow_user(user_id), agent_name, apply_hidden_filter(messages, keep)
+        )
 
     def get_context(
         self,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from memq.core.errors import FactEvicted
 from memq.core.identity import validate_agent_name, validate_user_id
+from memq.deerflow_import import from_deerflow_user
 from memq.integrations.deerflow_boundary import (
     DuplicateFactError,
     fact_confidence,
@@ -52,7 +53,9 @@ class ManagementCalls:
 
     @staticmethod
     def _scope(user_id: str | None, agent_name: str | None) -> tuple[str, str | None]:
-        return validate_user_id(user_id), validate_agent_name(agent_name)
+        """DeerFlow's (user, agent) as memq's, validated: its ``"default"`` user is memq's
+        anonymous user, as the importer has it."""
+        return validate_user_id(from_deerflow_user(user_id)), validate_agent_name(agent_name)
 
     def _load_scoped(self, user: str, agent: str | None) -> MemoryDocument:
         """The document of (user, agent), an agent's with the user-level summaries."""

@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 from memq.memory.update import NewFact, UpdateAnswer
+from memq.testing.openai_batches import ScriptedBatches
 
 
 @dataclass
@@ -158,6 +159,7 @@ class ScriptedOpenAI:
         self.request_times: list[float] = []
         self.lock = threading.Lock()
         self.auth_headers: list[str | None] = []
+        self.batches = ScriptedBatches(self)  # the files + batches endpoints
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -170,14 +172,28 @@ class ScriptedOpenAI:
                 return
 
             def do_GET(self) -> None:  # /v1/models, used by `memq doctor`
+                if server.batches.serves(self.path):
+                    status, payload, content_type = server.batches.get(self.path)
+                    self._send(status, payload, {}, content_type)
+                    return
                 body = json.dumps(
                     {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
                 )
                 self._send(200, body.encode(), {})
 
+            def do_DELETE(self) -> None:  # /v1/files/{id}
+                status, payload, content_type = server.batches.delete(self.path)
+                self._send(status, payload, {}, content_type)
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 raw = self.rfile.read(length)
+                if server.batches.serves(self.path):
+                    status, payload, content_type = server.batches.post(
+                        self.path, self.headers.get("Content-Type", ""), raw
+                    )
+                    self._send(status, payload, {}, content_type)
+                    return
                 try:
                     request = json.loads(raw or b"{}")
                 except ValueError:
@@ -186,9 +202,7 @@ class ScriptedOpenAI:
                     server.requests.append(request)
                     server.request_times.append(time.monotonic())
                     server.auth_headers.append(self.headers.get("Authorization"))
-                    reply = server.replies.popleft() if server.replies else None
-                if reply is None:
-                    reply = server.responder(request)
+                reply = server.reply_for(request)
                 if reply.delay_seconds:
                     time.sleep(reply.delay_seconds)
                 if isinstance(reply.body, bytes):
@@ -207,9 +221,15 @@ class ScriptedOpenAI:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self._send(reply.status, payload, reply.headers)
 
-            def _send(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
+            def _send(
+                self,
+                status: int,
+                payload: bytes,
+                headers: dict[str, str],
+                content_type: str = "application/json",
+            ) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(payload)))
                 for name, value in headers.items():
                     self.send_header(name, value)
@@ -220,6 +240,13 @@ class ScriptedOpenAI:
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
+
+    def reply_for(self, request: dict[str, Any]) -> Reply:
+        """The next scripted reply, else the responder's for ``request`` (synchronous calls and
+        batch jobs' requests alike)."""
+        with self.lock:
+            reply = self.replies.popleft() if self.replies else None
+        return reply if reply is not None else self.responder(request)
 
     @property
     def port(self) -> int:

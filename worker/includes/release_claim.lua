@@ -11,11 +11,8 @@
 --   inflight  zset  context id -> lease expiry (epoch ms)
 --   users     uinflight:<user> zset  the user's in-flight contexts -> lease expiry
 --   id        context id
+--- @include "includes/leave_lease"
 local function release_claim(ctx, inflight, users, id)
   redis.call('HDEL', ctx, 'claim_token', 'started_token')
-  redis.call('ZREM', inflight, id)
-  redis.call('ZREM', users, id)
-  if redis.call('ZCARD', users) == 1 and redis.call('ZSCORE', users, '~defer') then
-    redis.call('DEL', users)
-  end
+  leave_lease(inflight, users, id)
 end
