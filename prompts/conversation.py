@@ -12,15 +12,23 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# `regex`, not `re`: it knows Unicode properties (control and format characters).
+import regex
+
 from memq.core.models import Message
 from memq.memory.blocks import strip_blocks
-from prompts.escaping import indented
+from prompts.escaping import LINE_BREAK, indented
 from prompts.tokens import TokenCounter
+from storage.sources import MAX_EXCERPT_CHARS
 
 log = logging.getLogger(__name__)
 
 _ROLE_LABEL = {"user": "User", "assistant": "Assistant"}
 _MIN_KEEP_CHARS = 40
+# What an excerpt drops: control and format characters (line breaks are folded first), and lone
+# surrogates, which no UTF-8 document can hold.
+_UNSHOWN = regex.compile(r"[[\p{Cc}\p{Cf}\ud800-\udfff]--[\u200c\u200d]]+", regex.V1)
+_SPACES = regex.compile(r"\s{2,}")
 
 
 def truncate_middle(text: str, max_chars: int) -> str:
@@ -36,6 +44,17 @@ def message_text(message: Message) -> str:
     """The text of ``message`` as the prompt sends it (upload and recalled-memory blocks removed,
     stripped). Defence in depth: the producer strips the same blocks, but a caller may bypass it."""
     return strip_blocks(message.content).strip()
+
+
+def message_excerpt(message: Message) -> str:
+    """The start of ``message``'s text as a fact's source keeps it: one line (line breaks and
+    runs of space folded), control, format (less the joiners emoji need) and surrogate characters
+    dropped, at most ``MAX_EXCERPT_CHARS`` characters (``…`` ending one that was cut)."""
+    text = _UNSHOWN.sub("", LINE_BREAK.sub(" ", message_text(message)).replace("\t", " "))
+    text = _SPACES.sub(" ", text).strip()
+    if len(text) <= MAX_EXCERPT_CHARS:
+        return text
+    return text[: MAX_EXCERPT_CHARS - 1].rstrip() + "…"
 
 
 def render_line(message: Message, label: str | None = None) -> str:

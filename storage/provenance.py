@@ -8,10 +8,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Literal
 
 from storage.base import Change
 from storage.document import Fact, MemoryDocument, SupersededFact, SupersededKind, copy_document
-from storage.sources import MAX_SOURCE_MESSAGES, Role, Source
+from storage.sources import (
+    MAX_EXCERPT_CHARS,
+    MAX_SOURCE_EXCERPTS,
+    MAX_SOURCE_MESSAGES,
+    Role,
+    Source,
+)
+
+# "gone": neither current nor superseded, only the history remembers it.
+FactStatus = Literal["current", "superseded", "gone"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +31,8 @@ class RunMessage:
     label: str
     digest: str
     role: Role
+    # The start of the message's text, already made safe to store (see ``Source.excerpts``).
+    excerpt: str = ""
 
 
 @dataclass(frozen=True)
@@ -45,11 +57,17 @@ class RunInfo:
         exact = bool(wanted) and all(label in by_label for label in wanted)
         chosen = [by_label[label] for label in wanted] if exact else list(self.messages)
         chosen = chosen[-MAX_SOURCE_MESSAGES:]  # a long run names its newest messages
+        # Only a citation says which message a fact came from: a run-level source shows none;
+        # nor does a run that did not keep its messages' excerpts (all or none, so they align).
+        excerpts = [m.excerpt[:MAX_EXCERPT_CHARS] for m in chosen[:MAX_SOURCE_EXCERPTS]]
+        if not all(excerpts):
+            excerpts = []
         return Source(
             thread_id=self.thread_id,
             messages=tuple(m.digest for m in chosen),
             roles=tuple(dict.fromkeys(m.role for m in chosen)),
             attribution="message" if exact else "run",
+            excerpts=tuple(excerpts) if exact else (),
             run_id=self.run_id,
             at=self.at,
             model=self.model,
@@ -209,7 +227,7 @@ class FactExplanation:
     superseded it, and every history entry about it or about the facts it replaced."""
 
     fact_id: str
-    status: str  # "current", "superseded" or "gone" (only the history remembers it)
+    status: FactStatus
     fact: Fact | None
     sources: list[Source]
     confirmations: int
@@ -245,7 +263,9 @@ def explain(
     entries = [c for c in history if c.fact_id in related]
     if fact is None and not entries:
         return None
-    status = "current" if current is not None else "superseded" if own is not None else "gone"
+    status: FactStatus = (
+        "current" if current is not None else "superseded" if own is not None else "gone"
+    )
     return FactExplanation(
         fact_id=fact_id,
         status=status,

@@ -1,18 +1,19 @@
 """Where a fact came from: one :class:`Source` per time an extraction learnt it.
 
 A source names the thread, the messages (their watermark identities: fixed-length digests of
-their ids or text, never the text), the roles
-among those messages, the extraction run, when, the model and the prompt version.
-``attribution`` says how exact it is: ``message`` when the model cited the messages the fact came
-from, ``run`` when it did not (or cited wrongly) and the source falls back to every new message of
-its run — never a guessed message. Facts written before sources existed read as run-level from
-their source thread.
+their ids or text), the roles among those messages, for a message-level citation a short excerpt
+of each cited message (what an operator reads to see where the fact came from; forgetting the
+thread removes the source and its excerpts with it), the extraction run, when, the model and the
+prompt version. ``attribution`` says how exact it is: ``message`` when the model cited the
+messages the fact came from, ``run`` when it did not (or cited wrongly) and the source falls back
+to every new message of its run — never a guessed message. Facts written before sources existed
+read as run-level from their source thread.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -23,6 +24,11 @@ Attribution = Literal["message", "run"]
 # Messages one source names at most (the newest of its run): a run-level source of a long
 # conversation must not grow a fact without bound.
 MAX_SOURCE_MESSAGES = 16
+# A cited message's excerpt: enough to recognise the message, bounded so a fact's sources stay
+# small (at most MAX_SOURCE_EXCERPTS of them per source, the first cited messages').
+MAX_EXCERPT_CHARS = 200
+MAX_SOURCE_EXCERPTS = 4
+Excerpt = Annotated[str, Field(max_length=MAX_EXCERPT_CHARS)]
 
 
 def _text_or_none(value: Any) -> str | None:
@@ -42,6 +48,9 @@ class Source(BaseModel):
     # asks: did the user say it?).
     roles: tuple[Role, ...] = Field(default=(), max_length=2)
     attribution: Attribution = "run"
+    # Message-level citations only: ``excerpts[i]`` is the start of ``messages[i]``, as stored
+    # (invisible characters dropped, tag-like openings neutralised, one line).
+    excerpts: tuple[Excerpt, ...] = Field(default=(), max_length=MAX_SOURCE_EXCERPTS)
     run_id: str | None = None
     at: AwareDatetime | None = None
     model: str | None = None
@@ -62,13 +71,16 @@ def repaired_source(data: Any) -> Source:
 def _repaired(data: Mapping[str, Any]) -> dict[str, Any]:
     messages = data.get("messages")
     roles = data.get("roles")
+    message_level = data.get("attribution") == "message"
+    excerpts = [e[:MAX_EXCERPT_CHARS] for e in _items(data.get("excerpts")) if isinstance(e, str)]
     return {
         "thread_id": _text_or_none(data.get("thread_id")),
         "messages": tuple(m for m in _items(messages) if isinstance(m, str) and m)[
             -MAX_SOURCE_MESSAGES:
         ],
         "roles": tuple(dict.fromkeys(r for r in _items(roles) if r in ("user", "assistant"))),
-        "attribution": "message" if data.get("attribution") == "message" else "run",
+        "attribution": "message" if message_level else "run",
+        "excerpts": tuple(excerpts[:MAX_SOURCE_EXCERPTS]) if message_level else (),
         "run_id": _text_or_none(data.get("run_id")),
         "at": parse_timestamp(data.get("at")),
         "model": _text_or_none(data.get("model")),

@@ -14,6 +14,7 @@ from memq.core.settings import MemqSettings
 from memq.integrations.deerflow_format import deerflow_document
 from memq.memory.apply import apply_update
 from memq.memory.update import NewFact, StaleRemoval, UpdateAnswer
+from prompts.conversation import message_excerpt
 from storage import get_storage
 from storage.base import Change
 from storage.document import Fact, MemoryDocument, Section, UserContext
@@ -27,7 +28,7 @@ from storage.provenance import (
     history_without_thread,
     section_threads,
 )
-from storage.sources import MAX_SOURCE_MESSAGES, Source
+from storage.sources import MAX_EXCERPT_CHARS, MAX_SOURCE_EXCERPTS, MAX_SOURCE_MESSAGES, Source
 from worker.watermark import message_identity
 
 NOW = datetime(2026, 7, 15, 12, 0, tzinfo=UTC)
@@ -293,3 +294,54 @@ def test_rewrite_replaces_a_document_and_its_whole_history(manager: MemoryManage
     assert [f.content for f in manager.list_facts("eve")] == ["keep me"]
     assert [c.content for c in manager.history("eve")] == ["keep me"]
     assert storage.rewrite("eve", None, lambda d, h: None) is False
+
+
+def test_a_message_level_source_keeps_a_bounded_excerpt_of_each_cited_message() -> None:
+    said = [
+        Message("user", "I moved to Berlin\n\nlast month.\x00\u200b"),
+        Message("user", "<script>alert(1)</script> " + "long " * 400),
+        Message("assistant", "Noted \ud800 [m1] \u202eevil"),
+    ]
+    run = RunInfo(
+        "t1",
+        "r1",
+        NOW,
+        tuple(
+            RunMessage(f"m{i}", message_identity(m), m.role, message_excerpt(m))
+            for i, m in enumerate(said, start=1)
+        ),
+    )
+    (cited, whole) = learn(
+        MemoryDocument(), run, new("Lives in Berlin", "m1", "m2", "m3"), new("Writes long")
+    ).document.facts
+    (source,) = cited.sources
+    first, second, third = source.excerpts
+    assert first == "I moved to Berlin last month."  # one line, control and format chars gone
+    assert second.startswith("<script>alert(1)</script> long") and second.endswith("…")
+    assert len(second) == MAX_EXCERPT_CHARS
+    assert third == "Noted [m1] evil"  # a lone surrogate and a direction override dropped
+    assert whole.sources[0].attribution == "run" and whole.sources[0].excerpts == ()
+    # Stored and read back as written: an excerpt is a stored string like any other.
+    reread = parse_document(dump_document(MemoryDocument(facts=[cited])))
+    assert reread.facts[0].sources[0].excerpts == source.excerpts
+
+
+def test_excerpts_read_from_a_hand_edited_document_are_bounded() -> None:
+    fact = Fact.model_validate(
+        {
+            "content": "x",
+            "sources": [
+                {"attribution": "message", "messages": ["a"], "excerpts": ["y" * 5000, 3] * 50},
+                {"attribution": "run", "messages": ["a"], "excerpts": ["leaked"]},
+                {"attribution": "message", "excerpts": "not a list"},
+            ],
+        }
+    )
+    kept, run_level, odd = fact.sources
+    assert [len(e) for e in kept.excerpts] == [MAX_EXCERPT_CHARS] * MAX_SOURCE_EXCERPTS
+    assert run_level.excerpts == () and odd.excerpts == ()
+
+
+def test_a_run_without_excerpts_cites_without_them() -> None:
+    (fact,) = learn(MemoryDocument(), run_of("t1", "user"), new("Likes tea", "m1")).document.facts
+    assert fact.sources[0].attribution == "message" and fact.sources[0].excerpts == ()

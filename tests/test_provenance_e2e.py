@@ -96,6 +96,7 @@ def test_citations_confirmations_grounding_and_supersession(
     assert source.attribution == "message" and source.thread_id == "t-munich"
     assert source.messages == (message_identity(Message("user", SAID)),)
     assert source.roles == ("user",)
+    assert source.excerpts == (SAID,)  # the message it came from, for the inspector to show
     assert source.run_id and source.at is not None and source.model
     assert source.prompt_version == PROMPT_VERSION
     both = (
@@ -107,6 +108,7 @@ def test_citations_confirmations_grounding_and_supersession(
         assert fact is not None
         (fallback,) = fact.sources
         assert (fallback.attribution, fallback.messages) == ("run", both), content
+        assert fallback.excerpts == ()  # no message is guessed, none is quoted
         assert fallback.roles == ("user", "assistant")
 
     # 2. Learning the same fact again, in another thread, adds a source and a confirmation.
@@ -169,6 +171,7 @@ def test_citations_confirmations_grounding_and_supersession(
     ]
     text = cli(env, "why", "alice", munich.id).stdout
     assert "superseded (contradicted)" in text and berlin.id in text and "t-munich" in text
+    assert f"t-munich said: {SAID}" in text
     export = api.export("alice")
     assert [e["fact"]["content"] for e in export["superseded"]] == ["User lives in Munich"]
 
@@ -218,6 +221,7 @@ def test_forget_a_thread_with_a_run_of_it_in_flight(
     dump = {k: v for k, v in dump_redis(redis_client).items() if settings.key_prefix in k}
     assert [k for k, v in dump.items() if "Bluebird" in v or "secret project" in v] == []
     assert [k for k, v in dump.items() if "t-secret" in v or "t-secret" in k] == []
+    assert [k for k, v in dump.items() if "oolong tea too" in v] == []  # the confirming excerpt
     history = MemoryManager(get_storage(settings)).history("ken")
     assert history[0].action == "forget"
     assert all(c.source_thread_id != "t-secret" for c in history)

@@ -18,6 +18,7 @@ from selenium.webdriver.support.wait import WebDriverWait
 
 from memq.core.settings import MemqSettings
 from memq.server.ui.render import path_segment
+from memq.testing.openai_server import CitingModel, Teach
 from memq.testing.waiting import wait_for
 from producer import MemoryProducer
 from storage import get_storage
@@ -25,7 +26,7 @@ from storage.management import MemoryManager
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.inspector import HOSTILE_FACTS
 from tests.support.openai_server import Reply, ScriptedOpenAI
-from tests.support.scenarios import conversation_of, fact_for, learn_items, stack_settings, turn
+from tests.support.scenarios import conversation_of, fact_for, stack_settings, turn
 from tests.support.serve import Keys
 from worker.queue import QueueClient
 
@@ -36,15 +37,18 @@ EVE = "app1-eve|auth0/x"
 
 
 class PoisonModel:
-    """Learns every item, but answers garbage for a conversation about ``POISON`` until healed."""
+    """Learns every item, citing the user's message that names it, but answers garbage for a
+    conversation about ``POISON`` until healed."""
 
     def __init__(self) -> None:
         self.healthy = threading.Event()
+        items = ("item-1", "item-2", POISON)
+        self.citing = CitingModel([Teach(fact_for(i), said=i, role="user") for i in items])
 
     def __call__(self, request: dict[str, Any]) -> Reply:
         if POISON in conversation_of(request) and not self.healthy.is_set():
             return Reply(content="I think the user likes cats, probably.")
-        return learn_items(request)
+        return self.citing(request)
 
 
 def by_id(driver: WebDriver, element_id: str) -> WebElement:
@@ -124,7 +128,7 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     assert text_of(facts_cell) == "2"
     navigate(browser, browser.find_element(By.CSS_SELECTOR, "#agents a").click)
 
-    # Open a fact: it says where it came from.
+    # Open a fact: it says where it came from, down to the message the user wrote.
     rows = browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr")
     assert sorted(text_of(r.find_element(By.CLASS_NAME, "fact-content")) for r in rows) == [
         fact_for("item-1"),
@@ -134,6 +138,8 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     assert text_of(by_id(browser, "fact-content")) == fact_for("item-1")
     threads = [text_of(c) for c in browser.find_elements(By.CSS_SELECTOR, "#provenance .ut")]
     assert "trip-1" in threads
+    (quoted,) = browser.find_elements(By.CSS_SELECTOR, "#provenance .message-excerpt")
+    assert text_of(quoted) == turn("item-1", "I sail.")[0]["content"]
     history = browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")
     assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in history] == ["add"]
 
@@ -166,14 +172,14 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     assert block.startswith("<user_memory>") and fact_for("item-2") in block
     assert int(text_of(by_id(browser, "token-count")).split()[0]) > 0
 
-    # Forget a thread, where this memq's management API offers it.
+    # Forget a thread: the fact learnt only from it is gone from the page and the memory.
     navigate(browser, browser.find_element(By.LINK_TEXT, "user-global").click)
-    offered = browser.find_elements(By.ID, "forget-thread")
-    assert bool(offered) == hasattr(manager, "forget_thread")
-    if offered:
-        by_id(browser, "thread-id").send_keys("trip-2")
-        navigate(browser, by_id(browser, "forget-thread-button").click, alert=True)
-        wait_for(lambda: manager.list_facts(GUS) == [], timeout=10, what="forgotten")
+    by_id(browser, "thread-id").send_keys("trip-2")
+    navigate(browser, by_id(browser, "forget-thread-button").click, alert=True)
+    assert "forgotten" in by_id(browser, "notice").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr .fact-content") == []
+    assert manager.list_facts(GUS) == []
+    assert "item-2" not in str(manager.history(GUS))  # the thread's runs left no trace
 
     # The queue: the dead letter with its reason; retry it once the model is healthy.
     navigate(browser, browser.find_element(By.LINK_TEXT, "Queue").click)

@@ -26,6 +26,7 @@ from memq.testing.celery_procs import memq_env
 from memq.testing.serve_proc import ServeProcess
 from storage import get_storage
 from storage.management import MemoryManager
+from storage.sources import MAX_EXCERPT_CHARS, MAX_SOURCE_EXCERPTS
 from tests.support.inspector import HOSTILE_FACTS, REAL_USER_IDS, UiClient
 from tests.support.serve import Keys, bearer
 
@@ -232,6 +233,42 @@ def test_hostile_stored_text_is_text_on_every_page_under_a_strict_csp(
     assert HOSTILE_FACTS[2] in one.texts
     # The badge names the hidden characters, so an operator sees them.
     assert "U+200B U+202C U+202E" in ui.get(f"{user}/facts/{facts[2].id}").text
+
+
+def test_a_hostile_excerpt_of_a_cited_message_is_text_on_the_fact_page(
+    ui_server: tuple[Any, MemqSettings], ui_client: Any
+) -> None:
+    """An excerpt a hand or an older writer left in a document: shown as text, cut to its bound."""
+    server, settings = ui_server
+    written = [HOSTILE_FACTS[-1], *HOSTILE_FACTS[: MAX_SOURCE_EXCERPTS - 1], "never shown"]
+    excerpts = [text[:MAX_EXCERPT_CHARS] for text in written[:MAX_SOURCE_EXCERPTS]]
+    source = {"thread_id": "t-1", "messages": ["id:0"] * 4, "attribution": "message"}
+    document = {
+        "version": "memq/1",
+        "facts": [
+            {
+                "id": "fact_0000beef",
+                "content": "Likes tea",
+                "source": "conversation",
+                "sources": [{**source, "excerpts": written}],
+            },
+        ],
+    }
+    _manager(settings).import_document("app1-ola", document)
+    ui: UiClient = ui_client(server)
+    ui.login(Keys().admin)
+    page = ui.get("/users/app1-ola/facts/fact_0000beef")
+    assert page.status_code == 200
+    markup = parsed(page.text)
+    for text in excerpts:
+        assert text in markup.texts, f"not shown exactly: {text[:40]!r}"
+    # At most MAX_SOURCE_EXCERPTS of them, each cut to its bound (the 1,000-character one too).
+    assert "never shown" not in page.text
+    assert not [t for t in markup.texts if HOSTILE_FACTS[-1][: MAX_EXCERPT_CHARS + 1] in t]
+    for tag, attrs in markup.tags:
+        assert tag not in {"img", "svg", "iframe", "object", "embed"}, tag
+        assert tag != "script" or attrs.get("src"), "an inline script"
+        assert not [a for a in attrs if a.startswith("on") or a == "style"], attrs
 
 
 def test_real_user_ids_reach_their_own_pages(

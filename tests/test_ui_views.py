@@ -5,16 +5,26 @@ filter every stored string goes through."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from memq.core.models import Message
+from memq.core.settings import MemqSettings
+from memq.memory.apply import apply_update
+from memq.memory.update import NewFact, UpdateAnswer
 from memq.server.ui import views
 from memq.server.ui.render import hidden_characters, path_segment, query, stored_text
+from prompts.conversation import message_excerpt
 from prompts.injection import format_memory_for_injection
 from storage.document import Fact, MemoryDocument
+from storage.provenance import RunInfo, RunMessage
+from storage.sources import Source
+from worker.watermark import message_identity
+
+AT = datetime(2026, 1, 2, tzinfo=UTC)
+SETTINGS = MemqSettings(llm_provider="rules")
 
 
 def fact(content: str, **fields: object) -> Fact:
@@ -53,53 +63,61 @@ def test_the_fact_table_filters_by_category_and_case_folded_text() -> None:
 
 
 def test_a_fact_from_before_sources_shows_its_source_thread() -> None:
-    old = fact("x", source_thread_id="chat-7")
-    assert views.sources(old) == [views.SourceView(thread_id="chat-7")]
+    old = Fact.model_validate({"content": "x", "source_thread_id": "chat-7"})
+    assert views.sources(old) == [Source(thread_id="chat-7", attribution="run")]
     assert views.sources(fact("y", source="manual")) == []
     assert views.confirmations(old) == 0
 
 
-def test_recorded_sources_confirmations_and_superseded_facts_are_read_when_present() -> None:
-    at = datetime(2026, 1, 2, tzinfo=UTC)
-    source = SimpleNamespace(
-        thread_id="chat-9",
-        messages=("ab12", "cd34"),
-        roles=("user", "assistant"),
-        attribution="message",
-        run_id="run-1",
-        at=at,
-        model="gpt-x",
-        prompt_version="v3",
+def _learnt(
+    doc: MemoryDocument, thread: str, said: str, *facts: NewFact, remove: tuple[str, ...] = ()
+) -> MemoryDocument:
+    """What an extraction run writes: the worker's own update rules on a labelled run."""
+    message = Message("user", said)
+    run = RunInfo(
+        thread,
+        f"run-{thread}",
+        AT,
+        (RunMessage("m1", message_identity(message), "user", message_excerpt(message)),),
+        "gpt-x",
+        "v3",
     )
-    learnt = SimpleNamespace(sources=[source, SimpleNamespace()], confirmations=2)
-    shown = views.sources(learnt)
-    assert shown[0] == views.SourceView(
-        "chat-9", ("ab12", "cd34"), ("user", "assistant"), "message", "run-1", at, "gpt-x", "v3"
-    )
-    assert shown[1] == views.SourceView(thread_id=None, attribution="run")
-    assert views.confirmations(learnt) == 2
-    assert views.confirmations(SimpleNamespace(confirmations=True)) == 0
+    answer = UpdateAnswer(new_facts=facts, facts_to_remove=remove)
+    return apply_update(doc, answer, settings=SETTINGS, now=AT, thread_id=thread, run=run).document
 
-    replacement, retired = fact("now in Oslo"), fact("lives in Berlin")
-    document = SimpleNamespace(
-        superseded=[
-            SimpleNamespace(
-                fact=retired,
-                kind="contradicted",
-                superseded_at=at,
-                replaced_by=[replacement.id],
-                reason="moved",
-                thread_id="chat-9",
-            ),
-            SimpleNamespace(fact="not a fact"),
-        ]
+
+def test_recorded_sources_confirmations_and_superseded_facts_are_read_from_real_runs() -> None:
+    tea = NewFact(content="drinks tea", confidence=0.9, cites=("m1",))
+    berlin = NewFact(content="lives in Berlin", confidence=0.9, cites=("m1",))
+    doc = _learnt(MemoryDocument(), "chat-1", "I drink tea and live in Berlin", tea, berlin)
+    doc = _learnt(doc, "chat-2", "Tea, as always", NewFact(content="drinks tea", confidence=0.9))
+    (learnt,) = [f for f in doc.facts if f.content == "drinks tea"]
+    first, again = views.sources(learnt)
+    assert (first.thread_id, first.attribution, first.excerpts) == (
+        "chat-1",
+        "message",
+        ("I drink tea and live in Berlin",),
     )
-    entries = views.superseded(document)  # type: ignore[arg-type]
-    assert [(e.fact.content, e.kind, e.reason) for e in entries] == [
-        ("lives in Berlin", "contradicted", "moved")
+    assert (first.run_id, first.at, first.model, first.prompt_version) == (
+        "run-chat-1",
+        AT,
+        "gpt-x",
+        "v3",
+    )
+    assert (again.thread_id, again.attribution, again.excerpts) == ("chat-2", "run", ())
+    assert views.confirmations(learnt) == 1
+
+    retired = next(f for f in doc.facts if f.content == "lives in Berlin")
+    oslo = NewFact(content="now in Oslo", confidence=0.9, cites=("m1",))
+    doc = _learnt(doc, "chat-3", "I moved to Oslo", oslo, remove=(retired.id,))
+    replacement = next(f for f in doc.facts if f.content == "now in Oslo")
+    entries = views.superseded(doc)
+    assert [(e.fact.content, e.kind, e.thread_id) for e in entries] == [
+        ("lives in Berlin", "contradicted", "chat-3")
     ]
     assert views.superseded_by(entries, replacement.id) == entries
     assert views.superseded_fact(entries, retired.id) == entries[0]
+    assert views.sources(entries[0].fact)[0].excerpts == ("I drink tea and live in Berlin",)
     assert views.superseded(MemoryDocument()) == []
 
 

@@ -29,7 +29,7 @@ from memq.memory.apply import apply_update
 from memq.memory.signals import signals_in
 from memq.memory.update import UpdateAnswer
 from prompts.answer import parse_update_response
-from prompts.conversation import message_text
+from prompts.conversation import message_excerpt, message_text
 from prompts.tokens import TokenCounter, make_token_counter
 from prompts.update_prompt import PROMPT_VERSION, UpdatePrompt, build_update_prompt
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
@@ -309,7 +309,7 @@ def run_info(
     identity is the uncut message's, the one the watermark knows it by."""
     sent = [m for m in selection.new if message_text(m)][-len(prompt.conversation) :]
     messages = tuple(
-        RunMessage(label, message_identity(m), m.role)
+        RunMessage(label, message_identity(m), m.role, message_excerpt(m))
         for m, label in zip(sent, prompt.labels, strict=True)
     )
     return RunInfo(

@@ -67,6 +67,9 @@ def run_why(args: argparse.Namespace, context: CommandContext) -> int:
         for s in explanation.sources
     ]
     print(format_table(header, rows) if rows else "  (none recorded)")
+    for s in explanation.sources:
+        for excerpt in s.excerpts:  # the cited messages, as their sources keep them
+            print(f"  {shown(s.thread_id or '-')} said: {shown(excerpt)}")
     if explanation.supersedes:
         print("supersedes:")
         for entry in explanation.supersedes:

@@ -10,7 +10,9 @@ from pydantic import BaseModel, Field
 from memq.core.settings import MemqSettings
 from memq.server.service import HandOffStatus
 from storage.base import Change
-from storage.document import Fact
+from storage.document import Fact, SupersededFact
+from storage.provenance import FactExplanation, FactStatus
+from storage.sources import Source
 
 
 def setting_bounds(name: str) -> dict[str, Any]:
@@ -48,3 +50,37 @@ class FactsOut(BaseModel):
 
 class HistoryOut(BaseModel):
     changes: list[Change]
+
+
+class FactWhy(BaseModel):
+    """`memq why`: where a fact came from and what became of it."""
+
+    fact_id: str
+    status: FactStatus = Field(
+        description="`gone`: neither current nor superseded; only the history remembers it"
+    )
+    fact: Fact | None
+    sources: list[Source] = Field(description="oldest first; run-level for older documents")
+    confirmations: int
+    superseded: SupersededFact | None = Field(description="this fact's own entry, if superseded")
+    supersedes: list[SupersededFact] = Field(description="the facts it replaced")
+    history: list[Change] = Field(
+        description="every entry about it or what it replaced, oldest first"
+    )
+
+    @classmethod
+    def of(cls, explanation: FactExplanation) -> FactWhy:
+        return cls(
+            fact_id=explanation.fact_id,
+            status=explanation.status,
+            fact=explanation.fact,
+            sources=explanation.sources,
+            confirmations=explanation.confirmations,
+            superseded=explanation.superseded,
+            supersedes=explanation.supersedes,
+            history=explanation.history,
+        )
+
+
+class SupersededOut(BaseModel):
+    superseded: list[SupersededFact] = Field(description="newest first; never injected")

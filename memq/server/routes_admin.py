@@ -1,6 +1,6 @@
-"""Management (scope ``admin``): facts by hand, export and import, forget a user. Every write is
-the memory manager's (serialised with running extractions, recorded in the history) or the
-erasure's, exactly as from the CLI."""
+"""Management (scope ``admin``): facts by hand, export and import, forget a user or a thread.
+Every write is the memory manager's (serialised with running extractions, recorded in the
+history) or the erasure's, exactly as from the CLI."""
 
 from __future__ import annotations
 
@@ -118,6 +118,30 @@ def import_memory(
 class Forgotten(BaseModel):
     user_id: str
     removed: dict[str, int]
+
+
+class ThreadForgotten(BaseModel):
+    user_id: str
+    thread_id: str
+    removed: dict[str, int] = Field(
+        description="facts_removed (learnt only from the thread), facts_trimmed (kept without "
+        "its sources), sections_cleared, documents, pending, in_flight, dead, contexts, watermarks"
+    )
+
+
+# Declared before the user's own DELETE: `{user_id:path}` would otherwise take the whole path.
+@router.delete(
+    USER + "/threads/{thread_id}",
+    tags=_TAGS,
+    dependencies=[Depends(ADMIN)],
+    response_model=ThreadForgotten,
+)
+def forget_thread(user_id: str, thread_id: str, svc: Service) -> ThreadForgotten:
+    """Forget one thread in every agent's memory: facts learnt only from it go, other facts lose
+    its sources, its pending, in-flight and dead conversations and watermark are deleted; a run
+    of it in flight saves nothing (`memq forget USER --thread T`)."""
+    report = svc.forget_thread(user_id, thread_id)
+    return ThreadForgotten(user_id=user_id, thread_id=thread_id, removed=report.as_dict())
 
 
 @router.delete(USER + "", tags=_TAGS, dependencies=[Depends(ADMIN)], response_model=Forgotten)

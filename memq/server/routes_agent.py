@@ -1,5 +1,6 @@
 """What an agent calls around each turn (scope ``agent``): hand a conversation over, read the
-memory block, the document, search, the facts and their history.
+memory block, the document, search, the facts, their history and provenance (why a fact is held,
+what was superseded).
 
 Query texts travel in request bodies, never in the URL, so no access log or proxy log holds them.
 """
@@ -20,8 +21,10 @@ from memq.server.models import (
     TOKEN_BUDGET,
     ContextBlock,
     FactsOut,
+    FactWhy,
     HandOffAccepted,
     HistoryOut,
+    SupersededOut,
 )
 from memq.server.routing import AgentName, Service, new_router
 
@@ -156,3 +159,21 @@ def history(
     """Recorded changes of the document, newest first."""
     changes = svc.manager.history(user_id, agent_name=agent_name, limit=limit)
     return HistoryOut(changes=changes)
+
+
+@router.get(
+    USER + "/facts/{fact_id}/why", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=FactWhy
+)
+def why(user_id: str, fact_id: str, svc: Service, agent_name: AgentName = None) -> FactWhy:
+    """Where a fact came from (`memq why`): its sources, confirmations, what it superseded or
+    what superseded it, and its whole change history. The fact may be current, superseded or
+    gone (404 when not even the history names it)."""
+    return FactWhy.of(svc.manager.why(user_id, fact_id, agent_name=agent_name))
+
+
+@router.get(
+    USER + "/superseded", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=SupersededOut
+)
+def superseded(user_id: str, svc: Service, agent_name: AgentName = None) -> SupersededOut:
+    """Facts that stopped being valid (contradicted or stale), with what replaced them and why."""
+    return SupersededOut(superseded=svc.manager.superseded(user_id, agent_name=agent_name))

@@ -2,8 +2,8 @@
 the memory manager and the queue client, built once from the settings the app factory got.
 
 Nothing here decides a rule of memory: a hand-off is the producer's, a block the injector's, a
-fact edit the manager's, a forget :func:`storage.erasure.erase`'s, a dead letter the queue
-client's. This module only wires them and says how a hand-off ended.
+fact edit the manager's, a forget :func:`storage.erasure.erase`'s (or ``erase_thread``'s), a
+dead letter the queue client's. This module only wires them and says how a hand-off ended.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from producer.enqueue import build_request
 from producer.injector import MemoryInjector
 from producer.producer import MemoryProducer
 from storage import get_storage
-from storage.erasure import ErasureReport, erase
+from storage.erasure import ErasureReport, ThreadErasureReport, erase, erase_thread
 from storage.management import MemoryManager
 
 if TYPE_CHECKING:
@@ -167,6 +167,11 @@ class MemqService:
 
     def forget(self, user_id: str) -> ErasureReport:
         return erase(self.settings, self.redis, self.storage, user_id)
+
+    def forget_thread(self, user_id: str, thread_id: str) -> ThreadErasureReport:
+        """Forget one thread of a user in every agent's memory (`memq forget USER --thread T`):
+        the one door the HTTP API and the inspector share."""
+        return erase_thread(self.settings, self.redis, self.storage, user_id, thread_id)
 
     def close(self) -> None:
         self.producer.close()

@@ -50,7 +50,8 @@ def responder(request: dict[str, Any]) -> Reply:
     if "spreadsheet" in text:
         return Reply(content="I think the user likes spreadsheets, probably.")
     facts = [
-        {"content": content, "category": category, "confidence": confidence}
+        # m1: the user's message, the first of the run (its source keeps an excerpt of it).
+        {"content": content, "category": category, "confidence": confidence, "cites": ["m1"]}
         for word, (content, category, confidence) in LEARNT.items()
         if word in text
     ]

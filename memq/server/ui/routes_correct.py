@@ -106,11 +106,8 @@ def delete_fact(
 def forget_thread(
     user_id: str, page: Changer, thread_id: Short, agent: AgentField = ""
 ) -> RedirectResponse:
-    """Forget what one thread taught, where this memq's management API can."""
-    manager: Any = page.svc.manager
-    if not hasattr(manager, "forget_thread"):
-        raise InvalidMemoryData("forgetting one thread is not available in this memq version")
-    manager.forget_thread(user_id, thread_id)
+    """Forget what one thread taught, in every agent's memory (as the HTTP API and the CLI)."""
+    page.svc.forget_thread(user_id, thread_id)
     return _back(page, user_id, "/memory", agent=agent, done="thread-forgotten")
 
 

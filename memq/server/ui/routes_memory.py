@@ -88,7 +88,6 @@ def memory(
         confirmations=views.confirmations,
         superseded=views.superseded(document),
         history=history,
-        forget_thread=hasattr(manager, "forget_thread"),
         notice=views.NOTICES.get(done, ""),
     )
 

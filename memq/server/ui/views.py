@@ -1,9 +1,9 @@
 """What the pages show, as plain functions on the storage's own models: sorting and filtering the
 fact table, the provenance of a fact, its history, and which facts a preview left out.
 
-Provenance fields (a fact's ``sources`` and ``confirmations``, a document's ``superseded`` facts)
-are read with ``getattr`` and defaults: documents and models from before they existed show what
-they have (the source thread, the history) and the page works the same.
+Provenance is the storage's own models (a fact's ``sources``, ``confirmations`` and
+``provenance()``, a document's ``superseded`` facts): a document written before they existed
+loads with them empty and reads as run-level attribution from its source thread.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Literal
 from prompts.injection import render_fact
 from storage.base import Change
 from storage.document import Fact, MemoryDocument
+from storage.sources import Source
 
 # What a redirect after a change may say it did (a fixed vocabulary: nothing from the URL is shown).
 NOTICES = {
@@ -30,9 +31,8 @@ SORT_KEYS: tuple[SortKey, ...] = ("confidence", "learnt", "category", "confirmat
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def confirmations(fact: Any) -> int:
-    value = getattr(fact, "confirmations", 0)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+def confirmations(fact: Fact) -> int:
+    return fact.confirmations
 
 
 def _sort_key(key: SortKey) -> Callable[[Fact], Any]:
@@ -71,50 +71,10 @@ def fact_table(
     return sorted(kept, key=_sort_key(sort), reverse=descending)
 
 
-@dataclass(frozen=True)
-class SourceView:
-    """One line of a fact's provenance."""
-
-    thread_id: str | None
-    messages: tuple[str, ...] = ()
-    roles: tuple[str, ...] = ()
-    attribution: str = "thread"
-    run_id: str | None = None
-    at: datetime | None = None
-    model: str | None = None
-    prompt_version: str | None = None
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _strings(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list | tuple):
-        return ()
-    return tuple(v for v in value if isinstance(v, str))
-
-
-def sources(fact: Any) -> list[SourceView]:
-    """Where ``fact`` came from: its recorded sources, or its source thread alone when the
-    document predates them."""
-    recorded = getattr(fact, "sources", None)
-    if isinstance(recorded, list | tuple) and recorded:
-        return [
-            SourceView(
-                thread_id=_text(getattr(s, "thread_id", None)),
-                messages=_strings(getattr(s, "messages", ())),
-                roles=_strings(getattr(s, "roles", ())),
-                attribution=_text(getattr(s, "attribution", None)) or "run",
-                run_id=_text(getattr(s, "run_id", None)),
-                at=getattr(s, "at", None) if isinstance(getattr(s, "at", None), datetime) else None,
-                model=_text(getattr(s, "model", None)),
-                prompt_version=_text(getattr(s, "prompt_version", None)),
-            )
-            for s in recorded
-        ]
-    thread = _text(getattr(fact, "source_thread_id", None))
-    return [SourceView(thread_id=thread)] if thread is not None else []
+def sources(fact: Fact) -> list[Source]:
+    """Where ``fact`` came from: its recorded sources, or (a document from before sources were
+    kept) its source thread as one run-level source — the storage's own reading."""
+    return fact.provenance()
 
 
 @dataclass(frozen=True)
@@ -128,24 +88,18 @@ class SupersededView:
 
 
 def superseded(document: MemoryDocument) -> list[SupersededView]:
-    """The document's superseded facts, newest first ([] before they were kept)."""
-    out: list[SupersededView] = []
-    for entry in getattr(document, "superseded", None) or []:
-        fact = getattr(entry, "fact", None)
-        if not isinstance(fact, Fact):
-            continue
-        at = getattr(entry, "superseded_at", None)
-        out.append(
-            SupersededView(
-                fact=fact,
-                kind=_text(getattr(entry, "kind", None)) or "superseded",
-                at=at if isinstance(at, datetime) else None,
-                replaced_by=_strings(getattr(entry, "replaced_by", ())),
-                reason=_text(getattr(entry, "reason", None)) or "",
-                thread_id=_text(getattr(entry, "thread_id", None)),
-            )
+    """The document's superseded facts, newest first."""
+    return [
+        SupersededView(
+            fact=entry.fact,
+            kind=entry.kind,
+            at=entry.superseded_at,
+            replaced_by=tuple(entry.replaced_by),
+            reason=entry.reason,
+            thread_id=entry.thread_id,
         )
-    return out[::-1]
+        for entry in reversed(document.superseded)
+    ]
 
 
 def superseded_by(entries: Sequence[SupersededView], fact_id: str) -> list[SupersededView]:
