@@ -30,7 +30,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import IO
 from urllib.parse import urlsplit
 
 from memq.core.errors import MemqError
@@ -49,10 +48,9 @@ from memq.redis_server import (
     redis_password,
     write_private,
 )
-from memq.supervision import DataDirLock, RestartPolicy, die_with_parent, restart_delay
-
-CELERY_APP = "worker.app"
-REDIS_CHILD = "redis"
+from memq.stack_children import CELERY_APP as CELERY_APP  # re-exported
+from memq.stack_children import REDIS_CHILD, Child, log_hint, plan_children, spawn
+from memq.supervision import DataDirLock, RestartPolicy, restart_delay
 
 
 class ChildDied(MemqError, RuntimeError):
@@ -62,20 +60,6 @@ class ChildDied(MemqError, RuntimeError):
 def uses_private_redis(settings: MemqSettings) -> bool:
     """No Redis configured (environment, YAML or argument) → memq starts its own."""
     return "redis_url" not in settings.model_fields_set
-
-
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    process: subprocess.Popen[bytes] | None = None
-    log_file: IO[bytes] | None = None
-    crashes: list[float] = field(default_factory=list)  # monotonic times of recent deaths
-    restart_at: float | None = None  # set while waiting out the back-off
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
 
 @dataclass
@@ -328,31 +312,13 @@ class Stack:
         return f"http://{self.settings.flower_address}:{self.settings.flower_port}"
 
     def _plan(self) -> list[Child]:
-        """The supervised children, in stop order (beat first: no new claims while the worker
-        drains). Another child (e.g. a metrics exporter) is one more row here."""
-        # --quiet: no banners, so the summary `memq up` prints stays on screen.
-        from worker.celery_app import FLOWER_MAX_TASKS  # here: `memq` itself never loads Celery
+        return plan_children(self.settings, self.options)
 
-        celery = [sys.executable, "-m", "celery", "-A", CELERY_APP, "--quiet"]
-        level = f"--loglevel={self.options.loglevel}"
-        flower = [
-            *celery,
-            "flower",
-            f"--address={self.settings.flower_address}",
-            f"--port={self.settings.flower_port}",
-            # Ticks send no events, so this many extractions is about a day of a busy stack.
-            f"--max-tasks={FLOWER_MAX_TASKS}",
-        ]
-        rows: list[tuple[str, bool, list[str]]] = [
-            # First to stop: no new hand-offs while the worker drains; its spool goes to Redis,
-            # which stops last.
-            ("serve", self.options.serve, [sys.executable, "-m", "memq.cli", "serve"]),
-            ("beat", self.options.beat, [*celery, "beat", level]),
-            ("worker", self.options.worker, [*celery, "worker", level, "--without-gossip"]),
-            ("flower", self.options.flower, flower),
-            ("exporter", self.options.exporter, [sys.executable, "-m", "memq.cli", "exporter"]),
-        ]
-        return [Child(name, argv) for name, wanted, argv in rows if wanted]
+    def _spawn(self, child: Child) -> None:
+        spawn(child, self._env, self.options.log_dir)
+
+    def _log_hint(self, child: Child) -> str:
+        return log_hint(child, self.options.log_dir)
 
     def _child_env(self) -> dict[str, str]:
         # Inherited MEMQ_* variables are replaced, not merged: a stale MEMQ_BROKER_URL must not
@@ -368,33 +334,6 @@ class Stack:
             # Through the environment, not argv: argv is readable by every local user via `ps`.
             env["FLOWER_BASIC_AUTH"] = f"{self.settings.flower_user}:{self.flower_password}"
         return env
-
-    def _spawn(self, child: Child) -> None:
-        if child.process is not None:
-            # What the dead process left in its group (e.g. prefork pool children) goes first.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(child.process.pid, signal.SIGKILL)
-            child.process.wait()
-        stdout: IO[bytes] | None = None
-        if self.options.log_dir is not None:
-            self.options.log_dir.mkdir(parents=True, exist_ok=True)
-            if child.log_file is None:  # a restarted child appends to its log
-                child.log_file = (self.options.log_dir / f"{child.name}.log").open("ab")
-            stdout = child.log_file
-        child.process = subprocess.Popen(
-            child.argv,
-            env=self._env,
-            stdout=stdout,
-            stderr=subprocess.STDOUT if stdout is not None else None,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=die_with_parent(),
-        )
-
-    def _log_hint(self, child: Child) -> str:
-        if self.options.log_dir is None or child.name == REDIS_CHILD:
-            return ""
-        return f" (see {self.options.log_dir / (child.name + '.log')})"
 
 
 def _last_port(path: Path) -> int | None:

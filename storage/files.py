@@ -16,7 +16,6 @@ empty and then overwritten.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -37,6 +36,8 @@ from memq.core.identity import (
 from memq.core.settings import MemqSettings
 from storage.base import Change, Fence, RewriteFn, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document, utc_now
+from storage.fence_file import FENCE_MAX_ENTRIES as FENCE_MAX_ENTRIES  # re-exported
+from storage.fence_file import FENCE_NAME, check_fence, read_fences, write_fences
 from storage.filelock import acquire_flock
 from storage.history import (
     DocumentDecodeError,
@@ -59,10 +60,6 @@ DOCUMENT_NAME = "memory.json"
 HISTORY_NAME = "memory.history.jsonl"
 LOCK_NAME = "memory.json.lock"
 CORRUPT_PREFIX = "memory.json.corrupt-"
-# context id -> the highest claim epoch that has extracted into this document (the fencing value:
-# it only moves forward, and is read and written under the document's lock).
-FENCE_NAME = "memory.fence.json"
-FENCE_MAX_ENTRIES = 1000  # threads remembered per document; the oldest claims are dropped first
 
 # (device, inode, size, mtime ns, ctime ns): every replace makes a new inode, so a coarse mtime
 # alone can no longer serve a stale document.
@@ -156,10 +153,10 @@ class FileMemoryStorage:
     def fence_run(self, user_id: str | None, agent_name: str | None, fence: Fence) -> None:
         directory = self.directory(user_id, agent_name)
         with self._locked(directory):
-            fences = self._read_fences(directory)
-            self._check_fence(fences, fence)
+            fences = read_fences(directory)
+            check_fence(fences, fence)
             fences[fence.context_id] = fence.epoch
-            self._write_fences(directory, fences)
+            write_fences(directory, fences)
 
     def update(
         self,
@@ -172,7 +169,7 @@ class FileMemoryStorage:
         directory = self.directory(user_id, agent_name)
         path = directory / DOCUMENT_NAME
         with self._locked(directory):
-            fences = self._read_fences(directory) if fence is not None else {}
+            fences = read_fences(directory) if fence is not None else {}
             # Read from disk, not the cache: inside the lock the file is the only truth.
             # The callback may mutate its argument: hand it a copy, never the cached object.
             current = copy_document(self._read(path, locked=True) or empty_document())
@@ -183,13 +180,13 @@ class FileMemoryStorage:
             if fence is not None:
                 # Checked under the lock, right before the write: a claim taken over after this
                 # point waits for the lock in its own fence_run, and then reads this write.
-                self._check_fence(fences, fence)
+                check_fence(fences, fence)
                 if self._claim_check is not None and not self._claim_check(fence):
                     raise StaleClaim(
                         f"claim {fence.token} of {fence.context_id} is no longer current; not saved"
                     )
                 fences[fence.context_id] = fence.epoch
-                self._write_fences(directory, fences)
+                write_fences(directory, fences)
             saved = stamp_for_save(document)
             self._write(path, saved)
             self._append_history(directory, changes)
@@ -350,44 +347,6 @@ class FileMemoryStorage:
     def _append_history(self, directory: Path, changes: list[Change]) -> None:
         """Append under the caller's lock; trim to the bound by an atomic rewrite."""
         append_history_file(directory / HISTORY_NAME, changes, self.history_max_entries)
-
-    @staticmethod
-    def _check_fence(fences: dict[str, int], fence: Fence) -> None:
-        newest = fences.get(fence.context_id, 0)
-        if newest > fence.epoch:
-            raise StaleClaim(
-                f"claim {fence.token} of {fence.context_id} was overtaken by claim {newest}; "
-                "not saved"
-            )
-
-    @staticmethod
-    def _read_fences(directory: Path) -> dict[str, int]:
-        try:
-            raw = json.loads((directory / FENCE_NAME).read_bytes())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as exc:
-            # A lost fence file only loses ordering, never data: start over, loudly.
-            log.warning("unreadable fence file in %s (%s); starting a new one", directory, exc)
-            return {}
-        if not isinstance(raw, dict):
-            return {}
-        return {str(k): int(v) for k, v in raw.items() if isinstance(v, int)}
-
-    @staticmethod
-    def _write_fences(directory: Path, fences: dict[str, int]) -> None:
-        if len(fences) > FENCE_MAX_ENTRIES:
-            kept = sorted(fences.items(), key=lambda item: item[1])[-FENCE_MAX_ENTRIES:]
-            fences = dict(kept)
-        path = directory / FENCE_NAME
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            write_private(tmp, json.dumps(fences, separators=(",", ":")).encode("utf-8"))
-            os.replace(tmp, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise StorageError(f"cannot write {path}: {exc}") from exc
 
     def _remember(self, path: Path, sig: Signature, document: MemoryDocument) -> None:
         if self._cache_max == 0:

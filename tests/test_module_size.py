@@ -14,10 +14,6 @@ LIMIT = 400
 # the file backend's fence file from its documents, fact management's provenance queries).
 STILL_OVER = {
     "memq/core/settings.py",
-    "memq/stack.py",
-    "producer/producer.py",
-    "storage/files.py",
-    "storage/management.py",
 }
 
 

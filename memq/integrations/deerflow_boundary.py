@@ -31,7 +31,7 @@ from memq.core.errors import (
 )
 from memq.core.settings import MemqSettings, load_settings, settings_values
 from storage.backends import backend_for
-from storage.management import valid_confidence, valid_content
+from storage.fact_input import valid_confidence, valid_content
 
 log = logging.getLogger("memq.integrations.deerflow")
 

@@ -24,7 +24,7 @@ from memq.integrations.deerflow_boundary import (
 from memq.integrations.deerflow_format import deerflow_document, with_user_summaries
 from storage.document import MemoryDocument, empty_document
 from storage.erasure import ALL_AGENTS, ErasureReport, erase
-from storage.management import DuplicateFact
+from storage.fact_input import DuplicateFact
 from storage.management import MemoryManager as FactManager
 
 if TYPE_CHECKING:
