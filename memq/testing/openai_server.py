@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from memq.testing.provider import Provider
+
 
 @dataclass
 class Reply:
@@ -72,13 +74,21 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class ScriptedOpenAI:
-    def __init__(self, responder: Callable[[dict[str, Any]], Reply] | None = None) -> None:
+    def __init__(
+        self,
+        responder: Callable[[dict[str, Any]], Reply] | None = None,
+        *,
+        provider: Provider | None = None,
+    ) -> None:
+        # Prefix caching, rate limits, flex refusals (memq.testing.provider); off by default.
+        self.provider = provider or Provider()
         self.responder = responder or (lambda request: Reply(content=EMPTY_UPDATE))
         self.replies: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []
         self.request_times: list[float] = []
         self.lock = threading.Lock()
         self.auth_headers: list[str | None] = []
+        self.refusals: list[int] = []  # the status of each request the provider refused
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -107,9 +117,24 @@ class ScriptedOpenAI:
                     server.requests.append(request)
                     server.request_times.append(time.monotonic())
                     server.auth_headers.append(self.headers.get("Authorization"))
-                    reply = server.replies.popleft() if server.replies else None
-                if reply is None:
-                    reply = server.responder(request)
+                    scripted = server.replies[0] if server.replies else None
+                    # A refused request does not use up the scripted reply.
+                    refusal, limit_headers = server.provider.admit(
+                        request, (scripted or Reply()).completion_tokens
+                    )
+                    if refusal is None and scripted is not None:
+                        server.replies.popleft()
+                    else:
+                        scripted = None
+                    if refusal is not None:
+                        server.refusals.append(refusal.status)
+                if refusal is not None:
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        self._send(
+                            refusal.status, json.dumps(refusal.body).encode(), refusal.headers
+                        )
+                    return
+                reply = scripted or server.responder(request)
                 if reply.delay_seconds:
                     time.sleep(reply.delay_seconds)
                 if isinstance(reply.body, bytes):
@@ -117,16 +142,16 @@ class ScriptedOpenAI:
                 elif reply.body is not None:
                     payload = json.dumps(reply.body).encode()
                 elif reply.status == 200:
-                    payload = json.dumps(
-                        completion_body(reply, str(request.get("model", "scripted")))
-                    ).encode()
+                    body = completion_body(reply, str(request.get("model", "scripted")))
+                    server.provider.finish(request, body)
+                    payload = json.dumps(body).encode()
                 else:
                     payload = json.dumps(
                         {"error": {"message": f"scripted {reply.status}", "type": "scripted"}}
                     ).encode()
                 # the client may have given up already (timeout tests)
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    self._send(reply.status, payload, reply.headers)
+                    self._send(reply.status, payload, {**limit_headers, **reply.headers})
 
             def _send(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
                 self.send_response(status)
