@@ -25,7 +25,7 @@ class InstantModel:
     def __init__(self) -> None:
         self.calls = 0
 
-    def propose(self, prompt: object) -> ModelAnswer:
+    def propose(self, prompt: object, *, cache_key: str | None = None) -> ModelAnswer:
         self.calls += 1
         n = self.calls
         answer = {

@@ -113,6 +113,21 @@ class MemqCollector(Collector):
         simple = (
             ("memq_prompt_tokens", "Prompt tokens of successful extractions", "prompt_tokens"),
             (
+                "memq_cached_tokens",
+                "Of the prompt tokens, those served from the provider's prompt cache",
+                "cached_tokens",
+            ),
+            (
+                "memq_llm_cost_usd",
+                "The LLM bill in dollars at the configured price table (0 without one)",
+                "cost_usd",
+            ),
+            (
+                "memq_turns_extracted",
+                "Conversation messages sent for extraction (the bill's turns)",
+                "turns_extracted",
+            ),
+            (
                 "memq_completion_tokens",
                 "Completion tokens of successful extractions",
                 "completion_tokens",

@@ -36,6 +36,9 @@ class Report:
     changes: list[Any] = field(default_factory=list)
     watermark: str | None = None
     more: bool = False
+    cached_tokens: int = 0
+    service_tier: str = ""
+    messages_sent: int = 1
 
 
 class ScriptedPipeline:
@@ -117,7 +120,13 @@ def test_a_successful_run_deletes_the_context_and_counts_tokens(h: Harness) -> N
     assert (seen.user_id, seen.agent_name, seen.thread_id) == ("alice", "coder", "thread-1")
     assert seen.messages[0].content == "I live in Lisbon" and seen.trace_id == "trace-7"
     assert h.queue.load(cid) == {}
-    assert h.metrics() == {"extractions": "1", "prompt_tokens": "120", "completion_tokens": "30"}
+    assert h.metrics() == {
+        "extractions": "1",
+        "prompt_tokens": "120",
+        "completion_tokens": "30",
+        "billed_runs": "1",
+        "turns_extracted": "1",
+    }
 
 
 def test_messages_arriving_during_the_run_are_run_again(h: Harness) -> None:

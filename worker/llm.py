@@ -108,6 +108,20 @@ def _rejects_json_mode(exc: openai.OpenAIError) -> bool:
     return isinstance(exc, openai.BadRequestError) and "response_format" in str(exc).lower()
 
 
+def _count(value: Any) -> int:
+    """A token count from a usage field: a whole number >= 0, else 0 (a provider sent junk)."""
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _fall_back(tier: str | None, allowed: bool, exc: openai.OpenAIError) -> bool:
+    """A flex call refused until its retries ran out moves to the default tier, when allowed."""
+    refused = isinstance(exc, openai.APIStatusError) and exc.status_code == 429
+    return allowed and tier == "flex" and refused
+
+
 class OpenAIUpdateModel:
     """Chat completions with JSON mode, temperature and timeout from the settings."""
 
@@ -137,11 +151,18 @@ class OpenAIUpdateModel:
         self._backoff_base = backoff_base_seconds
         self._max_inline_wait = max_inline_wait_seconds
         self._observe = observe or _no_observer
+        self._send_cache_key = settings.llm_prompt_cache_key
+        self._service_tier = settings.llm_service_tier
+        self._flex_fallback = settings.llm_flex_fallback
 
-    def _call(self, prompt: UpdatePrompt) -> Any:
+    def _call(self, prompt: UpdatePrompt, cache_key: str | None, tier: str | None) -> Any:
         extra: dict[str, Any] = {}
         if self._json_mode:
             extra["response_format"] = {"type": "json_object"}
+        if cache_key and self._send_cache_key:
+            extra["prompt_cache_key"] = cache_key
+        if tier:
+            extra["service_tier"] = tier
         return self._client.chat.completions.create(
             model=self._model,
             messages=prompt.chat_messages(),  # type: ignore[arg-type]
@@ -154,13 +175,14 @@ class OpenAIUpdateModel:
             return error.retry_after_seconds
         return float(min(self._backoff_base * (2**attempt), self._backoff_max))
 
-    def propose(self, prompt: UpdatePrompt) -> ModelAnswer:
+    def propose(self, prompt: UpdatePrompt, *, cache_key: str | None = None) -> ModelAnswer:
         attempt = 0
+        tier = self._service_tier
         while True:
             attempt += 1
             started = time.monotonic()
             try:
-                response = self._call(prompt)
+                response = self._call(prompt, cache_key, tier)
                 self._observe("ok", time.monotonic() - started)
                 break
             except openai.OpenAIError as exc:
@@ -173,6 +195,10 @@ class OpenAIUpdateModel:
                 error = classify(exc)
                 if isinstance(error, PermanentLLMError):
                     raise error from exc
+                if attempt > self._max_retries and _fall_back(tier, self._flex_fallback, exc):
+                    log.warning("flex capacity refused %d times; trying the default tier", attempt)
+                    tier = None
+                    continue
                 if attempt > self._max_retries:
                     raise TransientLLMError(
                         f"{error} (gave up after {attempt} attempts)",
@@ -192,12 +218,15 @@ class OpenAIUpdateModel:
                 self._sleep(wait)
         choice = response.choices[0] if response.choices else None
         usage = response.usage
+        details = getattr(usage, "prompt_tokens_details", None)
         return ModelAnswer(
             text=response_text(choice.message.content if choice is not None else None),
-            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            prompt_tokens=_count(getattr(usage, "prompt_tokens", 0)),
+            completion_tokens=_count(getattr(usage, "completion_tokens", 0)),
             model=str(response.model or self._model),
             attempts=attempt,
+            cached_tokens=_count(getattr(details, "cached_tokens", 0)),
+            service_tier=str(getattr(response, "service_tier", None) or tier or ""),
         )
 
     def close(self) -> None:

@@ -33,6 +33,10 @@ LLM_LATENCY_COUNT = "llm_latency_count"
 LLM_LATENCY_SUM_MS = "llm_latency_sum_ms"
 PROMPT_TOKENS = "prompt_tokens"
 COMPLETION_TOKENS = "completion_tokens"
+CACHED_TOKENS = "cached_tokens"  # of the prompt tokens, served from the provider's prompt cache
+COST_NANO_USD = "cost_nano_usd"  # the bill at the configured price table, in 1e-9 dollars
+BILLED_RUNS = "billed_runs"  # runs that called the model (the bill's "per extraction")
+TURNS_EXTRACTED = "turns_extracted"  # new messages sent for extraction (the bill's "turns")
 STALE_RUNS = "stale_runs"  # runs whose answer was discarded: they had lost their claim
 FORGETS = "forgets"
 LAST_TICK_MS = "last_tick_ms"
@@ -60,6 +64,20 @@ class TickFigures(Protocol):
     def dead(self) -> int: ...
     @property
     def deferred(self) -> int: ...
+
+
+def usage_counters(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int, cost_nano_usd: int, turns: int
+) -> dict[str, int]:
+    """The metrics-hash fields one run's token usage and bill add to."""
+    return {
+        PROMPT_TOKENS: prompt_tokens,
+        COMPLETION_TOKENS: completion_tokens,
+        CACHED_TOKENS: cached_tokens,
+        COST_NANO_USD: cost_nano_usd,
+        BILLED_RUNS: int(prompt_tokens > 0),
+        TURNS_EXTRACTED: turns,
+    }
 
 
 def latency_bucket(seconds: float) -> str:
@@ -132,6 +150,10 @@ class MetricsSnapshot:
     llm_latency_sum_seconds: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
+    cost_nano_usd: int = 0
+    billed_runs: int = 0
+    turns_extracted: int = 0
     stale_runs: int = 0
     forgets: int = 0
     last_tick_ms: int | None = None
@@ -140,6 +162,23 @@ class MetricsSnapshot:
     tick_deferred: int = 0
     leases_expired: int = 0
     leases_dead: int = 0
+
+    @property
+    def cost_usd(self) -> float:
+        return self.cost_nano_usd / 1_000_000_000
+
+    @property
+    def cached_share(self) -> float | None:
+        """Cached tokens over prompt tokens (None before any)."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    @property
+    def cost_per_extraction_usd(self) -> float | None:
+        return self.cost_usd / self.billed_runs if self.billed_runs else None
+
+    @property
+    def cost_per_1000_turns_usd(self) -> float | None:
+        return self.cost_usd * 1000 / self.turns_extracted if self.turns_extracted else None
 
     @property
     def dead_lettered(self) -> int:
@@ -177,6 +216,10 @@ def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
         llm_latency_sum_seconds=values.get(LLM_LATENCY_SUM_MS, 0) / 1000,
         prompt_tokens=values.get(PROMPT_TOKENS, 0),
         completion_tokens=values.get(COMPLETION_TOKENS, 0),
+        cached_tokens=values.get(CACHED_TOKENS, 0),
+        cost_nano_usd=values.get(COST_NANO_USD, 0),
+        billed_runs=values.get(BILLED_RUNS, 0),
+        turns_extracted=values.get(TURNS_EXTRACTED, 0),
         stale_runs=values.get(STALE_RUNS, 0),
         forgets=values.get(FORGETS, 0),
         last_tick_ms=last_tick or None,

@@ -32,6 +32,7 @@ from prompts.tokens import TokenCounter, make_token_counter
 from prompts.update_prompt import UpdatePrompt, build_update_prompt
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import MemoryDocument, utc_now
+from worker.cost import prompt_cache_key
 from worker.model import UpdateModel
 from worker.watermark import ChunkBudget, Selection, split_at_watermark
 
@@ -47,6 +48,8 @@ class Usage:
     completion_tokens: int = 0
     model: str = ""
     attempts: int = 0
+    cached_tokens: int = 0
+    service_tier: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class ExtractionReport:
     facts_removed: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt tokens, read from the provider's prompt cache
+    service_tier: str = ""
     duration_ms: int = 0
     changes: list[Change] = field(default_factory=list)
     model: str = ""
@@ -107,6 +112,7 @@ def propose_update(
     *,
     now: datetime,
     count_tokens: TokenCounter,
+    cache_key: str | None = None,
 ) -> tuple[UpdatePrompt | None, UpdateAnswer | None, Usage]:
     """Prompt → model → parsed answer; (None, None, empty usage) when there is nothing to send.
 
@@ -115,8 +121,15 @@ def propose_update(
     prompt = prompt_for(selection, memory, settings, now=now, count_tokens=count_tokens)
     if prompt is None:
         return None, None, Usage()
-    answer = model.propose(prompt)
-    usage = Usage(answer.prompt_tokens, answer.completion_tokens, answer.model, answer.attempts)
+    answer = model.propose(prompt, cache_key=cache_key)
+    usage = Usage(
+        answer.prompt_tokens,
+        answer.completion_tokens,
+        answer.model,
+        answer.attempts,
+        answer.cached_tokens,
+        answer.service_tier,
+    )
     return prompt, parse_update_response(answer.text), usage
 
 
@@ -176,6 +189,9 @@ class ExtractionPipeline:
             self._model,
             now=self._clock(),
             count_tokens=self._count_tokens,
+            cache_key=prompt_cache_key(
+                self._settings.key_prefix, context.user_id, context.agent_name
+            ),
         )
         if prompt is None or answer is None:
             # The new part is blank: nothing to learn from it, and nothing to send again.
@@ -248,6 +264,8 @@ def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionRepo
         "stale",
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        service_tier=usage.service_tier,
         duration_ms=duration_ms,
         model=usage.model,
         reason=reason,
@@ -268,6 +286,8 @@ def _saved_report(
         facts_removed=_count(changes, "remove", "stale", "evict"),
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        service_tier=usage.service_tier,
         duration_ms=duration_ms,
         changes=changes,
         model=usage.model,

@@ -17,7 +17,9 @@ from memq.core.identity import ContextKey
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from storage.base import Fence
+from worker.cost import CallUsage, PriceTable, cost_nano_usd
 from worker.lease import LeaseKeeper
+from worker.metrics import usage_counters
 from worker.queue import FailResult, QueueClient, now_ms
 
 if TYPE_CHECKING:
@@ -48,6 +50,7 @@ class WorkerRuntime:
         self._redis: RedisClient | None = None
         self._queue: QueueClient | None = None
         self._pipeline: ExtractionPipeline | None = None
+        self.prices = PriceTable.from_settings(settings)
 
     @property
     def client(self) -> RedisClient:
@@ -162,6 +165,23 @@ class _Run:
     version: int
     started: int  # epoch ms
     clock: Callable[[], int]
+    prices: PriceTable | None = None
+
+    def usage(self, report: ExtractionReport, turns: int) -> dict[str, int]:
+        """The metrics fields this run's usage adds to, its bill included."""
+        call = CallUsage(
+            report.prompt_tokens,
+            report.cached_tokens,
+            report.completion_tokens,
+            report.service_tier,
+        )
+        return usage_counters(
+            report.prompt_tokens,
+            report.completion_tokens,
+            report.cached_tokens,
+            cost_nano_usd(self.prices, call),
+            turns,
+        )
 
     def log_extra(self, outcome: str) -> dict[str, Any]:
         return {"memq_key": self.context_id, "memq_version": self.version, "memq_outcome": outcome}
@@ -176,7 +196,7 @@ def extract(
     clock: Callable[[], int] = now_ms,
 ) -> dict[str, Any]:
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
-    run = _Run(runtime.queue, context_id, token, version, clock(), clock)
+    run = _Run(runtime.queue, context_id, token, version, clock(), clock, runtime.prices)
     data, watermark = run.queue.load_run(context_id)
     if not _start(run, data):
         return {"outcome": "stale"}
@@ -241,20 +261,17 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
         run.context_id, run.token, run.clock(), watermark=report.watermark, more=report.more
     )
     duration = run.clock() - run.started
-    run.queue.add_metrics(
-        extractions=1,
-        prompt_tokens=report.prompt_tokens,
-        completion_tokens=report.completion_tokens,
-    )
+    run.queue.add_metrics(extractions=1, **run.usage(report, report.messages_sent))
     log.info(
         "extraction key=%s version=%d outcome=%s facts_added=%d facts_removed=%d "
-        "prompt_tokens=%d completion_tokens=%d duration_ms=%d queue=%s",
+        "prompt_tokens=%d cached_tokens=%d completion_tokens=%d duration_ms=%d queue=%s",
         run.context_id,
         run.version,
         report.outcome,
         report.facts_added,
         report.facts_removed,
         report.prompt_tokens,
+        report.cached_tokens,
         report.completion_tokens,
         duration,
         settled.name.lower(),
@@ -271,18 +288,15 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
 def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
     """A run whose claim was lost before it could save: its answer is dropped (the current claim
     extracts the same messages), its tokens were spent all the same."""
-    run.queue.add_metrics(
-        stale_runs=1,
-        prompt_tokens=report.prompt_tokens,
-        completion_tokens=report.completion_tokens,
-    )
+    run.queue.add_metrics(stale_runs=1, **run.usage(report, 0))
     log.warning(
         "extraction key=%s version=%d outcome=stale answer discarded: %s prompt_tokens=%d "
-        "completion_tokens=%d duration_ms=%d",
+        "cached_tokens=%d completion_tokens=%d duration_ms=%d",
         run.context_id,
         run.version,
         report.reason,
         report.prompt_tokens,
+        report.cached_tokens,
         report.completion_tokens,
         run.clock() - run.started,
         extra=run.log_extra("stale"),

@@ -145,7 +145,13 @@ def stats_summary(shards: list[ShardGauges], snapshot: MetricsSnapshot, now: int
             else None
         ),
         "prompt_tokens": snapshot.prompt_tokens,
+        "cached_tokens": snapshot.cached_tokens,
+        "cached_share": snapshot.cached_share,
         "completion_tokens": snapshot.completion_tokens,
+        "llm_cost_usd": snapshot.cost_usd,
+        "cost_per_extraction_usd": snapshot.cost_per_extraction_usd,
+        "cost_per_1000_turns_usd": snapshot.cost_per_1000_turns_usd,
+        "turns_extracted": snapshot.turns_extracted,
         "forgets": snapshot.forgets,
     }
 
@@ -197,10 +203,23 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, object]]:
         rows.append(("LLM latency, mean", f"{stats['llm_latency_mean_seconds']:.2f} s"))
     rows += [
         ("prompt tokens", stats["prompt_tokens"]),
+        ("prompt tokens: cached", _with_share(stats["cached_tokens"], stats["cached_share"])),
         ("completion tokens", stats["completion_tokens"]),
+        ("LLM cost", _dollars(stats["llm_cost_usd"])),
+        ("LLM cost per extraction", _dollars(stats["cost_per_extraction_usd"])),
+        ("LLM cost per 1,000 turns", _dollars(stats["cost_per_1000_turns_usd"])),
         ("users forgotten", stats["forgets"]),
     ]
     return rows
+
+
+def _with_share(count: int, share: float | None) -> str:
+    return str(count) if share is None else f"{count} ({share:.0%})"
+
+
+def _dollars(amount: float | None) -> str:
+    """Dollars to a tenth of a micro-dollar, enough for one cheap call; "-" before any."""
+    return "-" if amount is None else f"${amount:.6f}"
 
 
 def run_dead_list(args: argparse.Namespace, context: CommandContext) -> int:

@@ -127,6 +127,17 @@ class MemqSettings(BaseSettings):
     llm_max_retries: int = Field(default=2, ge=0, le=10)
     llm_json_mode: bool = True
     llm_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    # --- LLM cost: cache routing, service tier, price table, shared rate limit
+    llm_prompt_cache_key: bool = True
+    llm_service_tier: Literal["auto", "default", "flex", "priority"] | None = None
+    llm_flex_fallback: bool = True
+    llm_price_input_per_million: float | None = Field(default=None, ge=0.0)
+    llm_price_cached_input_per_million: float | None = Field(default=None, ge=0.0)
+    llm_price_output_per_million: float | None = Field(default=None, ge=0.0)
+    llm_batch_discount: float = Field(default=0.5, ge=0.0, le=1.0)
+    llm_rate_limit_rpm: float | None = Field(default=None, gt=0.0)
+    llm_rate_limit_tpm: float | None = Field(default=None, gt=0.0)
+    llm_rate_limit_burst_seconds: float = Field(default=1.0, gt=0.0, le=60.0)
 
     # --- extraction
     max_facts: int = Field(default=200, ge=10, le=5000)
