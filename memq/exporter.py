@@ -98,6 +98,15 @@ class MemqCollector(Collector):
         for result in sorted({"ok", *snapshot.llm_requests}):
             requests.add_metric([result], snapshot.llm_requests.get(result, 0))
         yield requests
+        deferred = CounterMetricFamily(
+            "memq_runs_deferred",
+            "Runs sent back to `due` before their model call, no attempt counted, by reason "
+            "(rate_limit: the shared rate limit; budget: a token budget)",
+            labels=["reason"],
+        )
+        for reason in sorted({"rate_limit", "budget", *snapshot.deferred}):
+            deferred.add_metric([reason], snapshot.deferred.get(reason, 0))
+        yield deferred
         latency = HistogramMetricFamily(
             "memq_llm_latency_seconds", "Duration of one request to the model"
         )

@@ -19,7 +19,7 @@ import email.utils
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import openai
@@ -39,6 +39,9 @@ _PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers often want no
 
 # Called once per HTTP request to the model: its result label and how long it took, in seconds.
 RequestObserver = Callable[[str, float], None]
+# Called with each reply's status, headers and Retry-After (seconds, if any): the rate limiter
+# tightens its budget from them.
+LimitObserver = Callable[[int, Mapping[str, str], float | None], None]
 
 
 def request_result(exc: openai.OpenAIError | None) -> str:
@@ -134,6 +137,7 @@ class OpenAIUpdateModel:
         backoff_base_seconds: float = 0.5,
         max_inline_wait_seconds: float = INLINE_RETRY_WAIT_SECONDS,
         observe: RequestObserver | None = None,
+        on_limits: LimitObserver | None = None,
     ) -> None:
         key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
         self._client = client or openai.OpenAI(
@@ -151,6 +155,7 @@ class OpenAIUpdateModel:
         self._backoff_base = backoff_base_seconds
         self._max_inline_wait = max_inline_wait_seconds
         self._observe = observe or _no_observer
+        self._on_limits = on_limits
         self._send_cache_key = settings.llm_prompt_cache_key
         self._service_tier = settings.llm_service_tier
         self._flex_fallback = settings.llm_flex_fallback
@@ -163,12 +168,20 @@ class OpenAIUpdateModel:
             extra["prompt_cache_key"] = cache_key
         if tier:
             extra["service_tier"] = tier
-        return self._client.chat.completions.create(
+        raw = self._client.chat.completions.with_raw_response.create(
             model=self._model,
             messages=prompt.chat_messages(),  # type: ignore[arg-type]
             temperature=self._temperature,
             **extra,
         )
+        self._limits_seen(raw.status_code, raw.headers, None)
+        return raw.parse()
+
+    def _limits_seen(
+        self, status: int, headers: Mapping[str, str], retry_after: float | None
+    ) -> None:
+        if self._on_limits is not None:
+            self._on_limits(status, headers, retry_after)
 
     def _wait_before_retry(self, error: TransientLLMError, attempt: int) -> float:
         if error.retry_after_seconds is not None:
@@ -187,6 +200,11 @@ class OpenAIUpdateModel:
                 break
             except openai.OpenAIError as exc:
                 self._observe(request_result(exc), time.monotonic() - started)
+                if isinstance(exc, openai.APIStatusError) and exc.code != "resource_unavailable":
+                    # A refused flex call says the flex pool is busy, not that we send too fast.
+                    self._limits_seen(
+                        exc.status_code, exc.response.headers, retry_after_seconds(exc.response)
+                    )
                 if self._json_mode and _rejects_json_mode(exc):
                     log.warning("LLM endpoint rejects JSON mode; continuing without it")
                     self._json_mode = False
@@ -238,9 +256,11 @@ def build_update_model(
     *,
     count_tokens: TokenCounter | None = None,
     observe: RequestObserver | None = None,
+    on_limits: LimitObserver | None = None,
 ) -> UpdateModel:
     """The model the settings ask for: a real endpoint, or the offline rules when none is set.
-    ``observe`` is told the result and duration of every request to a real endpoint."""
+    ``observe`` is told the result and duration of every request to a real endpoint,
+    ``on_limits`` its status and rate-limit headers."""
     if settings.resolved_llm_provider == "rules":
         from worker.offline import RulesUpdateModel
 
@@ -248,4 +268,4 @@ def build_update_model(
     log.info(
         "update model: %s at %s", settings.llm_model, settings.llm_base_url or "api.openai.com"
     )
-    return OpenAIUpdateModel(settings, observe=observe)
+    return OpenAIUpdateModel(settings, observe=observe, on_limits=on_limits)

@@ -37,6 +37,7 @@ CACHED_TOKENS = "cached_tokens"  # of the prompt tokens, served from the provide
 COST_NANO_USD = "cost_nano_usd"  # the bill at the configured price table, in 1e-9 dollars
 BILLED_RUNS = "billed_runs"  # runs that called the model (the bill's "per extraction")
 TURNS_EXTRACTED = "turns_extracted"  # new messages sent for extraction (the bill's "turns")
+DEFERRED = "deferred:"  # + reason: rate_limit, budget (runs sent back to due, no attempt)
 STALE_RUNS = "stale_runs"  # runs whose answer was discarded: they had lost their claim
 FORGETS = "forgets"
 LAST_TICK_MS = "last_tick_ms"
@@ -78,6 +79,11 @@ def usage_counters(
         BILLED_RUNS: int(prompt_tokens > 0),
         TURNS_EXTRACTED: turns,
     }
+
+
+def deferral_counters(reason: str) -> dict[str, int]:
+    """The metrics-hash field a run sent back to `due` before its call adds to."""
+    return {f"{DEFERRED}{reason}": 1}
 
 
 def latency_bucket(seconds: float) -> str:
@@ -144,6 +150,7 @@ class MetricsSnapshot:
 
     extractions: dict[str, int] = field(default_factory=dict)
     llm_requests: dict[str, int] = field(default_factory=dict)
+    deferred: dict[str, int] = field(default_factory=dict)  # by reason
     # (upper bound in seconds, cumulative count), ending with +Inf
     llm_latency_buckets: list[tuple[float, int]] = field(default_factory=list)
     llm_latency_count: int = 0
@@ -196,7 +203,7 @@ def _int(value: Any) -> int:
 def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
     """Pure: the hash's fields into a snapshot; unknown fields are ignored."""
     values = {str(k): _int(v) for k, v in raw.items()}
-    by_prefix: dict[str, dict[str, int]] = {EXTRACTIONS: {}, LLM_REQUESTS: {}}
+    by_prefix: dict[str, dict[str, int]] = {EXTRACTIONS: {}, LLM_REQUESTS: {}, DEFERRED: {}}
     for name, value in values.items():
         for prefix, found in by_prefix.items():
             if name.startswith(prefix):
@@ -211,6 +218,7 @@ def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
     return MetricsSnapshot(
         extractions=by_prefix[EXTRACTIONS],
         llm_requests=by_prefix[LLM_REQUESTS],
+        deferred=by_prefix[DEFERRED],
         llm_latency_buckets=buckets,
         llm_latency_count=values.get(LLM_LATENCY_COUNT, 0),
         llm_latency_sum_seconds=values.get(LLM_LATENCY_SUM_MS, 0) / 1000,

@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 
 Outcome = Literal["updated", "unchanged", "skipped", "stale"]
 Clock = Callable[[], datetime]
+# Told a call's prompt tokens before it is made; raises RunDeferred when it must wait.
+Gate = Callable[[int], None]
 
 
 @dataclass(frozen=True)
@@ -113,14 +115,19 @@ def propose_update(
     now: datetime,
     count_tokens: TokenCounter,
     cache_key: str | None = None,
+    gate: Gate | None = None,
 ) -> tuple[UpdatePrompt | None, UpdateAnswer | None, Usage]:
     """Prompt → model → parsed answer; (None, None, empty usage) when there is nothing to send.
 
-    Raises TransientLLMError / PermanentLLMError from the model, ResponseParseError from parsing.
+    ``gate`` is told the prompt's tokens before the call and may raise RunDeferred (the shared
+    rate limit). Raises TransientLLMError / PermanentLLMError from the model, ResponseParseError
+    from parsing.
     """
     prompt = prompt_for(selection, memory, settings, now=now, count_tokens=count_tokens)
     if prompt is None:
         return None, None, Usage()
+    if gate is not None:
+        gate(count_tokens(prompt.system) + count_tokens(prompt.user))
     answer = model.propose(prompt, cache_key=cache_key)
     usage = Usage(
         answer.prompt_tokens,
@@ -142,7 +149,9 @@ class ExtractionPipeline:
         *,
         count_tokens: TokenCounter | None = None,
         clock: Clock | None = None,
+        gate: Gate | None = None,
     ) -> None:
+        self._gate = gate
         self._settings = settings
         self._storage = storage
         self._model = model
@@ -192,6 +201,7 @@ class ExtractionPipeline:
             cache_key=prompt_cache_key(
                 self._settings.key_prefix, context.user_id, context.agent_name
             ),
+            gate=self._gate,
         )
         if prompt is None or answer is None:
             # The new part is blank: nothing to learn from it, and nothing to send again.

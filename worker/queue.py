@@ -31,6 +31,7 @@ _SCRIPTS = (
     "fail",
     "renew",
     "release",
+    "defer",
     "dead_retry",
     "dead_purge",
 )
@@ -183,6 +184,16 @@ class QueueClient:
         raw = self._scripts["release"](
             keys=[q.context(context_id), q.inflight, q.due, self._user_inflight(q, context_id)],
             args=[context_id, token, now],
+        )
+        return int(raw) == 1
+
+    def defer(self, context_id: str, token: str, run_at_ms: int) -> bool:
+        """Hand a claim back to run at ``run_at_ms``, without counting an attempt (the run may
+        not call the model before then); False when the claim is no longer ours."""
+        q = self._q(context_id)
+        raw = self._scripts["defer"](
+            keys=[q.context(context_id), q.inflight, q.due, self._user_inflight(q, context_id)],
+            args=[context_id, token, max(0, int(run_at_ms))],
         )
         return int(raw) == 1
 

@@ -6,20 +6,27 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memq.core.connection import RedisClient, redis_client
-from memq.core.errors import MemqError, PermanentLLMError, ResponseParseError, TransientLLMError
+from memq.core.errors import (
+    MemqError,
+    PermanentLLMError,
+    ResponseParseError,
+    RunDeferred,
+    TransientLLMError,
+)
 from memq.core.identity import ContextKey
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from storage.base import Fence
 from worker.cost import CallUsage, PriceTable, cost_nano_usd
 from worker.lease import LeaseKeeper
-from worker.metrics import usage_counters
+from worker.metrics import deferral_counters, usage_counters
 from worker.queue import FailResult, QueueClient, now_ms
 
 if TYPE_CHECKING:
@@ -27,7 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memq.extract")
 
-_MAX_RETRY_AFTER_SECONDS = 3600.0  # a server asking for more than an hour is not honoured as is
+_MAX_RETRY_AFTER_SECONDS = 3600.0
+_DEFER_SPREAD_MS = 250  # a server asking for more than an hour is not honoured as is
 
 
 class WorkerRuntime:
@@ -95,13 +103,18 @@ def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPip
     from worker.llm import build_update_model
     from worker.metrics import MetricsRecorder
     from worker.pipeline import ExtractionPipeline
+    from worker.ratelimit import SharedRateLimit
 
+    limiter = SharedRateLimit.for_settings(settings, client)
     return ExtractionPipeline(
         settings,
         get_storage(settings, redis=client),
         build_update_model(
-            settings, observe=MetricsRecorder.for_settings(settings, client).llm_request
+            settings,
+            observe=MetricsRecorder.for_settings(settings, client).llm_request,
+            on_limits=None if limiter is None else limiter.observe,
         ),
+        gate=None if limiter is None else limiter.gate,
     )
 
 
@@ -207,6 +220,8 @@ def extract(
         return _failed(run, exc, None)
     try:
         report = _run_pipeline(runtime, run, context, watermark)
+    except RunDeferred as exc:
+        return _deferred(run, exc)
     except Exception as exc:
         delay = retry_delay_ms(exc, attempts, runtime.settings)
         return _failed(run, exc, None if delay is None else clock() + delay)
@@ -302,6 +317,25 @@ def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
         extra=run.log_extra("stale"),
     )
     return {"outcome": "stale", "queue": "stale"}
+
+
+def _deferred(run: _Run, exc: RunDeferred) -> dict[str, Any]:
+    """The run may not call the model yet: back to `due` at the next free slot, no attempt."""
+    # A little spread, so contexts refused together do not all come back in the same tick.
+    at = exc.retry_at_ms + random.randrange(0, _DEFER_SPREAD_MS)
+    deferred = run.queue.defer(run.context_id, run.token, at)
+    if deferred:
+        run.queue.add_metrics(**deferral_counters(exc.reason))
+    log.info(
+        "extraction key=%s version=%d outcome=deferred reason=%s run_at_ms=%d queue=%s",
+        run.context_id,
+        run.version,
+        exc.reason,
+        at,
+        "due" if deferred else "stale",
+        extra=run.log_extra("deferred"),
+    )
+    return {"outcome": "deferred", "queue": "due" if deferred else "stale"}
 
 
 def _failed(run: _Run, exc: BaseException, retry_at_ms: int | None) -> dict[str, Any]:

@@ -139,6 +139,7 @@ def stats_summary(shards: list[ShardGauges], snapshot: MetricsSnapshot, now: int
             "deferred": snapshot.tick_deferred,
         },
         "llm_requests": dict(sorted(snapshot.llm_requests.items())),
+        "deferred": dict(sorted(snapshot.deferred.items())),
         "llm_latency_mean_seconds": (
             snapshot.llm_latency_sum_seconds / snapshot.llm_latency_count
             if snapshot.llm_latency_count
@@ -199,6 +200,10 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, object]]:
         ("queue: deferred (user at in-flight cap)", queue["deferred"]),
     ]
     rows += [(f"LLM requests: {result}", n) for result, n in stats["llm_requests"].items()]
+    rows += [
+        (f"runs deferred before the call: {reason.replace('_', ' ')}", n)
+        for reason, n in stats["deferred"].items()
+    ]
     if stats["llm_latency_mean_seconds"] is not None:
         rows.append(("LLM latency, mean", f"{stats['llm_latency_mean_seconds']:.2f} s"))
     rows += [

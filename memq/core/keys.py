@@ -142,3 +142,8 @@ class KeySchema:
     def metrics(self) -> str:
         """Global counters (extractions, tokens) for `memq stats`."""
         return f"{self.prefix}:metrics"
+
+    def rate_limit(self, scope: str) -> str:
+        """Hash of the shared LLM rate limit of one (endpoint, model) ``scope`` (an opaque hash):
+        its request and token schedules and any pause the provider asked for."""
+        return f"{self.prefix}:rate:{{{self.prefix}:{scope}}}"
