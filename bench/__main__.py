@@ -32,6 +32,7 @@ BENCHMARKS = {
     "P3": "bench.p3_flush",
     "BURST": "bench.p8_burst",
     "P4": "bench.p4_throughput",
+    "RATE": "bench.p13_rate",
     # Starts its own 3-master Redis Cluster beside the one Redis; skips when it cannot.
     "CLUSTER": "bench.p9_cluster",
 }

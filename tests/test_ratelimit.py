@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 
+from memq.core.errors import RunDeferred
 from memq.core.settings import MemqSettings
 from memq.testing.openai_server import ScriptedOpenAI
 from memq.testing.provider import Provider, RateLimits
@@ -20,7 +21,13 @@ from tests.support.celery_procs import REPO_ROOT, CeleryProcs, memq_env
 from tests.support.scenarios import facts_of, learn_items, queue_idle, stack_settings, turn
 from tests.support.waiting import wait_for
 from worker.metrics import read_metrics
-from worker.ratelimit import RatePlan, SharedRateLimit, pause_from_headers, reset_seconds
+from worker.ratelimit import (
+    Admission,
+    RatePlan,
+    SharedRateLimit,
+    pause_from_headers,
+    reset_seconds,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -78,17 +85,54 @@ def test_no_limit_configured_means_no_limiter(settings: MemqSettings) -> None:
 # --- the script
 
 
+def wait(rate: SharedRateLimit, tokens: int = 0) -> int | None:
+    """None when admitted now, else the slot it would fit at (nothing reserved)."""
+    admission, at = rate.acquire(tokens)
+    return None if admission is Admission.ADMITTED else at
+
+
 def test_requests_fit_the_burst_then_come_at_the_rate(
     settings: MemqSettings, redis_client: redis.Redis
 ) -> None:
     clock = Clock()
-    # 120 per minute over 1 s: the provider's bucket holds 2, the limiter 1 (one kept free).
-    rate = limiter(settings, redis_client, clock, llm_rate_limit_rpm=120.0)
-    assert rate.acquire(0) is None
-    assert rate.acquire(0) == clock.now + 500  # the next slot, nothing taken
-    assert rate.acquire(0) == clock.now + 500
+    # 120 per minute over 2 s with 0.2 s ticks: the provider's bucket holds 4 requests; ours
+    # 2.6 (a tenth, two ticks and 100 ms less: how late a reserved run may arrive).
+    rate = limiter(
+        settings,
+        redis_client,
+        clock,
+        llm_rate_limit_rpm=120.0,
+        llm_rate_limit_burst_seconds=2.0,
+        tick_seconds=0.2,
+    )
+    assert wait(rate) is None and wait(rate) is None
+    assert wait(rate) == clock.now + 200  # the next slot, nothing taken
+    assert wait(rate) == clock.now + 200
+    clock.now += 200
+    assert wait(rate) is None
+    assert wait(rate) == clock.now + 500  # then one every 500 ms
     clock.now += 500
-    assert rate.acquire(0) is None
+    assert wait(rate) is None
+
+
+def test_a_run_that_does_not_fit_reserves_its_own_slot(
+    settings: MemqSettings, redis_client: redis.Redis
+) -> None:
+    clock = Clock()
+    rate = limiter(settings, redis_client, clock, llm_rate_limit_rpm=60.0)  # one per second
+    rate.gate_for(None)(0)  # admitted
+    slots = []
+    for _ in range(3):
+        with pytest.raises(RunDeferred) as deferred:
+            rate.gate_for(None)(0)
+        slots.append(deferred.value.slot_ms)
+    assert slots == [clock.now + 1000, clock.now + 2000, clock.now + 3000]  # one each
+    with pytest.raises(RunDeferred) as early:  # back before its slot (a flush): wait again
+        rate.gate_for(slots[0])(0)
+    assert early.value.retry_at_ms == slots[0]
+    clock.now = slots[1] + 300  # late: it calls without asking again
+    rate.gate_for(slots[1])(0)
+    assert wait(rate) == slots[2] + 1000  # the next free slot is past the reservations
 
 
 def test_requests_and_tokens_are_taken_together_or_not_at_all(
@@ -101,16 +145,16 @@ def test_requests_and_tokens_are_taken_together_or_not_at_all(
         clock,
         llm_rate_limit_rpm=6000.0,
         llm_rate_limit_tpm=60_000.0,
-        llm_rate_limit_burst_seconds=1.0,
-    )  # tokens: 1,000 per second, burst 900
-    assert rate.acquire(800) is None
-    at = rate.acquire(800)  # the tokens do not fit yet: no request slot is spent either
-    assert at is not None and at == clock.now + 700
-    clock.now = at
-    assert rate.acquire(800) is None
+        llm_rate_limit_burst_seconds=2.0,
+        tick_seconds=0.1,
+    )  # tokens: 1,000 per second, our burst 1,500
+    assert wait(rate, 1200) is None
+    assert wait(rate, 1200) == clock.now + 900  # the tokens do not fit yet: nothing is taken
+    clock.now += 900
+    assert wait(rate, 1200) is None
     # A call larger than the whole burst is charged the burst, never refused for ever.
     clock.now += 10_000
-    assert rate.acquire(10**9) is None
+    assert wait(rate, 10**9) is None
 
 
 def test_a_provider_pause_holds_everyone_and_is_never_shortened(
@@ -120,9 +164,12 @@ def test_a_provider_pause_holds_everyone_and_is_never_shortened(
     rate = limiter(settings, redis_client, clock, llm_rate_limit_rpm=6000.0)
     rate.observe(429, {"retry-after": "20"}, 20.0)
     rate.observe(429, {}, 1.0)  # shorter: the 20 s pause stays
-    assert rate.acquire(0) == clock.now + 20_000
+    assert rate.acquire(0) == (Admission.PAUSED, clock.now + 20_000)
+    with pytest.raises(RunDeferred) as paused:
+        rate.gate_for(None)(0)
+    assert paused.value.slot_ms is None  # a pause reserves nothing
     clock.now += 20_000
-    assert rate.acquire(0) is None
+    assert wait(rate) is None
 
 
 def test_redis_unreachable_admits_the_call(settings: MemqSettings) -> None:
@@ -130,7 +177,7 @@ def test_redis_unreachable_admits_the_call(settings: MemqSettings) -> None:
 
     client = redis.Redis(port=free_port(), socket_timeout=0.5)
     rate = limiter(settings, client, Clock(), llm_rate_limit_rpm=1.0)
-    assert rate.acquire(0) is None and rate.acquire(0) is None
+    assert wait(rate) is None and wait(rate) is None
 
 
 # --- across processes
@@ -138,14 +185,15 @@ def test_redis_unreachable_admits_the_call(settings: MemqSettings) -> None:
 _HAMMER = """
 import json, sys, time
 import redis
+from memq.core.errors import RunDeferred
 from memq.core.settings import MemqSettings
 from worker.ratelimit import RatePlan, SharedRateLimit
 url, key, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
-plan = RatePlan.from_settings(MemqSettings(llm_rate_limit_rpm=600.0))
+plan = RatePlan.from_settings(MemqSettings(llm_rate_limit_rpm=600.0, tick_seconds=0.1))
 rate = SharedRateLimit(plan, redis.Redis.from_url(url), key)
 admitted, end = [], time.time() + seconds
 while time.time() < end:
-    if rate.acquire(0) is None:
+    if rate.acquire(0)[0].name == "ADMITTED":
         admitted.append(time.time())
 print(json.dumps(admitted))
 """
@@ -221,6 +269,6 @@ def test_a_worker_over_the_limit_defers_runs_instead_of_meeting_429s(
         assert snapshot.extractions.get("retry", 0) == 0  # and no attempt was counted
         assert queue.stats()["dead"] == 0
         spread = server.request_times[-1] - server.request_times[0]
-        assert spread >= (contexts - 1) * 0.5 * 0.9  # about 2 per second, not all at once
+        assert spread >= (contexts - 2) * 0.5 * 0.9  # about 2 per second, not all at once
     finally:
         server.stop()

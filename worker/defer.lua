@@ -10,6 +10,8 @@
 -- ARGV[2]  claim token the worker got from claim_due
 -- ARGV[3]  run_at_ms  epoch milliseconds: due again then (a deadline stored meanwhile by an
 --                     enqueue is later overridden too: nothing may run before this)
+-- ARGV[4]  slot_ms    epoch milliseconds of the rate-limit slot reserved for the next run, kept
+--                     as `rate_slot_ms` in the hash until that run settles; "" = none
 --
 -- Returns 1 deferred, 0 stale (the token does not match; nothing done).
 
@@ -24,4 +26,7 @@ if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
 end
 requeue(ctx, due, id, ARGV[3])
 release_claim(ctx, inflight, users, id)
+if ARGV[4] ~= '' then
+  redis.call('HSET', ctx, 'rate_slot_ms', ARGV[4])
+end
 return 1

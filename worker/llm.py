@@ -119,6 +119,15 @@ def _count(value: Any) -> int:
         return 0
 
 
+def _rate_limited(exc: openai.OpenAIError) -> bool:
+    """A 429 that says we send too fast (a refused flex call says the flex pool is busy)."""
+    return (
+        isinstance(exc, openai.APIStatusError)
+        and exc.status_code == 429
+        and exc.code != "resource_unavailable"
+    )
+
+
 def _fall_back(tier: str | None, allowed: bool, exc: openai.OpenAIError) -> bool:
     """A flex call refused until its retries ran out moves to the default tier, when allowed."""
     refused = isinstance(exc, openai.APIStatusError) and exc.status_code == 429
@@ -156,6 +165,9 @@ class OpenAIUpdateModel:
         self._max_inline_wait = max_inline_wait_seconds
         self._observe = observe or _no_observer
         self._on_limits = on_limits
+        # The SDK loads its resources on first use (a few hundred ms): done here, not between the
+        # rate limiter's admission and the request reaching the provider.
+        _ = self._client.chat.completions.with_raw_response
         self._send_cache_key = settings.llm_prompt_cache_key
         self._service_tier = settings.llm_service_tier
         self._flex_fallback = settings.llm_flex_fallback
@@ -201,7 +213,7 @@ class OpenAIUpdateModel:
             except openai.OpenAIError as exc:
                 self._observe(request_result(exc), time.monotonic() - started)
                 if isinstance(exc, openai.APIStatusError) and exc.code != "resource_unavailable":
-                    # A refused flex call says the flex pool is busy, not that we send too fast.
+                    # (a refused flex call says the flex pool is busy, not that we send too fast)
                     self._limits_seen(
                         exc.status_code, exc.response.headers, retry_after_seconds(exc.response)
                     )
@@ -217,6 +229,10 @@ class OpenAIUpdateModel:
                     log.warning("flex capacity refused %d times; trying the default tier", attempt)
                     tier = None
                     continue
+                if self._on_limits is not None and _rate_limited(exc):
+                    # A shared rate limit is in force: a retry sent from here would pass it by
+                    # and take another run's slot. The queue retries the run instead.
+                    raise error from exc
                 if attempt > self._max_retries:
                     raise TransientLLMError(
                         f"{error} (gave up after {attempt} attempts)",

@@ -149,9 +149,7 @@ class ExtractionPipeline:
         *,
         count_tokens: TokenCounter | None = None,
         clock: Clock | None = None,
-        gate: Gate | None = None,
     ) -> None:
-        self._gate = gate
         self._settings = settings
         self._storage = storage
         self._model = model
@@ -164,6 +162,7 @@ class ExtractionPipeline:
         *,
         watermark: str | None = None,
         fence: Fence | None = None,
+        gate: Gate | None = None,
     ) -> ExtractionReport:
         """Extract the messages of one context after ``watermark`` into its (user, agent) memory.
 
@@ -201,7 +200,7 @@ class ExtractionPipeline:
             cache_key=prompt_cache_key(
                 self._settings.key_prefix, context.user_id, context.agent_name
             ),
-            gate=self._gate,
+            gate=gate,
         )
         if prompt is None or answer is None:
             # The new part is blank: nothing to learn from it, and nothing to send again.

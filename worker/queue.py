@@ -187,13 +187,16 @@ class QueueClient:
         )
         return int(raw) == 1
 
-    def defer(self, context_id: str, token: str, run_at_ms: int) -> bool:
+    def defer(
+        self, context_id: str, token: str, run_at_ms: int, slot_ms: int | None = None
+    ) -> bool:
         """Hand a claim back to run at ``run_at_ms``, without counting an attempt (the run may
-        not call the model before then); False when the claim is no longer ours."""
+        not call the model before then), with the rate-limit slot reserved for that run, if any;
+        False when the claim is no longer ours."""
         q = self._q(context_id)
         raw = self._scripts["defer"](
             keys=[q.context(context_id), q.inflight, q.due, self._user_inflight(q, context_id)],
-            args=[context_id, token, max(0, int(run_at_ms))],
+            args=[context_id, token, max(0, int(run_at_ms)), "" if slot_ms is None else slot_ms],
         )
         return int(raw) == 1
 

@@ -15,11 +15,14 @@
 -- ARGV[4]  token_ms          milliseconds per token (60000 / TPM); "0" = no token limit
 -- ARGV[5]  token_burst_ms    burst tolerance of the token schedule, milliseconds
 -- ARGV[6]  tokens            the call's token estimate (count)
+-- ARGV[7]  reserve           "1": when the call does not fit now, take its slot anyway (the run
+--                            comes back then and calls without asking again); "0": take nothing
 --
 -- Returns {code, at_ms}
 --   {1, now_ms}   admitted: the request and its tokens are taken
 --   {0, at_ms}    not admitted: the earliest time (epoch ms) both would fit; nothing is taken
 --   {2, at_ms}    not admitted: the provider asked for a pause until at_ms; nothing is taken
+--   {3, at_ms}    reserved: the request and its tokens are taken for the slot at at_ms
 
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
@@ -53,8 +56,12 @@ if tok_ms > 0 then
   tok_tat, allowed_at = schedule(f[2], tok_ms, tok_burst, cost)
   at = math.max(at, allowed_at)
 end
+local code = 1
 if at > now then
-  return {0, string.format('%d', math.ceil(at))}
+  if ARGV[7] ~= '1' then
+    return {0, string.format('%d', math.ceil(at))}
+  end
+  code = 3
 end
 local horizon = now
 if req_tat then
@@ -67,4 +74,4 @@ if tok_tat then
 end
 -- Past its schedule the hash means nothing: let it go.
 redis.call('PEXPIRE', key, math.ceil(horizon - now) + 60000)
-return {1, ARGV[1]}
+return {code, string.format('%d', math.ceil(at))}

@@ -8,10 +8,16 @@ of a worker thread sleeping), and must honour a pause the provider asked for —
 maintained Redis-backed limiters (``limits``, ``pyrate-limiter``) offers the three in one atomic
 step. The schedule is GCRA (``rate_acquire.lua``); ``rate_pause.lua`` records a provider's pause.
 
-The limiter keeps one request (and a tenth of the tokens) of headroom below the provider's burst,
-so the delay between our admission and the request reaching the provider (scheduling, network)
-never turns into a 429; the steady rate is the configured one. Redis unreachable: calls are
-admitted (the limit fails open; the provider's own 429s still back the queue off).
+A run that does not fit reserves the next free slot (the schedule moves on as if it had called)
+and goes back to `due` at that time, carrying the slot: when it comes back it calls without asking
+again, so contexts waiting on the limit each get their own slot instead of all retrying at the same
+instant, and a run that comes back a tick late loses nothing.
+
+The limiter's burst is kept below the provider's by a tenth plus two ticks and a tenth of a
+second (at least one request stays): that is how late a reserved run may reach the provider
+(the ticker claims it on its next tick, then scheduling and the network), so slots never bunch
+into a 429. The steady rate is the configured one. Redis unreachable: calls are admitted (the
+limit fails open; the provider's own 429s still back the queue off).
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ from worker.scripts import assemble
 
 log = logging.getLogger(__name__)
 
-TOKEN_HEADROOM = 0.1  # share of the token burst kept free
+HEADROOM = 0.1  # share of the provider's burst kept free (see the module docstring)
+LATE_MS = 100  # besides two ticks: how late a run may reach the provider after its slot
+STALE_SLOT_MS = 60_000  # a slot this far in the past is not used: the run asks afresh
 _RESET = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -49,6 +57,7 @@ class Admission(Enum):
     WAIT = 0
     ADMITTED = 1
     PAUSED = 2
+    RESERVED = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,16 +75,17 @@ class RatePlan:
         rpm, tpm = settings.llm_rate_limit_rpm, settings.llm_rate_limit_tpm
         if rpm is None and tpm is None:
             return None
-        burst = settings.llm_rate_limit_burst_seconds
+        burst_ms = settings.llm_rate_limit_burst_seconds * 1000
+        # The provider's bucket holds rpm * burst / 60 requests; ours less what lateness eats.
+        ours_ms = burst_ms * (1 - HEADROOM) - 2 * settings.tick_seconds * 1000 - LATE_MS
         request_ms = token_ms = 0.0
         request_burst = token_burst = 0.0
         if rpm is not None:
             request_ms = 60_000 / rpm
-            # The provider's bucket holds rpm * burst / 60 requests: keep one free.
-            request_burst = max(1.0, rpm * burst / 60 - 1) * request_ms
+            request_burst = max(request_ms, ours_ms)
         if tpm is not None:
             token_ms = 60_000 / tpm
-            token_burst = max(1.0, tpm * burst / 60 * (1 - TOKEN_HEADROOM)) * token_ms
+            token_burst = max(token_ms, ours_ms)
         return cls(request_ms, request_burst, token_ms, token_burst)
 
 
@@ -143,8 +153,10 @@ class SharedRateLimit:
         scope = limit_scope(settings.llm_base_url, settings.llm_model)
         return cls(plan, client, KeySchema(settings.key_prefix, settings.shards).rate_limit(scope))
 
-    def acquire(self, tokens: int) -> int | None:
-        """Take one request and ``tokens``: None when admitted, else the epoch ms it would fit."""
+    def acquire(self, tokens: int, *, reserve: bool = False) -> tuple[Admission, int]:
+        """Take one request and ``tokens`` now (ADMITTED), or say when they fit (WAIT; with
+        ``reserve``, RESERVED: taken for that slot), or that the provider paused us (PAUSED);
+        with the time (epoch ms) of the slot or the end of the pause."""
         now = self._clock()
         plan = self._plan
         try:
@@ -157,24 +169,41 @@ class SharedRateLimit:
                     f"{plan.token_ms:.9f}",
                     f"{plan.token_burst_ms:.6f}",
                     max(0, tokens),
+                    "1" if reserve else "0",
                 ],
             )
         except redis.RedisError as exc:
             log.warning("shared rate limit unreadable, admitting the call: %s", exc)
-            return None
-        if Admission(int(code)) is Admission.ADMITTED:
-            return None
-        return int(at)
+            return Admission.ADMITTED, now
+        return Admission(int(code)), int(at)
 
-    def gate(self, tokens: int) -> None:
-        """:meth:`acquire`, raising :class:`RunDeferred` when the call must wait."""
-        at = self.acquire(tokens)
-        if at is not None:
+    def gate_for(self, slot_ms: int | None) -> Callable[[int], None]:
+        """The gate of one run: its call goes ahead now, or :class:`RunDeferred` sends the run
+        back to `due` with the slot reserved for it. ``slot_ms``: the slot an earlier deferral of
+        this context reserved (the call then goes ahead from that time without asking again)."""
+
+        def gate(tokens: int) -> None:
+            now = self._clock()
+            if slot_ms is not None and now - slot_ms <= STALE_SLOT_MS:
+                if now >= slot_ms:
+                    return
+                raise RunDeferred(
+                    "LLM rate limit: run early for its reserved slot",
+                    retry_at_ms=slot_ms,
+                    reason="rate_limit",
+                    slot_ms=slot_ms,
+                )
+            admission, at = self.acquire(tokens, reserve=True)
+            if admission is Admission.ADMITTED:
+                return
             raise RunDeferred(
-                f"LLM rate limit reached; next free slot in {max(0, at - self._clock())} ms",
+                f"LLM rate limit reached; next free slot in {max(0, at - now)} ms",
                 retry_at_ms=at,
                 reason="rate_limit",
+                slot_ms=at if admission is Admission.RESERVED else None,
             )
+
+        return gate
 
     def pause(self, seconds: float) -> None:
         """Admit nothing for ``seconds`` (the provider said so); a longer pause in force stays."""

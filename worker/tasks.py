@@ -28,14 +28,15 @@ from worker.cost import CallUsage, PriceTable, cost_nano_usd
 from worker.lease import LeaseKeeper
 from worker.metrics import deferral_counters, usage_counters
 from worker.queue import FailResult, QueueClient, now_ms
+from worker.ratelimit import RatePlan, SharedRateLimit
 
 if TYPE_CHECKING:
-    from worker.pipeline import ExtractionPipeline, ExtractionReport
+    from worker.pipeline import ExtractionPipeline, ExtractionReport, Gate
 
 log = logging.getLogger("memq.extract")
 
 _MAX_RETRY_AFTER_SECONDS = 3600.0
-_DEFER_SPREAD_MS = 250  # a server asking for more than an hour is not honoured as is
+_DEFER_SPREAD_MS = 100  # a server asking for more than an hour is not honoured as is
 
 
 class WorkerRuntime:
@@ -58,7 +59,9 @@ class WorkerRuntime:
         self._redis: RedisClient | None = None
         self._queue: QueueClient | None = None
         self._pipeline: ExtractionPipeline | None = None
+        self._limiter: SharedRateLimit | None = None
         self.prices = PriceTable.from_settings(settings)
+        self.rate_limited = RatePlan.from_settings(settings) is not None
 
     @property
     def client(self) -> RedisClient:
@@ -76,6 +79,16 @@ class WorkerRuntime:
                 self._pipeline = self._pipeline_factory(self.settings, self._base_locked()[0])
             return self._pipeline
 
+    def gate_for(self, slot_ms: int | None) -> Gate | None:
+        """The shared rate limit's gate for one run (None: no limit configured)."""
+        if not self.rate_limited:
+            return None
+        with self._lock:
+            self._check_fork()
+            if self._limiter is None:
+                self._limiter = SharedRateLimit.for_settings(self.settings, self._base_locked()[0])
+        return None if self._limiter is None else self._limiter.gate_for(slot_ms)
+
     def _base(self) -> tuple[RedisClient, QueueClient]:
         with self._lock:
             self._check_fork()
@@ -92,7 +105,7 @@ class WorkerRuntime:
 
     def _check_fork(self) -> None:
         if self._pid is not None and self._pid != os.getpid():
-            self._redis = self._queue = self._pipeline = None
+            self._redis = self._queue = self._pipeline = self._limiter = None
             self._pid = None
 
 
@@ -114,7 +127,6 @@ def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPip
             observe=MetricsRecorder.for_settings(settings, client).llm_request,
             on_limits=None if limiter is None else limiter.observe,
         ),
-        gate=None if limiter is None else limiter.gate,
     )
 
 
@@ -219,7 +231,7 @@ def extract(
     except MemqError as exc:  # a context that does not decode never will: dead at once
         return _failed(run, exc, None)
     try:
-        report = _run_pipeline(runtime, run, context, watermark)
+        report = _run_pipeline(runtime, run, context, watermark, _slot(data))
     except RunDeferred as exc:
         return _deferred(run, exc)
     except Exception as exc:
@@ -250,8 +262,20 @@ def _start(run: _Run, data: dict[str, Any]) -> bool:
     return False
 
 
+def _slot(data: dict[str, Any]) -> int | None:
+    """The rate-limit slot an earlier deferral reserved for this run, if any."""
+    try:
+        return int(data["rate_slot_ms"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _run_pipeline(
-    runtime: WorkerRuntime, run: _Run, context: ConversationContext, watermark: str | None
+    runtime: WorkerRuntime,
+    run: _Run,
+    context: ConversationContext,
+    watermark: str | None,
+    slot_ms: int | None,
 ) -> ExtractionReport:
     """The pipeline, with the lease renewed in the background while it runs."""
     settings = runtime.settings
@@ -264,7 +288,10 @@ def _run_pipeline(
         clock=run.clock,
     ):
         return runtime.pipeline.run(
-            context, watermark=watermark, fence=Fence(run.context_id, run.token)
+            context,
+            watermark=watermark,
+            fence=Fence(run.context_id, run.token),
+            gate=runtime.gate_for(slot_ms),
         )
 
 
@@ -321,9 +348,11 @@ def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
 
 def _deferred(run: _Run, exc: RunDeferred) -> dict[str, Any]:
     """The run may not call the model yet: back to `due` at the next free slot, no attempt."""
-    # A little spread, so contexts refused together do not all come back in the same tick.
-    at = exc.retry_at_ms + random.randrange(0, _DEFER_SPREAD_MS)
-    deferred = run.queue.defer(run.context_id, run.token, at)
+    at = exc.retry_at_ms
+    if exc.slot_ms is None:
+        # No slot of its own: a little spread, so runs refused together come back apart.
+        at += random.randrange(0, _DEFER_SPREAD_MS)
+    deferred = run.queue.defer(run.context_id, run.token, at, exc.slot_ms)
     if deferred:
         run.queue.add_metrics(**deferral_counters(exc.reason))
     log.info(

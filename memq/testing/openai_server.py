@@ -89,6 +89,7 @@ class ScriptedOpenAI:
         self.lock = threading.Lock()
         self.auth_headers: list[str | None] = []
         self.refusals: list[int] = []  # the status of each request the provider refused
+        self.refusal_times: list[float] = []  # and when (time.monotonic())
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -128,6 +129,7 @@ class ScriptedOpenAI:
                         scripted = None
                     if refusal is not None:
                         server.refusals.append(refusal.status)
+                        server.refusal_times.append(server.request_times[-1])
                 if refusal is not None:
                     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                         self._send(

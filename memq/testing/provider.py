@@ -163,9 +163,10 @@ class RateLimits:
             if limit is not None:
                 self._buckets[name] = Bucket(limit, self.burst_seconds)
 
-    def admit(self, tokens: int) -> tuple[bool, float, dict[str, str]]:
-        """(admitted, retry-after seconds, headers) for a request costing ``tokens``."""
-        now = self.clock()
+    def admit(self, tokens: int, now: float | None = None) -> tuple[bool, float, dict[str, str]]:
+        """(admitted, retry-after seconds, headers) for a request costing ``tokens`` that
+        arrived at ``now`` (default: the clock now)."""
+        now = self.clock() if now is None else now
         cost = {"requests": 1.0, "tokens": float(tokens)}
         waits = {}
         for name, bucket in self._buckets.items():
@@ -216,6 +217,11 @@ class Provider:
     tokenizer: Tokenizer | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __post_init__(self) -> None:
+        if self.tokenizer is None and (self.cache is not None or self.limits is not None):
+            # Loaded now: a first request must not stall the ones behind it while it loads.
+            self.tokenizer = default_tokenizer()
+
     def _tokens(self, request: dict[str, Any]) -> list[int]:
         if self.tokenizer is None:
             self.tokenizer = default_tokenizer()
@@ -228,9 +234,10 @@ class Provider:
         with self.lock:
             headers: dict[str, str] = {}
             if self.limits is not None:
+                arrived = self.limits.clock()  # before counting: counting takes time too
                 asked = request.get("max_tokens") or request.get("max_completion_tokens")
                 cost = len(self._tokens(request)) + int(asked or completion_tokens)
-                ok, wait, headers = self.limits.admit(cost)
+                ok, wait, headers = self.limits.admit(cost, arrived)
                 if not ok:
                     retry = {"retry-after": f"{max(1, round(wait + 0.4999))}"}
                     retry["retry-after-ms"] = str(max(1, round(wait * 1000)))
