@@ -94,6 +94,15 @@ DESCRIPTIONS: dict[str, str] = {
         "run over it goes back to `due` at the next free slot"
     ),
     "llm_rate_limit_tpm": "tokens per minute to the model, shared likewise (unset: no limit)",
+    "llm_budget_tokens_per_user": (
+        "LLM tokens (prompt + completion) one user may spend per budget window; over it, that "
+        "user's contexts wait in `due` for the next window (unset: no budget)"
+    ),
+    "llm_budget_tokens_total": (
+        "LLM tokens the whole deployment may spend per budget window; over it, every context "
+        "waits for the next window (unset: no budget)"
+    ),
+    "llm_budget_window_seconds": "the budget window (default a day, aligned to UTC midnight)",
     "llm_rate_limit_burst_seconds": (
         "the limit is enforced over this period (providers quantize: 60 RPM as 1 per second)"
     ),

@@ -138,6 +138,9 @@ class MemqSettings(BaseSettings):
     llm_rate_limit_rpm: float | None = Field(default=None, gt=0.0)
     llm_rate_limit_tpm: float | None = Field(default=None, gt=0.0)
     llm_rate_limit_burst_seconds: float = Field(default=1.0, gt=0.0, le=60.0)
+    llm_budget_tokens_per_user: int | None = Field(default=None, ge=1)
+    llm_budget_tokens_total: int | None = Field(default=None, ge=1)
+    llm_budget_window_seconds: float = Field(default=86_400.0, ge=1.0, le=31 * 86_400.0)
 
     # --- extraction
     max_facts: int = Field(default=200, ge=10, le=5000)
