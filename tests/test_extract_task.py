@@ -50,7 +50,12 @@ class ScriptedPipeline:
         self.fences: list[Any] = []
 
     def run(
-        self, context: ConversationContext, *, watermark: str | None = None, fence: Any = None
+        self,
+        context: ConversationContext,
+        *,
+        watermark: str | None = None,
+        fence: Any = None,
+        gate: Any = None,
     ) -> Report:
         self.seen.append(context)
         self.fences.append(fence)
