@@ -22,6 +22,7 @@ from prompts.conversation import budget_conversation
 from prompts.escaping import prompt_json
 from prompts.review import render_consolidation_section, render_staleness_section
 from prompts.tokens import TokenCounter
+from prompts.worked_example import WORKED_EXAMPLE
 from storage.document import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS, MemoryDocument
 
 SYSTEM_PROMPT = """\
@@ -95,6 +96,10 @@ Answer with one JSON object and nothing else (no prose, no markdown), exactly in
 }
 "sourceError" is optional. Use empty lists when there is nothing to add or remove; \
 "staleFactsToRemove" and "factsToConsolidate" only when the message asks for a review."""
+
+# What every extraction of a deployment starts with, byte for byte: the instructions, then the
+# worked example. Nothing per user goes in here, so the provider's prompt cache serves it.
+STATIC_SYSTEM_PROMPT = f"{SYSTEM_PROMPT}\n\n{WORKED_EXAMPLE}"
 
 CORRECTION_HINT = """\
 Signal: the user explicitly corrected the assistant in this conversation. Record the right \
@@ -196,7 +201,7 @@ def build_update_prompt(
         sections=[*signal_hints(correction, reinforcement), *reviews.sections],
     )
     return UpdatePrompt(
-        system=SYSTEM_PROMPT,
+        system=STATIC_SYSTEM_PROMPT,
         user=user,
         conversation=conversation.messages,
         correction=correction,
