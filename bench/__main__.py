@@ -33,6 +33,7 @@ BENCHMARKS = {
     "BURST": "bench.p8_burst",
     "P4": "bench.p4_throughput",
     "RATE": "bench.p13_rate",
+    "COST": "bench.p14_cost_engine",
     # Starts its own 3-master Redis Cluster beside the one Redis; skips when it cannot.
     "CLUSTER": "bench.p9_cluster",
 }

@@ -158,7 +158,9 @@ def memory_for_prompt(memory: MemoryDocument) -> dict[str, Any]:
         if fact.source == "manual":
             item["manual"] = True
         facts.append(item)
-    return {**groups, "facts": facts}
+    # Facts first (append-only: old ones first, new after), summaries after them (rewritten
+    # often): two consecutive extractions of a user then share the longest prefix.
+    return {"facts": facts, **groups}
 
 
 def build_update_prompt(
@@ -201,7 +203,7 @@ def build_update_prompt(
         sections=[*signal_hints(correction, reinforcement), *reviews.sections],
     )
     return UpdatePrompt(
-        system=STATIC_SYSTEM_PROMPT,
+        system=STATIC_SYSTEM_PROMPT if settings.llm_worked_example else SYSTEM_PROMPT,
         user=user,
         conversation=conversation.messages,
         correction=correction,

@@ -138,3 +138,17 @@ def test_flex_requests_are_refused_while_capacity_is_short() -> None:
     finally:
         client.close()
         server.stop()
+
+
+def test_past_about_15_requests_a_minute_per_prefix_and_key_some_overflow_uncached(
+    clock: Clock,
+) -> None:
+    cache = PrefixCache(clock=clock)
+    static = word_tokens(words(1500, "s"))
+    results = []
+    for n in range(30):
+        clock.now += 1  # 30 requests in 30 s: twice the rate one cache machine takes
+        results.append(cache.lookup_and_store("k", static + word_tokens(words(20, f"u{n}"))))
+    assert all(r == 1408 for r in results[1:15])  # under the rate: one machine, all cached
+    assert 0 in results[15:]  # overflowed to machines that had not seen the prefix
+    assert cache.lookup_and_store("other", static) == 0  # another key routes elsewhere

@@ -74,6 +74,11 @@ DESCRIPTIONS: dict[str, str] = {
         "send a stable, hashed `prompt_cache_key` per (user, agent) so the provider's prompt "
         "cache serves a user's consecutive extractions; off for endpoints that reject the field"
     ),
+    "llm_worked_example": (
+        "end the update prompt's static instructions with a worked example (what makes that part "
+        "long enough, 1,024+ tokens, for the provider to cache); off: ~500 fewer prompt tokens, "
+        "none of them cacheable"
+    ),
     "llm_service_tier": (
         "`service_tier` sent with each call (unset: none sent); `flex` is billed at batch prices "
         "and may be refused with a 429"

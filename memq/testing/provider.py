@@ -4,8 +4,9 @@ flex refusals, each written from OpenAI's documentation so a test proves what a 
 - **Prompt caching** (platform.openai.com/docs/guides/prompt-caching): prompts of 1,024 tokens or
   more are cached automatically; a request's ``usage.prompt_tokens_details.cached_tokens`` is the
   longest prefix it shares with an earlier request, counted in steps of 128 tokens from 1,024
-  (1,024, 1,152, 1,280, ...). Caches are routed by ``prompt_cache_key`` (with one, only requests of
-  the same key share a cache), and evicted after a few minutes of inactivity (the retention window).
+  (1,024, 1,152, 1,280, ...). Requests are routed to a cache machine by their first ~256 tokens
+  and ``prompt_cache_key``; past ~15 requests per minute for one such pair the excess overflows to
+  other machines; caches are evicted after a few minutes of inactivity (the retention window).
 - **Rate limits** (docs/guides/rate-limits): requests and tokens per minute, with the
   ``x-ratelimit-limit-*``, ``x-ratelimit-remaining-*`` and ``x-ratelimit-reset-*`` headers on every
   reply; over either, a 429 ``rate_limit_exceeded`` with ``Retry-After``. The bucket refills
@@ -32,6 +33,7 @@ from typing import Any
 CACHE_MIN_TOKENS = 1024
 CACHE_STEP_TOKENS = 128
 DEFAULT_RETENTION_SECONDS = 300.0  # "typically 5-10 minutes of inactivity"
+ROUTING_TOKENS = 256  # requests are routed by a hash of the prompt's first ~256 tokens
 
 Clock = Callable[[], float]
 Tokenizer = Callable[[str], list[int]]
@@ -78,17 +80,37 @@ def prompt_text(request: dict[str, Any]) -> str:
 
 @dataclass
 class PrefixCache:
-    """Remembers the prompts seen per cache key and answers how much of a new one was cached."""
+    """Remembers the prompts seen per cache machine and answers how much of a new one was cached.
+
+    Routing, as documented: a request goes to the machine of (its first ``ROUTING_TOKENS`` tokens,
+    its ``prompt_cache_key``); past about ``overflow_rpm`` requests per minute for one such pair,
+    the excess overflows to other machines (round robin over ``machines``), which have not seen
+    its prefix. Each machine only serves prefixes it saw within the retention window.
+    """
 
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
-    max_entries_per_key: int = 64
+    max_entries_per_machine: int = 64
+    overflow_rpm: float | None = 15.0
+    machines: int = 4
     clock: Clock = time.monotonic
-    # cache key ("" when the request names none) -> [(tokens, last used)]
-    _entries: dict[str, list[tuple[list[int], float]]] = field(default_factory=dict)
+    # (routing key, machine) -> [(tokens, last used)]
+    _entries: dict[tuple[str, int], list[tuple[list[int], float]]] = field(default_factory=dict)
+    # routing key -> arrival times in the last minute
+    _arrivals: dict[str, list[float]] = field(default_factory=dict)
+
+    def _machine(self, route: str, now: float) -> int:
+        recent = [t for t in self._arrivals.get(route, []) if now - t < 60.0]
+        recent.append(now)
+        self._arrivals[route] = recent
+        if self.overflow_rpm is None or len(recent) <= self.overflow_rpm:
+            return 0
+        return len(recent) % self.machines
 
     def lookup_and_store(self, key: str, tokens: list[int]) -> int:
         now = self.clock()
-        live = [e for e in self._entries.get(key, []) if now - e[1] <= self.retention_seconds]
+        route = f"{key}\x1f{hash(tuple(tokens[:ROUTING_TOKENS]))}"
+        place = (route, self._machine(route, now))
+        live = [e for e in self._entries.get(place, []) if now - e[1] <= self.retention_seconds]
         best, best_index = 0, -1
         for index, (seen, _) in enumerate(live):
             shared = common_prefix(seen, tokens)
@@ -99,7 +121,7 @@ class PrefixCache:
             live[best_index] = (live[best_index][0], now)  # a hit keeps the entry warm
         if len(tokens) >= CACHE_MIN_TOKENS:
             live.append((tokens, now))
-        self._entries[key] = live[-self.max_entries_per_key :]
+        self._entries[place] = live[-self.max_entries_per_machine :]
         return min(cached, len(tokens))
 
 
