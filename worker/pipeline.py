@@ -33,6 +33,7 @@ from prompts.update_prompt import UpdatePrompt, build_update_prompt
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import MemoryDocument, utc_now
 from worker.cost import prompt_cache_key
+from worker.gates import Gate
 from worker.model import UpdateModel
 from worker.watermark import ChunkBudget, Selection, split_at_watermark
 
@@ -40,8 +41,6 @@ log = logging.getLogger(__name__)
 
 Outcome = Literal["updated", "unchanged", "skipped", "stale"]
 Clock = Callable[[], datetime]
-# Told a call's prompt tokens before it is made; raises RunDeferred when it must wait.
-Gate = Callable[[int], None]
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,14 @@ from memq.core.identity import ContextKey
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from storage.base import Fence
-from worker.budget import BudgetPlan, TokenBudget
 from worker.cost import CallUsage, PriceTable, cost_nano_usd
+from worker.gates import RunGates
 from worker.lease import LeaseKeeper
 from worker.metrics import deferral_counters, usage_counters
 from worker.queue import FailResult, QueueClient, now_ms
-from worker.ratelimit import RatePlan, SharedRateLimit
 
 if TYPE_CHECKING:
-    from worker.pipeline import ExtractionPipeline, ExtractionReport, Gate
+    from worker.pipeline import ExtractionPipeline, ExtractionReport
 
 log = logging.getLogger("memq.extract")
 
@@ -60,11 +59,8 @@ class WorkerRuntime:
         self._redis: RedisClient | None = None
         self._queue: QueueClient | None = None
         self._pipeline: ExtractionPipeline | None = None
-        self._limiter: SharedRateLimit | None = None
-        self._budget: TokenBudget | None = None
+        self._gates: RunGates | None = None
         self.prices = PriceTable.from_settings(settings)
-        self.rate_limited = RatePlan.from_settings(settings) is not None
-        self.budgeted = BudgetPlan.from_settings(settings) is not None
 
     @property
     def client(self) -> RedisClient:
@@ -83,40 +79,13 @@ class WorkerRuntime:
             return self._pipeline
 
     @property
-    def budget(self) -> TokenBudget | None:
-        """The token budgets (None: none configured)."""
-        if not self.budgeted:
-            return None
+    def gates(self) -> RunGates:
+        """The token budgets and the shared rate limit, asked before each model call."""
         with self._lock:
             self._check_fork()
-            if self._budget is None:
-                self._budget = TokenBudget.for_settings(self.settings, self._base_locked()[0])
-            return self._budget
-
-    def gate_for(self, user_id: str, slot_ms: int | None) -> Gate | None:
-        """What one run asks before its model call: the user's and the deployment's token
-        budgets, then the shared rate limit (None: neither is configured)."""
-        budget = self.budget
-        limiter = None
-        if self.rate_limited:
-            with self._lock:
-                self._check_fork()
-                if self._limiter is None:
-                    self._limiter = SharedRateLimit.for_settings(
-                        self.settings, self._base_locked()[0]
-                    )
-                limiter = self._limiter
-        if budget is None and limiter is None:
-            return None
-        rate_gate = None if limiter is None else limiter.gate_for(slot_ms)
-
-        def gate(tokens: int) -> None:
-            if budget is not None:  # first: a run the budget holds back takes no rate slot
-                budget.check(user_id)
-            if rate_gate is not None:
-                rate_gate(tokens)
-
-        return gate
+            if self._gates is None:
+                self._gates = RunGates(self.settings, self._base_locked()[0])
+            return self._gates
 
     def _base(self) -> tuple[RedisClient, QueueClient]:
         with self._lock:
@@ -134,7 +103,7 @@ class WorkerRuntime:
 
     def _check_fork(self) -> None:
         if self._pid is not None and self._pid != os.getpid():
-            self._redis = self._queue = self._pipeline = self._limiter = self._budget = None
+            self._redis = self._queue = self._pipeline = self._gates = None
             self._pid = None
 
 
@@ -266,7 +235,7 @@ def extract(
     except Exception as exc:
         delay = retry_delay_ms(exc, attempts, runtime.settings)
         return _failed(run, exc, None if delay is None else clock() + delay)
-    budget = runtime.budget
+    budget = runtime.gates.budget
     if budget is not None:
         budget.spend(context.user_id, report.prompt_tokens + report.completion_tokens)
     if report.outcome == "stale":
@@ -323,7 +292,7 @@ def _run_pipeline(
             context,
             watermark=watermark,
             fence=Fence(run.context_id, run.token),
-            gate=runtime.gate_for(context.user_id, slot_ms),
+            gate=runtime.gates.gate_for(context.user_id, slot_ms),
         )
 
 
