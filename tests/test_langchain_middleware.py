@@ -267,3 +267,51 @@ def test_summarised_messages_survive_the_end_of_run_hand_off(
         timeout=20,
         what="the summarised-away fact",
     )
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("freeze", [True, False])
+def test_frozen_memory_keeps_the_system_message_identical_within_a_thread(
+    make_settings: Any, producers: Any, freeze: bool
+) -> None:
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    settings = make_settings(token_counting=False)
+    storage = get_storage(settings)
+    storage.save(
+        "gil", "helper", MemoryDocument(facts=[Fact(content="Keeps bees", confidence=0.9)])
+    )
+    memory = MemoryMiddleware(settings, agent_name="helper", freeze_per_thread=freeze)
+    producers.append(memory.producer)
+    model = fake_model("one", "two", "three")
+    agent = create_agent(
+        model,
+        tools=[],
+        system_prompt="You are a helpful assistant. " * 50,  # the agent's own static prompt
+        middleware=[memory],
+        checkpointer=InMemorySaver(),
+    )
+    config = {"configurable": {"thread_id": "t-f", "user_id": "gil"}}
+    agent.invoke({"messages": [HumanMessage("hello")]}, config)
+    storage.save(
+        "gil",
+        "helper",
+        MemoryDocument(
+            facts=[
+                Fact(content="Keeps bees", confidence=0.9),
+                Fact(content="Sails on weekends", confidence=0.9),
+            ]
+        ),
+    )
+    agent.invoke({"messages": [HumanMessage("and now?")]}, config)
+    first, second = (str(model.seen[i][0].content) for i in (0, 1))
+    assert first.startswith("You are a helpful assistant.")  # the agent's prompt stays first
+    assert "Keeps bees" in first
+    if freeze:
+        assert second == first  # byte-identical: the agent's prompt cache holds mid-thread
+        assert "Sails on weekends" not in second
+    else:
+        assert "Sails on weekends" in second
+    other = {"configurable": {"thread_id": "t-g", "user_id": "gil"}}
+    agent.invoke({"messages": [HumanMessage("new thread")]}, other)
+    assert "Sails on weekends" in str(model.seen[2][0].content)  # a new thread reads afresh

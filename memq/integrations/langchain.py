@@ -13,10 +13,13 @@
 ``MemoryMiddleware`` reads the user's memory once per run (before the agent starts: one storage
 read, ranked by relevance to the user's latest message) and adds it to the system message of every
 model call of that run — never to the message history, so it is not checkpointed, not re-sent to
-memory and not stacked up run after run. After the run it hands the conversation to memq's
-producer (one Redis round trip; fail-open). ``MemoryFlushingSummarization`` is LangChain's
-``SummarizationMiddleware`` that first flushes the messages it is about to summarise away (due at
-once), so what they taught is extracted before they disappear.
+memory and not stacked up run after run. ``freeze_per_thread=True`` reads it on a thread's first
+run only and keeps it for the thread (with a checkpointer), appended after the agent's own static
+system prompt, so memq never breaks the agent's prompt cache mid-thread. After the run it hands
+the conversation to memq's producer (one Redis round trip; fail-open).
+``MemoryFlushingSummarization`` is LangChain's ``SummarizationMiddleware`` that first flushes the
+messages it is about to summarise away (due at once), so what they taught is extracted before
+they disappear.
 
 The run's ``user_id`` and ``thread_id`` come from the runtime context (a mapping or an object with
 those attributes, ``invoke(..., context=...)``) or else from ``config["configurable"]``. A missing
@@ -51,6 +54,7 @@ from producer.producer import MemoryProducer
 log = logging.getLogger(__name__)
 
 STATE_KEY = "memq_memory"
+FROZEN_KEY = "memq_frozen_memory"
 
 
 class MissingRunIdentity(MemqError, LookupError):
@@ -58,9 +62,11 @@ class MissingRunIdentity(MemqError, LookupError):
 
 
 class MemoryState(AgentState[Any]):
-    """The agent state plus the memory block of the current run (private to the middleware)."""
+    """The agent state plus the memory block of the current run (private to the middleware);
+    with ``freeze_per_thread``, the block frozen for the thread (checkpointed with it)."""
 
     memq_memory: NotRequired[Annotated[str, PrivateStateAttr]]
+    memq_frozen_memory: NotRequired[Annotated[str, PrivateStateAttr]]
 
 
 def run_value(runtime: Runtime[Any] | None, key: str) -> str | None:
@@ -120,8 +126,13 @@ class MemoryMiddleware(AgentMiddleware[MemoryState, Any, Any]):
         producer: MemoryProducer | None = None,
         injector: MemoryInjector | None = None,
         use_query: bool = True,
+        freeze_per_thread: bool = False,
     ) -> None:
         super().__init__()
+        # Frozen: the block is read on a thread's first run (with memory to show) and kept for
+        # every later run of that thread (the state is checkpointed per thread), so the system
+        # message stays byte-identical and the agent's own prompt cache keeps working.
+        self.freeze_per_thread = freeze_per_thread
         self.settings = settings if settings is not None else load_settings()
         self.agent_name = agent_name
         self.producer = producer if producer is not None else MemoryProducer(self.settings)
@@ -129,18 +140,24 @@ class MemoryMiddleware(AgentMiddleware[MemoryState, Any, Any]):
         self.use_query = use_query
 
     # --- before the run: read memory once
-    def _memory_block(self, user_id: str, messages: Sequence[AnyMessage]) -> dict[str, Any]:
-        query = latest_user_text(messages) if self.use_query else None
-        return {STATE_KEY: self.injector.block(user_id, self.agent_name, query=query)}
+    def _memory_block(self, user_id: str, state: MemoryState) -> dict[str, Any]:
+        frozen = state.get(FROZEN_KEY) if self.freeze_per_thread else None
+        if isinstance(frozen, str) and frozen:
+            return {STATE_KEY: frozen}
+        query = latest_user_text(state["messages"]) if self.use_query else None
+        block = self.injector.block(user_id, self.agent_name, query=query)
+        if self.freeze_per_thread and block:
+            return {STATE_KEY: block, FROZEN_KEY: block}
+        return {STATE_KEY: block}
 
     def before_agent(self, state: MemoryState, runtime: Runtime[Any]) -> dict[str, Any] | None:
-        return self._memory_block(require(runtime, "user_id"), state["messages"])
+        return self._memory_block(require(runtime, "user_id"), state)
 
     async def abefore_agent(
         self, state: MemoryState, runtime: Runtime[Any]
     ) -> dict[str, Any] | None:
         user_id = require(runtime, "user_id")
-        return await asyncio.to_thread(self._memory_block, user_id, state["messages"])
+        return await asyncio.to_thread(self._memory_block, user_id, state)
 
     # --- every model call of the run: add it to the system message
     @staticmethod
