@@ -1,10 +1,12 @@
 """COST: what extraction costs, replayed through the real stack (producer, Redis, Celery worker
 and beat, the real `openai` client) against the scripted provider's prefix cache: many users,
-each with several sessions of several turns, one flush per session, sessions in order.
+each starting with a memory of ~3,000 tokens (60 facts, the size the issue measured on LoCoMo),
+then several sessions of several turns, one flush per session, sessions in order.
 
 Side by side, in one run:
-  (a) today's prompt before the cost engine: the instructions alone (959 tokens, under the 1,024
-      a provider caches) and no `prompt_cache_key`;
+  (a) today's prompt before the cost engine (`MEMQ_LLM_PROMPT_LAYOUT=compact`): the instructions
+      alone (959 tokens, under the 1,024 a provider caches), the memory's summaries before its
+      facts, no `prompt_cache_key`;
   (b) cache-friendly: the static part with its worked example first (byte-identical, ~1,470
       tokens), memory in a stable order, the hashed cache key per (user, agent);
   (c) (b) at the flex tier (batch prices, synchronous) — the batch lane itself is not built yet,
@@ -28,6 +30,7 @@ from memq.testing.provider import PrefixCache, Provider
 from memq.testing.waiting import wait_for
 from producer.producer import MemoryProducer
 from storage import get_storage
+from storage.document import Fact, MemoryDocument
 from worker.metrics import read_metrics
 from worker.queue import QueueClient
 
@@ -38,7 +41,7 @@ PRICES = {
     "llm_batch_discount": 0.5,
 }
 VARIANTS: dict[str, dict[str, Any]] = {
-    "(a) today's prompt": {"llm_worked_example": False, "llm_prompt_cache_key": False},
+    "(a) today's prompt": {"llm_prompt_layout": "compact", "llm_prompt_cache_key": False},
     "(b) cache-friendly": {},
     "(c) (b) + flex tier": {"llm_service_tier": "flex"},
 }
@@ -79,6 +82,24 @@ def session(user: int, number: int, turns: int) -> list[dict[str, str]]:
     return messages
 
 
+SEEDED_FACTS = 60  # ~3,000 tokens of memory per user, as on LoCoMo's real conversations
+
+
+def seed_memories(settings: Any, client: Any, users: int) -> None:
+    """Each user starts with a memory of the size the issue measured (3,300-4,400 tokens)."""
+    storage = get_storage(settings, redis=client)
+    for user in range(users):
+        facts = [
+            Fact(
+                content=f"User {user} fact {n}: prefers {n % 7 + 2}-space indentation in "
+                f"project p{n} and reviews pull requests every {n % 5 + 1} days before standup",
+                confidence=0.9,
+            )
+            for n in range(SEEDED_FACTS)
+        ]
+        storage.save(f"user-{user}", None, MemoryDocument(facts=facts))
+
+
 def one_variant(
     env: BenchEnv, overrides: dict[str, Any], users: int, sessions: int, turns: int
 ) -> dict[str, Any]:
@@ -101,6 +122,7 @@ def one_variant(
             stats: dict[str, int] = queue.stats()
             return stats["due"] == 0 and stats["inflight"] == 0
 
+        seed_memories(settings, client, users)
         with celery_stack(env, settings, workers=1, concurrency=4), MemoryProducer(settings) as p:
             for number in range(sessions):
                 for user in range(users):
@@ -112,7 +134,9 @@ def one_variant(
         snapshot = read_metrics(client, settings)
         storage = get_storage(settings, redis=client)
         facts = {
-            f"user-{u}": sorted(f.content for f in storage.load(f"user-{u}", None).facts)
+            f"user-{u}": sorted(
+                f.content for f in storage.load(f"user-{u}", None).facts if "item-" in f.content
+            )
             for u in range(users)
         }
         client.close()

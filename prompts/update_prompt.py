@@ -133,8 +133,12 @@ class UpdatePrompt:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
 
 
-def memory_for_prompt(memory: MemoryDocument) -> dict[str, Any]:
-    """The memory in the answer's camelCase vocabulary, with fact ids so removals can name them."""
+def memory_for_prompt(memory: MemoryDocument, *, facts_first: bool = True) -> dict[str, Any]:
+    """The memory in the answer's camelCase vocabulary, with fact ids so removals can name them.
+
+    ``facts_first``: facts (append-only: old ones first, new after) before the summaries (which
+    the model rewrites often), so two consecutive extractions of a user share the longest prefix.
+    """
     groups: dict[str, Any] = {"user": {}, "history": {}}
     for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS)):
         for name in names:
@@ -158,9 +162,7 @@ def memory_for_prompt(memory: MemoryDocument) -> dict[str, Any]:
         if fact.source == "manual":
             item["manual"] = True
         facts.append(item)
-    # Facts first (append-only: old ones first, new after), summaries after them (rewritten
-    # often): two consecutive extractions of a user then share the longest prefix.
-    return {"facts": facts, **groups}
+    return {"facts": facts, **groups} if facts_first else {**groups, "facts": facts}
 
 
 def build_update_prompt(
@@ -196,14 +198,16 @@ def build_update_prompt(
         shrink=False,
     )
     reviews = review_sections(memory, settings, now)
+    cache_friendly = settings.llm_prompt_layout == "cache_friendly"
     user = render_user_message(
         memory,
         conversation.text,
+        facts_first=cache_friendly,
         earlier=shown_before.text if shown_before.messages else "",
         sections=[*signal_hints(correction, reinforcement), *reviews.sections],
     )
     return UpdatePrompt(
-        system=STATIC_SYSTEM_PROMPT if settings.llm_worked_example else SYSTEM_PROMPT,
+        system=STATIC_SYSTEM_PROMPT if cache_friendly else SYSTEM_PROMPT,
         user=user,
         conversation=conversation.messages,
         correction=correction,
@@ -252,11 +256,17 @@ def review_sections(memory: MemoryDocument, settings: MemqSettings, now: datetim
 
 
 def render_user_message(
-    memory: MemoryDocument, conversation: str, *, earlier: str, sections: Sequence[str]
+    memory: MemoryDocument,
+    conversation: str,
+    *,
+    earlier: str,
+    sections: Sequence[str],
+    facts_first: bool = True,
 ) -> str:
     """Memory, earlier messages (if any), the conversation, then ``sections``, then the closing
     instruction; ``conversation`` and ``earlier`` are already rendered and escaped."""
-    parts = [f"<current_memory>\n{prompt_json(memory_for_prompt(memory))}\n</current_memory>"]
+    shown = memory_for_prompt(memory, facts_first=facts_first)
+    parts = [f"<current_memory>\n{prompt_json(shown)}\n</current_memory>"]
     if earlier:
         parts.append(f"{EARLIER_NOTE}\n<earlier_messages>\n{earlier}\n</earlier_messages>")
     parts.append(f"<conversation>\n{conversation}\n</conversation>")

@@ -74,10 +74,11 @@ DESCRIPTIONS: dict[str, str] = {
         "send a stable, hashed `prompt_cache_key` per (user, agent) so the provider's prompt "
         "cache serves a user's consecutive extractions; off for endpoints that reject the field"
     ),
-    "llm_worked_example": (
-        "end the update prompt's static instructions with a worked example (what makes that part "
-        "long enough, 1,024+ tokens, for the provider to cache); off: ~500 fewer prompt tokens, "
-        "none of them cacheable"
+    "llm_prompt_layout": (
+        "`cache_friendly`: the update prompt's static part ends with a worked example (1,024+ "
+        "tokens, what a provider caches) and the memory shows facts (append-only) before the "
+        "summaries (rewritten often); `compact`: the layout before the cost engine, ~500 "
+        "tokens shorter, summaries first"
     ),
     "llm_service_tier": (
         "`service_tier` sent with each call (unset: none sent); `flex` is billed at batch prices "

@@ -129,7 +129,7 @@ class MemqSettings(BaseSettings):
     llm_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     # --- LLM cost: cache routing, service tier, price table, shared rate limit
     llm_prompt_cache_key: bool = True
-    llm_worked_example: bool = True
+    llm_prompt_layout: Literal["cache_friendly", "compact"] = "cache_friendly"
     llm_service_tier: Literal["auto", "default", "flex", "priority"] | None = None
     llm_flex_fallback: bool = True
     llm_price_input_per_million: float | None = Field(default=None, ge=0.0)
