@@ -20,6 +20,7 @@ from memq.memory.consolidation import qualifying_groups
 from memq.memory.staleness import should_review, stale_candidates
 from prompts.conversation import budget_conversation
 from prompts.escaping import prompt_json
+from prompts.memory_slice import sliced_memory
 from prompts.review import render_consolidation_section, render_staleness_section
 from prompts.tokens import TokenCounter
 from prompts.worked_example import WORKED_EXAMPLE
@@ -199,8 +200,15 @@ def build_update_prompt(
     )
     reviews = review_sections(memory, settings, now)
     cache_friendly = settings.llm_prompt_layout == "cache_friendly"
-    user = render_user_message(
+    shown, _ = sliced_memory(
         memory,
+        conversation.text,
+        max_tokens=settings.memory_slice_max_tokens,
+        protected=settings.staleness_protected_categories,
+        count_tokens=count_tokens,
+    )
+    user = render_user_message(
+        shown,
         conversation.text,
         facts_first=cache_friendly,
         earlier=shown_before.text if shown_before.messages else "",

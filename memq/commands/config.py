@@ -74,6 +74,10 @@ DESCRIPTIONS: dict[str, str] = {
         "send a stable, hashed `prompt_cache_key` per (user, agent) so the provider's prompt "
         "cache serves a user's consecutive extractions; off for endpoints that reject the field"
     ),
+    "memory_slice_max_tokens": (
+        "past this many tokens of facts, an extraction shows only the protected categories and "
+        "the facts most relevant to the new messages, within this budget (unset: all facts)"
+    ),
     "llm_prompt_layout": (
         "`cache_friendly`: the update prompt's static part ends with a worked example (1,024+ "
         "tokens, what a provider caches) and the memory shows facts (append-only) before the "

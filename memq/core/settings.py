@@ -148,6 +148,7 @@ class MemqSettings(BaseSettings):
     fact_max_chars: int = Field(default=1000, ge=50, le=100_000)
     fact_confidence_threshold: float = Field(default=0.7, ge=0.0, le=1.0)
     conversation_max_tokens: int = Field(default=6000, ge=200)
+    memory_slice_max_tokens: int | None = Field(default=None, ge=200)
     message_max_chars: int = Field(default=2000, ge=100)
     context_messages: int = Field(default=2, ge=0, le=50)
     watermark_ttl_days: int = Field(default=30, ge=1, le=3650)
