@@ -7,9 +7,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY core ./core
 COPY storage ./storage
-COPY memory ./memory
 COPY prompts ./prompts
 COPY producer ./producer
 COPY worker ./worker

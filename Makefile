@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit lint format typecheck bench demo up clean soak flaky-check
+.PHONY: setup test unit lint format typecheck bench demo up clean soak flaky-check screenshots
 
 setup: $(VENV)/.installed
 
@@ -40,6 +40,10 @@ bench: setup
 FLAKY_ARGS ?= --runs 4 --hog-runs 2
 flaky-check: setup
 	$(PY) -m tests.flaky_check $(FLAKY_ARGS)
+
+# The inspector's main pages as PNGs in docs/screenshots/ (headless Chromium on a real stack).
+screenshots: setup
+	$(PY) -m tests.support.screenshots docs/screenshots
 
 demo: setup
 	$(VENV)/bin/memq demo

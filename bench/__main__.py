@@ -22,6 +22,10 @@ from bench.common import BenchEnv, Result, bench_env, machine_info
 BENCHMARKS = {
     "P1": "bench.p1_producer",
     "P2": "bench.p2_claim",
+    # One tenant at its in-flight cap with 100,000 due contexts: script time per tick.
+    "CAPPED": "bench.p13_capped_backlog",
+    # One producer call onto a 20 MB context, with and without context_max_bytes.
+    "CTXCAP": "bench.p14_context_cap",
     "P5": "bench.p5_pipeline",
     "P6": "bench.p6_cost",
     "P7": "bench.p7_injection",
@@ -34,6 +38,9 @@ BENCHMARKS = {
     "P4": "bench.p4_throughput",
     "RATE": "bench.p13_rate",
     "COST": "bench.p14_cost_engine",
+    "SERVE": "bench.p15_serve",
+    # The inspector's memory page over 200 facts and its queue page, against the API's JSON.
+    "INSPECTOR": "bench.p16_inspector",
     # Starts its own 3-master Redis Cluster beside the one Redis; skips when it cannot.
     "CLUSTER": "bench.p9_cluster",
 }

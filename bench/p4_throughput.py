@@ -7,12 +7,12 @@ from the first LLM request to the moment the queue is empty (every context compl
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from bench.common import BenchEnv, Result, celery_stack, llm_settings, scripted_llm, start_beat
-from memq.testing.openai_server import Reply
+from memq.memory.update import NewFact, UpdateAnswer
+from memq.testing.openai_server import Reply, update_text
 from memq.testing.waiting import wait_for
 from producer.producer import MemoryProducer
 from worker.queue import QueueClient
@@ -22,9 +22,9 @@ THREADS_PER_PROCESS = 8
 
 
 def answer(request: dict[str, Any]) -> Reply:
-    fact = {"content": "User ships billing in Go", "category": "context", "confidence": 0.9}
-    body = {"user": {}, "history": {}, "newFacts": [fact], "factsToRemove": []}
-    return Reply(content=json.dumps(body), delay_seconds=LLM_SECONDS)
+    fact = NewFact(content="User ships billing in Go", category="context", confidence=0.9)
+    body = update_text(UpdateAnswer(new_facts=(fact,)))
+    return Reply(content=body, delay_seconds=LLM_SECONDS)
 
 
 def one_round(env: BenchEnv, processes: int, contexts: int) -> tuple[float, int]:

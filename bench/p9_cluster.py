@@ -13,7 +13,6 @@ paths (pipelining by node, scripts per slot), not the capacity of three real hos
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,8 +21,9 @@ from bench.common import BenchEnv, Result, celery_stack, llm_settings, scripted_
 from memq.core.connection import RedisClient, redis_client
 from memq.core.keys import CLUSTER_SLOTS, key_slot, shard_tag
 from memq.core.settings import MemqSettings
+from memq.memory.update import NewFact, UpdateAnswer
 from memq.redis_cluster import LocalCluster
-from memq.testing.openai_server import Reply
+from memq.testing.openai_server import Reply, update_text
 from memq.testing.waiting import wait_for
 from producer.producer import MemoryProducer
 from worker.queue import QueueClient
@@ -69,9 +69,9 @@ def claim_rate(settings: MemqSettings, count: int) -> tuple[float, int]:
 
 
 def answer(request: dict[str, Any]) -> Reply:
-    fact = {"content": "User ships billing in Go", "category": "context", "confidence": 0.9}
-    body = {"user": {}, "history": {}, "newFacts": [fact], "factsToRemove": []}
-    return Reply(content=json.dumps(body), delay_seconds=LLM_SECONDS)
+    fact = NewFact(content="User ships billing in Go", category="context", confidence=0.9)
+    body = update_text(UpdateAnswer(new_facts=(fact,)))
+    return Reply(content=body, delay_seconds=LLM_SECONDS)
 
 
 def extraction_rate(env: BenchEnv, redis_url: str, contexts: int) -> float:

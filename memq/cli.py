@@ -11,9 +11,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from memq.commands import config, doctor, exporter, memory, queue, up
+from memq.commands import config, doctor, exporter, memory, queue, serve, up, why
 from memq.commands import demo as demo_command
-from memq.commands.common import CommandContext, mask_url, shown
+from memq.commands import eval as eval_command
+from memq.commands.common import CommandContext, mask_url, resolve_user, shown
 from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
 from memq.core.errors import ConfigError, MemqError
 
@@ -29,7 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (up, demo_command, queue, memory, doctor, config, exporter):
+    for module in (
+        up,
+        demo_command,
+        queue,
+        memory,
+        why,
+        doctor,
+        config,
+        exporter,
+        eval_command,
+        serve,
+    ):
         module.register(sub)
     return parser
 
@@ -43,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     context = CommandContext()
     try:
+        resolve_user(args)
         return int(args.run(args, context))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

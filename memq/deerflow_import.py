@@ -27,7 +27,11 @@ from typing import Any
 import yaml
 
 from memq.core.errors import InvalidIdentifier, InvalidMemoryData
-from memq.core.identity import DEFAULT_USER_ID, validate_agent_name, validate_user_id
+from memq.core.identity import (
+    ANONYMOUS_USER_ID,
+    validate_agent_name,
+    validate_user_id,
+)
 from storage.base import Change, MemoryStorage, UpdateResult
 from storage.cap import DEFAULT_FACT_MAX_CHARS, cap_fact_length
 from storage.document import HISTORY_SECTIONS, USER_SECTIONS, MemoryDocument
@@ -36,7 +40,18 @@ from storage.management import parse_import
 log = logging.getLogger(__name__)
 
 DEFAULT_AGENT_BUCKET = "__default__"
+DEERFLOW_DEFAULT_USER = "default"
 PREVIOUS_DEFAULT_AGENT = "lead-agent"
+
+
+def from_deerflow_user(user_id: str | None) -> str | None:
+    """DeerFlow's user id as memq's. DeerFlow calls its user without login ``"default"`` (its
+    folder ``users/default``, the id its call sites fall back to) and some calls pass None: both
+    are memq's anonymous user, so the importer and the DeerFlow backend find the same memory. Any
+    other value is left for the caller to validate."""
+    if user_id is None or user_id == DEERFLOW_DEFAULT_USER:
+        return ANONYMOUS_USER_ID
+    return user_id
 
 
 class DeerFlowImportError(InvalidMemoryData):
@@ -175,13 +190,15 @@ def read_folder(root: Path) -> list[ScopeImport]:
     if not root.is_dir():
         raise DeerFlowImportError(f"{root}: not a folder")
     found: list[ScopeImport] = []
-    found.extend(_scopes_of_user(root, DEFAULT_USER_ID))  # DIR/memory.json, DIR/agents/*
+    found.extend(_scopes_of_user(root, ANONYMOUS_USER_ID))  # DIR/memory.json, DIR/agents/*
     users = root / "users"
     for user_dir in sorted(users.iterdir()) if users.is_dir() else []:
         if not user_dir.is_dir():
             continue
         try:
-            user = validate_user_id(user_dir.name)
+            # DeerFlow's "default" is memq's anonymous user, which also gets the legacy
+            # DIR/memory.json above.
+            user = validate_user_id(from_deerflow_user(user_dir.name))
         except InvalidIdentifier as exc:
             raise DeerFlowImportError(f"{user_dir}: {exc}") from exc
         found.extend(_scopes_of_user(user_dir, user))

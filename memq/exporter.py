@@ -146,6 +146,16 @@ class MemqCollector(Collector):
                 "Runs whose answer was discarded: they lost their claim",
                 "stale_runs",
             ),
+            (
+                "memq_facts_invalid",
+                "New facts of saved answers dropped because they did not validate",
+                "facts_invalid",
+            ),
+            (
+                "memq_facts_refused",
+                "New facts refused because only assistant messages said them",
+                "facts_refused",
+            ),
             ("memq_forgets", "Users erased with `memq forget`", "forgets"),
             (
                 "memq_dead_lettered",
@@ -158,6 +168,11 @@ class MemqCollector(Collector):
                 "leases_expired",
             ),
             ("memq_tick_claimed", "Contexts the ticker claimed and dispatched", "tick_claimed"),
+            (
+                "memq_context_messages_cut",
+                "Oldest messages of a context cut to stay within context_max_bytes",
+                "context_messages_cut",
+            ),
         )
         for name, text, attribute in simple:
             counter = CounterMetricFamily(name, text)

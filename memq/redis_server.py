@@ -7,6 +7,7 @@ stack's private Redis also requires a password, kept in a 0600 file next to its 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
@@ -28,6 +30,18 @@ from memq.supervision import die_with_parent
 # everysec: a crash of the host may lose up to about a second of acknowledged writes; always: none,
 # at the cost of one fsync per write.
 APPENDFSYNC_CHOICES = ("everysec", "always", "no")
+
+# Without a ceiling `noeviction` never applies: Redis grows until the kernel's OOM killer ends it
+# (and with it every queued conversation not yet fsynced). A quarter of the RAM leaves room for
+# the workers, the agents and an AOF rewrite's copy-on-write pages on the same host.
+MAXMEMORY_RAM_FRACTION = 4
+
+
+def maxmemory_bytes_for(setting_mb: int | None) -> int:
+    """The private Redis's ``maxmemory``: ``setting_mb`` MiB, else a quarter of physical RAM."""
+    if setting_mb is not None:
+        return setting_mb * 2**20
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // MAXMEMORY_RAM_FRACTION
 
 
 class RedisServerNotFound(MemqError, FileNotFoundError):
@@ -98,10 +112,11 @@ class RedisUnreachable(MemqError, ConnectionError):
     """The configured Redis does not answer: nothing in the stack could work."""
 
 
-def redis_password(redis_dir: Path) -> str:
-    """The private Redis's password: generated once, kept in ``<redis_dir>/password`` (0600), so
-    agents told about it keep working across restarts of the stack."""
-    path = private_dir(redis_dir) / "password"
+def redis_password(redis_dir: Path, name: str = "password") -> str:
+    """A password of the private Redis: generated once, kept in ``<redis_dir>/<name>`` (0600), so
+    agents (``password``) and workers (``worker-password``) told about it keep working across
+    restarts of the stack."""
+    path = private_dir(redis_dir) / name
     if path.exists():
         path.chmod(0o600)
         existing = path.read_text(encoding="utf-8").strip()
@@ -131,6 +146,34 @@ def check_reachable(url: str, timeout_seconds: float = 2.0) -> None:
         client.close()
 
 
+# Agents enqueue (a Lua script), read and manage memory documents and erase their users' queued
+# work, all on keys under the key prefix. They never need to administer the server: no CONFIG
+# (`CONFIG SET dir` + `SAVE` writes a file of the caller's choosing), DEBUG, MODULE, SAVE,
+# FLUSH*, SHUTDOWN, ACL, KEYS, MONITOR (all in @admin or @dangerous), nor pub/sub or the broker's
+# keys. Commands a script calls are checked against these rules too.
+_AGENT_COMMANDS = "+@all -@admin -@dangerous -script +script|load +script|exists"
+WORKER_USER = "memq-worker"
+
+
+def agent_rules(key_prefix: str) -> str:
+    """The ACL rules of the agents' user for one key prefix (its alphabet has no glob
+    characters: the settings restrict it to ``A-Z a-z 0-9 _ . -``)."""
+    return f"resetchannels resetkeys ~{key_prefix}:* {_AGENT_COMMANDS}"
+
+
+@dataclass(frozen=True, slots=True)
+class AclUser:
+    """One Redis ACL user; its password is written to redis.conf as a SHA-256 digest only."""
+
+    name: str
+    password: str
+    rules: str  # ACL rules after the password, e.g. "~* &* +@all"
+
+    def config_line(self) -> str:
+        digest = hashlib.sha256(self.password.encode("utf-8")).hexdigest()
+        return f"user {self.name} reset on #{digest} {self.rules}"
+
+
 class RedisServer:
     """A redis-server child process bound to 127.0.0.1.
 
@@ -146,22 +189,33 @@ class RedisServer:
         *,
         appendonly: bool = True,
         password: str | None = None,
+        default_rules: str | None = None,
+        acl_users: Sequence[AclUser] = (),
         appendfsync: str = "everysec",
         stop_with_parent: bool = False,
         extra_args: Sequence[str] = (),
+        maxmemory_bytes: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendonly = appendonly
         self.password = password
+        # With rules, the default user (the one ``password`` logs in as) is limited to them.
+        self.default_rules = default_rules
+        self.acl_users = tuple(acl_users)
         self.appendfsync = appendfsync
         self.stop_with_parent = stop_with_parent
         self.extra_args = tuple(extra_args)  # e.g. --cluster-enabled yes, --replicaof host port
+        self.maxmemory_bytes = maxmemory_bytes  # None: no ceiling (tests, benchmarks)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def url_for(self, user: AclUser) -> str:
+        auth = f"{quote(user.name, safe='')}:{quote(user.password, safe='')}@"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     @property
@@ -177,12 +231,16 @@ class RedisServer:
             f"appendonly {'yes' if self.appendonly else 'no'}",
             f"appendfsync {self.appendfsync}",
             "maxmemory-policy noeviction",
+            *([f"maxmemory {self.maxmemory_bytes}"] if self.maxmemory_bytes else []),
             'save ""',
             "protected-mode yes",
             f"logfile {_quote(str(data / 'redis.log'))}",
         ]
-        if self.password:
+        if self.password and self.default_rules is not None:
+            lines.append(AclUser("default", self.password, self.default_rules).config_line())
+        elif self.password:
             lines.append(f"requirepass {_quote(self.password)}")
+        lines += (user.config_line() for user in self.acl_users)
         return "\n".join(lines) + "\n"
 
     def start(self, timeout_seconds: float = 10.0) -> RedisServer:

@@ -37,9 +37,13 @@ from memq.core.errors import MemqError
 from memq.core.settings import MemqSettings
 from memq.core.settings_env import settings_env
 from memq.redis_server import (
+    WORKER_USER,
+    AclUser,
     RedisServer,
+    agent_rules,
     check_reachable,
     free_port,
+    maxmemory_bytes_for,
     port_if_free,
     private_dir,
     redis_password,
@@ -80,6 +84,7 @@ class StackOptions:
     beat: bool = True
     flower: bool = True
     exporter: bool = False  # `memq up` turns it on (it binds a fixed port)
+    serve: bool = False  # `memq serve`, the HTTP API and MCP; `memq up` turns it on
     loglevel: str = "INFO"
     # None: a private redis-server only when no Redis is configured; True: always (the demo never
     # touches a configured Redis).
@@ -88,6 +93,10 @@ class StackOptions:
     log_dir: Path | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+
+
+class PortTaken(MemqError, OSError):
+    """The private Redis's remembered port is held by another process."""
 
 
 class Stack:
@@ -140,7 +149,7 @@ class Stack:
         self._stopping = True
         if timeout_seconds is None:
             timeout_seconds = self._stop_timeout()
-        for child in self.children:  # already in beat → worker → flower order
+        for child in self.children:  # already in serve → beat → worker → flower order
             if child.running and child.process is not None:
                 child.process.terminate()
         deadline = time.monotonic() + timeout_seconds
@@ -257,24 +266,42 @@ class Stack:
         return max(15.0, self.settings.llm_timeout_seconds * calls + 5.0)
 
     def _start_private_redis(self) -> None:
+        """Agents log in as Redis's default user, with the password they were always given, now
+        limited to memq's keys and non-admin commands; the children log in as the worker user,
+        whose password only they get (through the environment)."""
         redis_dir = Path(self.settings.data_dir) / "redis"
         password = redis_password(redis_dir)
         self.redis_password_file = (redis_dir / "password").resolve()
+        worker = AclUser(WORKER_USER, redis_password(redis_dir, "worker-password"), "~* &* +@all")
         self.redis_server = RedisServer(
             redis_dir,
             port=self._private_port(redis_dir),
             password=password,
+            default_rules=agent_rules(self.settings.key_prefix),
+            acl_users=[worker],
             appendfsync=self.settings.redis_appendfsync,
             stop_with_parent=True,
+            maxmemory_bytes=maxmemory_bytes_for(self.settings.redis_maxmemory_mb),
         ).start()
         self.settings = self.settings.model_copy(
-            update={"redis_url": self.redis_server.url, "broker_url": None}
+            update={"redis_url": self.redis_server.url_for(worker), "broker_url": None}
         )
 
     def _private_port(self, redis_dir: Path) -> int:
         """The port this data folder's Redis had last time (agents were told it), else the
-        default URL's port (default-configured agents look there), else any free port."""
-        last = _last_port(redis_dir / "port")
+        default URL's port (default-configured agents look there), else any free port.
+
+        A remembered port held by another process is refused, never swapped for a free one:
+        agents still configured with it would send their password and conversations to
+        whatever listens there now."""
+        remembered = redis_dir / "port"
+        last = _last_port(remembered)
+        if last is not None and not port_if_free(last):
+            raise PortTaken(
+                f"port {last}, which agents of this data folder were given, is in use by another "
+                f"process on 127.0.0.1; stop it, or delete {remembered} to pick a new port and "
+                "give agents the new URL"
+            )
         for candidate in (last, urlsplit(self.settings.redis_url).port or 6379):
             if candidate is not None and port_if_free(candidate):
                 port = candidate
@@ -287,7 +314,14 @@ class Stack:
     # --- details
     @property
     def redis_url(self) -> str:
+        """The URL the stack's own processes use (the worker user of a private Redis)."""
         return self.settings.redis_url
+
+    @property
+    def agent_url(self) -> str:
+        """The URL to give agents: the private Redis's limited default user, else the
+        configured Redis."""
+        return self.redis_server.url if self.redis_server is not None else self.redis_url
 
     @property
     def flower_url(self) -> str:
@@ -310,6 +344,9 @@ class Stack:
             f"--max-tasks={FLOWER_MAX_TASKS}",
         ]
         rows: list[tuple[str, bool, list[str]]] = [
+            # First to stop: no new hand-offs while the worker drains; its spool goes to Redis,
+            # which stops last.
+            ("serve", self.options.serve, [sys.executable, "-m", "memq.cli", "serve"]),
             ("beat", self.options.beat, [*celery, "beat", level]),
             ("worker", self.options.worker, [*celery, "worker", level, "--without-gossip"]),
             ("flower", self.options.flower, flower),

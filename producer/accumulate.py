@@ -78,6 +78,39 @@ def extends(older_json: str, newer_json: str) -> bool:
     return newer_json.startswith(body) and newer_json[len(body)] == ","
 
 
+_ELEMENT = b'},{"role":"'
+_ROLE_KEY = b'"role":'
+
+
+def newest_within(list_json: str, max_bytes: int | None) -> tuple[str, int]:
+    """The newest messages of an encoded list within ``max_bytes`` of UTF-8, and how many were
+    cut: what ``enqueue.lua`` does past ``context_max_bytes``, found the same way (by the element
+    boundary of the producer's encoding, never by decoding). A list in another encoding, or whose
+    newest message alone is too long, is cut whole."""
+    if max_bytes is None or len(list_json) <= max_bytes // 4:
+        return list_json, 0  # even at 4 bytes a character it fits
+    raw = list_json.encode("utf-8", "surrogatepass")
+    if len(raw) <= max_bytes:
+        return list_json, 0
+    at = -1
+    if raw.startswith(b'[{"role":"'):
+        at = raw.find(_ELEMENT, max(1, len(raw) - max_bytes - 1))
+    if at < 0:
+        return "[]", raw.count(_ROLE_KEY)
+    kept = b"[" + raw[at + 2 :]
+    return kept.decode("utf-8", "surrogatepass"), raw[: at + 1].count(_ROLE_KEY)
+
+
+def merge_within(older_json: str, newer_json: str, max_bytes: int | None) -> tuple[str, int]:
+    """:func:`merge_messages_json` under a hard cap, as ``enqueue.lua`` applies it: each list is
+    cut to ``max_bytes`` before anything is decoded, and so is the merge; with how many messages
+    were cut."""
+    older, cut_older = newest_within(older_json, max_bytes)
+    newer, cut_newer = newest_within(newer_json, max_bytes)
+    merged, cut_merged = newest_within(merge_messages_json(older, newer), max_bytes)
+    return merged, cut_older + cut_newer + cut_merged
+
+
 def merge_messages_json(older_json: str, newer_json: str) -> str:
     """:func:`merge_messages` on the JSON lists the queue stores; ``newer_json`` as it is when
     it already holds everything (the common case), or when ``older_json`` cannot be read (a

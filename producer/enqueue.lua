@@ -27,6 +27,12 @@
 --                          user's text forever
 -- ARGV[13] pending_max_bytes  when the merged messages JSON is longer than this (bytes), the
 --                          context is due now instead of debounced (absent or "": no cap)
+-- ARGV[14] context_max_bytes  hard cap of the stored messages JSON (bytes; absent or "": none).
+--                          Checked on both lists before anything is decoded, and on the merge:
+--                          past it the oldest messages are cut at an element boundary (found by
+--                          string search, never by decoding), so a runaway context costs every
+--                          later call at most this much work. What is cut is counted on the hash
+--                          (`cut_messages`, `cut_bytes`), for the worker to report
 --
 -- Messages accumulate until a worker extracts them: the later-captured list is the agent's view
 -- and is kept whole, in its order; a message of the other list it does not hold (same id, else
@@ -38,10 +44,14 @@
 -- equal to the new list's first (the size cap dropped the front, or the turn after a merge):
 -- then the stored front is kept before it whole.
 --
--- Returns {version, deadline_ms, code}
+-- A flush, or a context over pending_max_bytes, also sets the hash's `urgent` field: urgent work
+-- never waits in the batch lane (claim_due hands the mark to the run as `claimed_sync`).
+--
+-- Returns {version, deadline_ms, code, cut}
 --   code 1  scheduled: due holds the context at deadline_ms
 --   code 2  deferred in flight: a worker holds the context; its complete reschedules it from
 --           the stored deadline_ms, so due is left alone (never two runs of one context at once)
+--   cut     how many messages this call cut to keep within ARGV[14] (0 almost always)
 
 local ctx, due, inflight, dead, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local now = tonumber(ARGV[1])
@@ -83,6 +93,7 @@ end
 -- boundaries front_before relies on, so a merge can be written back in that same encoding and
 -- the next turn's hand-off still finds the stored list without decoding.
 local function elements(list)
+  if list == '[]' then return {} end
   if string.sub(list, 1, 10) ~= '[{"role":"' then return nil end
   local out, from = {}, 2
   while true do
@@ -98,7 +109,7 @@ end
 
 -- `newer` plus the messages of `older` it does not hold (the rule in the header); both encoded.
 local function merge(older, newer)
-  if not older or extends(older, newer) then return newer end
+  if not older or older == '[]' or extends(older, newer) then return newer end
   local front = front_before(older, newer)
   if front then return '[' .. front .. ',' .. string.sub(newer, 2) end
   local ok_old, old_list = pcall(cjson.decode, older)
@@ -148,6 +159,28 @@ local function merge(older, newer)
   return cjson.encode(out)
 end
 
+-- The newest elements of the encoded list `list` within `limit` bytes, without decoding: the
+-- first element boundary (the marker front_before relies on) far enough from the end. A list in
+-- another encoding, or whose newest element alone is too long, is cut whole. Returns the list,
+-- how many messages were cut (each has one bare "role": key, which no JSON string can hold) and
+-- how many bytes.
+local function newest_within(list, limit)
+  if not list or not limit or #list <= limit then return list, 0, 0 end
+  local at
+  if string.sub(list, 1, 10) == '[{"role":"' then
+    at = string.find(list, '},{"role":"', math.max(2, #list - limit), true)
+  end
+  local kept = at and ('[' .. string.sub(list, at + 2)) or '[]'
+  local removed = at and string.sub(list, 1, at) or list
+  local count, from = 0, 1
+  while true do
+    local found = string.find(removed, '"role":', from, true)
+    if not found then break end
+    count, from = count + 1, found + 7
+  end
+  return kept, count, #list - #kept
+end
+
 -- One read and one write of the hash: this runs on every agent turn.
 local stored = redis.call('HMGET', ctx, 'pending_since_ms', 'deadline_ms', 'first_enqueued_ms',
   'captured_ms', 'messages')
@@ -158,15 +191,22 @@ local n = #fields
 -- The later capture is the agent's current view; a tie is a re-send.
 local captured = tonumber(ARGV[11]) or now
 local stored_captured = tonumber(stored[4])
+local limit = tonumber(ARGV[14])
+local held_list, cut_held, cut_held_bytes = newest_within(stored[5], limit)
+local handed, cut_handed, cut_handed_bytes = newest_within(ARGV[5], limit)
 local messages
 if not stored_captured or captured >= stored_captured then
-  messages = merge(stored[5], ARGV[5])
+  messages = merge(held_list, handed)
   fields[n + 1], fields[n + 2] = 'trace_id', ARGV[9]
   fields[n + 3], fields[n + 4] = 'captured_ms', string.format('%d', captured)
   n = n + 4
 else
-  messages = merge(ARGV[5], stored[5] or ARGV[5])
+  messages = merge(handed, held_list or handed)
 end
+local cut_merged, cut_merged_bytes
+messages, cut_merged, cut_merged_bytes = newest_within(messages, limit)
+local cut = cut_held + cut_handed + cut_merged
+local cut_bytes = cut_held_bytes + cut_handed_bytes + cut_merged_bytes
 if messages ~= stored[5] then
   fields[n + 1], fields[n + 2] = 'messages', messages
   n = n + 2
@@ -184,6 +224,10 @@ local max_bytes = tonumber(ARGV[13])
 if ARGV[4] == '1' or (max_bytes and #messages > max_bytes) then
   -- Too much pending text to wait for more: due now rather than cut (the worker splits it).
   deadline = now
+  -- Urgent work (a flush, an over-size context) never waits in the batch lane; claim_due hands
+  -- the mark to the run and clears it.
+  fields[n + 1], fields[n + 2] = 'urgent', '1'
+  n = n + 2
 else
   deadline = math.min(now + tonumber(ARGV[2]), pending_since + tonumber(ARGV[3]))
 end
@@ -201,6 +245,10 @@ if not stored[3] then
   n = n + 2
 end
 redis.call('HSET', ctx, unpack(fields))
+if cut_bytes > 0 then
+  redis.call('HINCRBY', ctx, 'cut_messages', cut)
+  redis.call('HINCRBY', ctx, 'cut_bytes', cut_bytes)
+end
 local version = redis.call('HINCRBY', ctx, 'version', 1)
 redis.call('PEXPIRE', ctx, ARGV[12])
 redis.call('SADD', users, id)
@@ -213,7 +261,7 @@ if redis.call('ZREM', dead, id) == 1 then
 end
 
 if redis.call('ZSCORE', inflight, id) then
-  return {version, deadline, 2}
+  return {version, deadline, 2, cut}
 end
 redis.call('ZADD', due, deadline_str, id)
-return {version, deadline, 1}
+return {version, deadline, 1, cut}

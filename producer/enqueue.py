@@ -17,6 +17,7 @@ the newer one's, and it still bumps the version (and a flush still makes the con
 from __future__ import annotations
 
 import enum
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import resources
@@ -25,9 +26,12 @@ from memq.core.connection import REDIS_ERRORS, RedisClient
 from memq.core.errors import InvalidIdentifier, RedisUnavailable
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
-from memq.core.models import Message, messages_to_json
-from producer.accumulate import merge_messages_json
-from producer.messages import filter_messages_for_memory, has_minimum_dialogue, keep_newest_within
+from memq.core.models import Message
+from producer.accumulate import merge_within
+from producer.bounds import bound_hand_off
+from producer.messages import filter_messages_for_memory, has_minimum_dialogue
+
+log = logging.getLogger(__name__)
 
 MAX_TRACE_ID_LENGTH = 256
 
@@ -54,6 +58,9 @@ class EnqueueRequest:
     trace_id: str | None = None
     captured_ms: int | None = None
     failures: int = 0
+    # The hard cap of a context's messages (context_max_bytes), so that merging spooled
+    # hand-offs stays within what the script would store.
+    max_bytes: int | None = None
 
     @property
     def context_id(self) -> str:
@@ -69,13 +76,23 @@ class EnqueueRequest:
             self.captured_ms,
         ):
             latest, earlier = self, newer
+        limit = newer.max_bytes if newer.max_bytes is not None else self.max_bytes
+        merged, cut = merge_within(earlier.messages_json, latest.messages_json, limit)
+        if cut:
+            log.warning(
+                "memq: %s: %d spooled messages cut to stay within %d bytes",
+                newer.key.describe(),
+                cut,
+                limit,
+            )
         return EnqueueRequest(
             key=newer.key,
-            messages_json=merge_messages_json(earlier.messages_json, latest.messages_json),
+            messages_json=merged,
             flush=self.flush or newer.flush,
             trace_id=latest.trace_id,
             captured_ms=latest.captured_ms,
             failures=max(self.failures, newer.failures),
+            max_bytes=limit,
         )
 
 
@@ -85,6 +102,7 @@ class EnqueueResult:
     version: int
     deadline_ms: int
     code: EnqueueCode
+    cut: int = 0  # oldest messages the script cut to stay within context_max_bytes
 
 
 def build_request(
@@ -94,10 +112,13 @@ def build_request(
     flush: bool = False,
     trace_id: str | None = None,
     max_chars: int = 200_000,
+    max_messages: int = 1000,
     captured_ms: int | None = None,
+    max_bytes: int | None = None,
 ) -> EnqueueRequest | None:
-    """Filter, check the minimum dialogue and encode; ``None`` when nothing is
-    worth sending. Raises :class:`InvalidMessages` on shapes it does not understand."""
+    """Filter, check the minimum dialogue and encode within the caps (:mod:`producer.bounds`:
+    ``max_chars`` of JSON, ``max_messages``); ``None`` when nothing is worth sending.
+    Raises :class:`InvalidMessages` on shapes it does not understand."""
     if trace_id is not None and (
         not isinstance(trace_id, str) or len(trace_id) > MAX_TRACE_ID_LENGTH
     ):
@@ -111,10 +132,11 @@ def build_request(
         return None
     return EnqueueRequest(
         key=key,
-        messages_json=messages_to_json(keep_newest_within(messages, max_chars)),
+        messages_json=bound_hand_off(messages, max_chars, max_messages).messages_json,
         flush=flush,
         trace_id=trace_id,
         captured_ms=captured_ms,
+        max_bytes=max_bytes,
     )
 
 
@@ -156,6 +178,7 @@ class Enqueuer:
         max_delay_ms: int,
         retention_ms: int = 30 * 86_400_000,
         pending_max_bytes: int | None = None,
+        context_max_bytes: int | None = None,
     ):
         source = resources.files("producer").joinpath("enqueue.lua").read_text(encoding="utf-8")
         self._script = client.register_script(source)
@@ -164,6 +187,7 @@ class Enqueuer:
         self._max_delay = str(max_delay_ms)
         self._retention = str(retention_ms)
         self._pending_max = "" if pending_max_bytes is None else str(pending_max_bytes)
+        self._context_max = "" if context_max_bytes is None else str(context_max_bytes)
 
     def __call__(self, request: EnqueueRequest, now_ms: int) -> EnqueueResult:
         """One round trip. Raises :class:`RedisUnavailable` when Redis does not take it."""
@@ -193,11 +217,20 @@ class Enqueuer:
                     now_ms if request.captured_ms is None else request.captured_ms,
                     self._retention,
                     self._pending_max,
+                    self._context_max,
                 ),
             )
         except REDIS_ERRORS as exc:
             # Connection loss, timeout, but also OOM or READONLY: either way the context did not
             # get in, and the caller (the fail-open producer) spools it.
             raise RedisUnavailable(f"enqueue of {key.describe()} failed: {exc}") from exc
-        version, deadline_ms, code = reply
-        return EnqueueResult(context_id, int(version), int(deadline_ms), EnqueueCode(int(code)))
+        version, deadline_ms, code, cut = reply
+        if int(cut):  # the worker reports the context's total at its next run
+            log.info(
+                "memq: %s: %d oldest messages cut to stay within context_max_bytes",
+                key.describe(),
+                int(cut),
+            )
+        return EnqueueResult(
+            context_id, int(version), int(deadline_ms), EnqueueCode(int(code)), int(cut)
+        )

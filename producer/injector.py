@@ -27,6 +27,7 @@ from prompts.injection import format_memory_for_injection
 from prompts.tokens import TokenCounter, make_token_counter
 from storage.base import MemoryStorage
 from storage.document import MemoryDocument
+from storage.location import check_reader_soon
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,7 @@ class MemoryInjector:
             raise
         if self._backoff.recovered():
             log.warning("memq: Redis reachable again; injecting memory")
+        check_reader_soon(self._settings, "injector", self._client)  # once: workers elsewhere?
         return document
 
     def text(

@@ -192,24 +192,3 @@ def has_minimum_dialogue(messages: Iterable[Message]) -> bool:
         if seen_user and seen_assistant:
             return True
     return False
-
-
-def keep_newest_within(messages: list[Message], max_chars: int) -> list[Message]:
-    """The newest messages whose contents fit in ``max_chars`` in total, so one endless thread
-    cannot grow its Redis hash without bound. When even the newest message alone is too long, its
-    tail is kept (the end of a message is usually its conclusion)."""
-    total = 0
-    for index in range(len(messages) - 1, -1, -1):
-        total += len(messages[index].content)
-        if total > max_chars:
-            if index == len(messages) - 1:
-                last = messages[index]
-                return [Message(last.role, last.content[-max_chars:], last.id)]
-            log.info(
-                "memq: conversation of %d messages over %d chars; keeping the newest %d",
-                len(messages),
-                max_chars,
-                len(messages) - index - 1,
-            )
-            return messages[index + 1 :]
-    return messages

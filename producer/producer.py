@@ -86,6 +86,7 @@ class MemoryProducer:
             max_delay_ms=s.max_delay_ms,
             retention_ms=s.context_retention_ms,
             pending_max_bytes=s.pending_max_bytes,
+            context_max_bytes=s.context_max_bytes,
         )
         self._clock_ms = clock_ms or _wall_clock_ms
         self._spool = Spool(s.spool_max_contexts)
@@ -252,6 +253,8 @@ class MemoryProducer:
             flush=flush,
             trace_id=trace_id,
             max_chars=self._settings.producer_max_chars,
+            max_messages=self._settings.producer_max_messages,
+            max_bytes=self._settings.context_max_bytes,
             # Stamped now, not when sent: a spooled request must never pass for a newer turn.
             captured_ms=self._clock_ms(),
         )

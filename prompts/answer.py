@@ -1,37 +1,31 @@
-"""The answer the update model must give, and reading it out of whatever the model actually sent.
+"""Reading the update model's answer out of whatever the model actually sent, and the answer's
+schema block as the prompt shows it — both from the one answer model, ``memq.memory.update``.
 
 Models wrap JSON in think tags, prose and code fences, stream it in chunks, or start with a decoy
 object; we accept the first JSON object that has all three required keys and never repair
-broken JSON. Each field is then normalised on its own, so one bad fact is dropped rather than the
-whole answer — except when removals come with malformed new facts: "replace X by Y" must never
-degrade into "delete X", so that answer is rejected as a whole (fail closed).
+broken JSON. The answer model then validates it item by item, so one bad fact is dropped rather
+than the whole answer — except when removals come with malformed new facts: "replace X by Y" must
+never degrade into "delete X", so that answer is rejected as a whole (fail closed).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from memq.core.errors import ResponseParseError
 from memq.memory.blocks import strip_blocks, tag_pattern
 from memq.memory.update import (
+    REQUIRED_KEYS,
     ConsolidationProposal,
     NewFact,
     SectionUpdate,
     StaleRemoval,
     UpdateAnswer,
 )
-from storage.document import (
-    CATEGORIES,
-    DEFAULT_CATEGORY,
-    HISTORY_SECTIONS,
-    SECTION_KEYS,
-    USER_SECTIONS,
-)
+from storage.document import HISTORY_SECTIONS, USER_SECTIONS
 
-REQUIRED_KEYS = ("user", "history", "newFacts")
 # Bounds the decoding work on a long answer full of braces, in characters the decoder reads per
 # character of the answer: linear in the answer, however many braces (a count of attempts would
 # reject a valid answer after a brace-heavy preamble).
@@ -39,7 +33,7 @@ _DECODE_WORK_PER_CHAR = 16
 _DECODE_WORK_FLOOR = 1_000_000
 # Closed reasoning blocks come before the answer and may be full of braces, or of drafts.
 _REASONING_BLOCK = tag_pattern(("think", "thinking", "reasoning", "reflection"))
-_TRUE_STRINGS = {"true", "yes", "1"}
+_SCHEMA_LINE_CHARS = 60  # a list in the schema block longer than this gets one item per line
 
 
 def response_text(content: Any) -> str:
@@ -96,164 +90,17 @@ def _first_update_object(text: str) -> dict[str, Any] | None:
     return None
 
 
-def normalise_category(value: Any) -> str | None:
-    """One of our six categories, or None. Free text is not kept (DeerFlow kept any string):
-    ``Preferences`` and `` preference `` are ``preference``; anything unknown is for the caller
-    to default."""
-    if not isinstance(value, str) or not value.strip():
-        return None
-    name = value.strip().casefold()
-    if name in CATEGORIES:
-        return name
-    if name.endswith("s") and name[:-1] in CATEGORIES:
-        return name[:-1]
-    return None
-
-
-def _flag(value: Any) -> bool:
-    # DeerFlow tested truthiness, so the string "false" meant "update".
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        return value.strip().casefold() in _TRUE_STRINGS
-    if isinstance(value, int | float):
-        return value == 1
-    return False
-
-
-def _confidence(value: Any, *, missing: float | None) -> float | None:
-    """A finite number clamped to [0, 1]; ``missing`` when absent; None (drop) when unusable."""
-    if value is None:
-        return missing
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            return None
-    if not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return min(1.0, max(0.0, float(value)))
-
-
-def _text(value: Any) -> str | None:
-    return value.strip() if isinstance(value, str) and value.strip() else None
-
-
-def _sections(data: dict[str, Any]) -> dict[str, SectionUpdate]:
-    sections: dict[str, SectionUpdate] = {}
-    for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS)):
-        block = data.get(group)
-        if not isinstance(block, Mapping):
-            continue
-        for name in names:
-            raw = block.get(SECTION_KEYS[name], block.get(name))
-            if not isinstance(raw, Mapping):
-                continue
-            summary = raw.get("summary")
-            if not isinstance(summary, str):
-                continue
-            should = _flag(raw.get("shouldUpdate", raw.get("should_update")))
-            sections[name] = SectionUpdate(summary=summary.strip(), should_update=should)
-    return sections
-
-
-def _new_fact(raw: Any) -> NewFact | None:
-    if not isinstance(raw, Mapping):
-        return None
-    content = _text(raw.get("content"))
-    # Absent means "inferred" (0.5); an explicit null or a bool is malformed and drops the fact.
-    confidence = _confidence(raw["confidence"], missing=None) if "confidence" in raw else 0.5
-    if content is None or confidence is None:
-        return None
-    return NewFact(
-        content=content,
-        category=normalise_category(raw.get("category")) or DEFAULT_CATEGORY,
-        confidence=confidence,
-        source_error=_text(raw.get("sourceError", raw.get("source_error"))),
-    )
-
-
-def _removal_ids(value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        return ()
-    ids: list[str] = []
-    for item in value:
-        # Bare ids (the schema we ask for) and DeerFlow HEAD's {"id": …} objects.
-        raw = item.get("id") if isinstance(item, Mapping) else item
-        text = _text(raw)
-        if text is not None and text not in ids:
-            ids.append(text)
-    return tuple(ids)
-
-
-def _stale(value: Any) -> tuple[StaleRemoval, ...]:
-    if not isinstance(value, list):
-        return ()
-    removals = []
-    for item in value:
-        if isinstance(item, Mapping) and (fact_id := _text(item.get("id"))) is not None:
-            reason = item.get("reason")
-            removals.append(
-                StaleRemoval(id=fact_id, reason=reason.strip() if isinstance(reason, str) else "")
-            )
-    return tuple(removals)
-
-
-def _consolidations(value: Any) -> tuple[ConsolidationProposal, ...]:
-    if not isinstance(value, list):
-        return ()
-    proposals = []
-    for item in value:
-        if not isinstance(item, Mapping):
-            continue
-        raw_ids = item.get("sourceIds", item.get("source_ids"))
-        merged = item.get("consolidated")
-        if not isinstance(raw_ids, list) or not isinstance(merged, Mapping):
-            continue
-        ids = tuple(dict.fromkeys(i.strip() for i in raw_ids if isinstance(i, str) and i.strip()))
-        content = _text(merged.get("content"))
-        if len(ids) < 2 or content is None:
-            continue
-        proposals.append(
-            ConsolidationProposal(
-                source_ids=ids,
-                content=content,
-                category=normalise_category(merged.get("category")),
-                confidence=_confidence(merged.get("confidence"), missing=None),
-            )
-        )
-    return tuple(proposals)
-
-
-def normalise_answer(data: dict[str, Any]) -> UpdateAnswer:
-    raw_facts = data.get("newFacts")
-    facts: list[NewFact] = []
-    dropped = 0
-    if isinstance(raw_facts, list):
-        for raw in raw_facts:
-            fact = _new_fact(raw)
-            if fact is None:
-                dropped += 1
-            else:
-                facts.append(fact)
-    else:
-        dropped = 1
-    removals = _removal_ids(data.get("factsToRemove"))
-    if removals and dropped:
+def normalise_answer(data: Mapping[str, Any]) -> UpdateAnswer:
+    """Validate a decoded answer; ResponseParseError when it removes facts while one of its new
+    facts is malformed (fail closed: "replace X by Y" must never become "delete X")."""
+    answer = UpdateAnswer.from_wire(data)
+    if answer.facts_to_remove and answer.dropped_facts:
         raise ResponseParseError(
-            f"the answer removes {len(removals)} fact(s) but {dropped} new fact(s) are malformed; "
-            "rejected so that a replacement never degrades into a deletion"
+            f"the answer removes {len(answer.facts_to_remove)} fact(s) but "
+            f"{answer.dropped_facts} new fact(s) are malformed; rejected so that a replacement "
+            "never degrades into a deletion"
         )
-    return UpdateAnswer(
-        sections=_sections(data),
-        new_facts=tuple(facts),
-        facts_to_remove=removals,
-        stale_facts_to_remove=_stale(data.get("staleFactsToRemove")),
-        facts_to_consolidate=_consolidations(data.get("factsToConsolidate")),
-        dropped_facts=dropped,
-    )
+    return answer
 
 
 def parse_update_response(content: Any) -> UpdateAnswer:
@@ -269,3 +116,49 @@ def parse_update_response(content: Any) -> UpdateAnswer:
             f"({len(text)} chars, {shape})"
         )
     return normalise_answer(data)
+
+
+def _schema_example() -> UpdateAnswer:
+    """The answer the prompt shows as its schema: every field, with placeholders (built without
+    validation: the placeholders are not valid values)."""
+    section = SectionUpdate.model_construct(summary="...", should_update=False)
+    return UpdateAnswer.model_construct(
+        sections=dict.fromkeys((*USER_SECTIONS, *HISTORY_SECTIONS), section),
+        new_facts=(
+            NewFact.model_construct(
+                content="...",
+                category="preference",
+                confidence=0.9,
+                source_error="...",
+                cites=("m1",),
+            ),
+        ),
+        facts_to_remove=("<fact id>",),
+        stale_facts_to_remove=(StaleRemoval.model_construct(id="<fact id>", reason="..."),),
+        facts_to_consolidate=(
+            ConsolidationProposal.model_construct(
+                source_ids=("<fact id>", "<other fact id>"),
+                content="...",
+                category="preference",
+                confidence=0.9,
+            ),
+        ),
+    )
+
+
+def _render_schema_value(value: Any) -> str:
+    """Objects one entry per line, long lists one item per line, anything else on one line."""
+    if isinstance(value, dict):
+        entries = [f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(entries) + "\n  }"
+    compact = json.dumps(value)
+    if isinstance(value, list) and len(compact) > _SCHEMA_LINE_CHARS:
+        return "[\n" + ",\n".join(f"    {json.dumps(item)}" for item in value) + "\n  ]"
+    return compact
+
+
+def render_answer_schema() -> str:
+    """The JSON shape the prompt asks for, rendered from the answer model."""
+    wire = _schema_example().to_wire()
+    entries = [f"  {json.dumps(key)}: {_render_schema_value(value)}" for key, value in wire.items()]
+    return "{\n" + ",\n".join(entries) + "\n}"

@@ -38,10 +38,18 @@ def message_text(message: Message) -> str:
     return strip_blocks(message.content).strip()
 
 
-def render_line(message: Message) -> str:
-    """``User: …`` / ``Assistant: …``; continuation lines are indented, so a line that starts
-    with a role label can only be ours — a message cannot forge another turn."""
-    return f"{_ROLE_LABEL[message.role]}: {indented(message.content)}"
+def render_line(message: Message, label: str | None = None) -> str:
+    """``User: …`` / ``Assistant: …`` (``[m1] User: …`` with a citation label); continuation
+    lines are indented, so a line that starts with a role or a label can only be ours — a
+    message cannot forge another turn, nor a label to be cited by."""
+    line = f"{_ROLE_LABEL[message.role]}: {indented(message.content)}"
+    return line if label is None else f"[{label}] {line}"
+
+
+def citation_labels(count: int) -> tuple[str, ...]:
+    """The labels of ``count`` new messages, oldest first: short, and the same for the same
+    position in every prompt, so an answer can cite them."""
+    return tuple(f"m{i}" for i in range(1, count + 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +63,11 @@ class ConversationSlice:
     @property
     def text(self) -> str:
         return "\n\n".join(render_line(m) for m in self.messages)
+
+    def labelled_text(self, labels: tuple[str, ...]) -> str:
+        return "\n\n".join(
+            render_line(m, label) for m, label in zip(self.messages, labels, strict=True)
+        )
 
 
 def _shrink_to_fit(message: Message, budget: int, count_tokens: TokenCounter) -> Message:

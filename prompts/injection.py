@@ -24,6 +24,7 @@ from prompts.escaping import one_line
 from prompts.tokens import make_token_counter
 from storage.document import CORRECTION, DEFAULT_CATEGORY, Fact, MemoryDocument
 from storage.search import rank_by_relevance
+from storage.vocabulary import category_set
 
 USER_LINES = (
     ("work_context", "Work"),
@@ -83,7 +84,7 @@ def guaranteed_set(categories: Iterable[str] | None) -> frozenset[str]:
         raise TypeError("guaranteed_categories must be an iterable of category names, not a str")
     if categories is None:
         return frozenset()
-    return frozenset(c.strip() for c in categories if isinstance(c, str) and c.strip())
+    return category_set(categories)
 
 
 def _section(title: str, lines: Sequence[tuple[str, str]], summaries: Any) -> str:

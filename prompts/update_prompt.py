@@ -9,6 +9,7 @@ content can close one of our tags.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,7 +19,8 @@ from memq.core.models import Message
 from memq.core.settings import MemqSettings
 from memq.memory.consolidation import qualifying_groups
 from memq.memory.staleness import should_review, stale_candidates
-from prompts.conversation import budget_conversation
+from prompts.answer import render_answer_schema
+from prompts.conversation import budget_conversation, citation_labels
 from prompts.escaping import prompt_json
 from prompts.memory_slice import sliced_memory
 from prompts.review import render_consolidation_section, render_staleness_section
@@ -26,7 +28,8 @@ from prompts.tokens import TokenCounter
 from prompts.worked_example import WORKED_EXAMPLE
 from storage.document import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS, MemoryDocument
 
-SYSTEM_PROMPT = """\
+SYSTEM_PROMPT = (
+    """\
 You maintain the long-term memory of one user of an AI assistant. You receive the memory as it is \
 now (inside <current_memory>) and a recent conversation between the user and the assistant (inside \
 <conversation>). Work out what the conversation teaches about the user that will still matter in \
@@ -67,6 +70,11 @@ clearly contradicts it.
 Keep proper nouns and technical terms in their original language; note the user's languages in \
 personalContext.
 
+Citations: each message inside <conversation> starts with a label such as [m1]. For every new \
+fact, list in "cites" the labels of the messages it comes from, and only those. Record what \
+the user said, or what the assistant said and the user confirmed; something only the assistant \
+said is not a fact about the user.
+
 Rules:
 - Only record what is new and useful for personalising future help; never repeat an existing fact.
 - When new information contradicts an existing fact, put that fact's id in "factsToRemove" and \
@@ -76,27 +84,16 @@ exist only for the current session.
 - Do not record one-off task details, secrets, passwords or keys.
 
 Answer with one JSON object and nothing else (no prose, no markdown), exactly in this shape:
-{
-  "user": {
-    "workContext": {"summary": "...", "shouldUpdate": false},
-    "personalContext": {"summary": "...", "shouldUpdate": false},
-    "topOfMind": {"summary": "...", "shouldUpdate": false}
-  },
-  "history": {
-    "recentMonths": {"summary": "...", "shouldUpdate": false},
-    "earlierContext": {"summary": "...", "shouldUpdate": false},
-    "longTermBackground": {"summary": "...", "shouldUpdate": false}
-  },
-  "newFacts": [
-    {"content": "...", "category": "preference", "confidence": 0.9, "sourceError": "..."}
-  ],
-  "factsToRemove": ["<fact id>"],
-  "staleFactsToRemove": [{"id": "<fact id>", "reason": "..."}],
-  "factsToConsolidate": [{"sourceIds": ["<fact id>", "<fact id>"], \
-"consolidated": {"content": "...", "category": "...", "confidence": 0.9}}]
-}
+"""
+    + render_answer_schema()
+    + """
 "sourceError" is optional. Use empty lists when there is nothing to add or remove; \
 "staleFactsToRemove" and "factsToConsolidate" only when the message asks for a review."""
+)
+
+# Names the instructions and answer schema a fact was extracted with (its sources keep it):
+# changes whenever the system prompt does.
+PROMPT_VERSION = "update-" + hashlib.blake2b(SYSTEM_PROMPT.encode(), digest_size=4).hexdigest()
 
 # What every extraction of a deployment starts with, byte for byte: the instructions, then the
 # worked example. Nothing per user goes in here, so the provider's prompt cache serves it.
@@ -127,6 +124,7 @@ class UpdatePrompt:
     reinforcement: bool = False
     messages_dropped: int = 0
     earlier_shown: int = 0  # already-extracted messages shown as context
+    labels: tuple[str, ...] = ()  # the citation label of each message of ``conversation``
     stale_candidates_shown: int = 0
     consolidation_groups_shown: int = 0
 
@@ -207,9 +205,10 @@ def build_update_prompt(
         protected=settings.staleness_protected_categories,
         count_tokens=count_tokens,
     )
+    labels = citation_labels(len(conversation.messages))
     user = render_user_message(
         shown,
-        conversation.text,
+        conversation.labelled_text(labels),
         facts_first=cache_friendly,
         earlier=shown_before.text if shown_before.messages else "",
         sections=[*signal_hints(correction, reinforcement), *reviews.sections],
@@ -222,6 +221,7 @@ def build_update_prompt(
         reinforcement=reinforcement,
         messages_dropped=conversation.dropped,
         earlier_shown=len(shown_before.messages),
+        labels=labels,
         stale_candidates_shown=reviews.stale_shown,
         consolidation_groups_shown=reviews.groups_shown,
     )

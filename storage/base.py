@@ -12,7 +12,18 @@ from pydantic import BaseModel, Field
 from storage.document import MemoryDocument, utc_now
 
 ChangeAction = Literal[
-    "add", "remove", "merge", "stale", "edit", "summary", "import", "clear", "evict"
+    "add",
+    "remove",
+    "merge",
+    "stale",
+    "edit",
+    "summary",
+    "import",
+    "clear",
+    "evict",
+    "supersede",
+    "confirm",
+    "forget",
 ]
 
 
@@ -37,6 +48,8 @@ class UpdateResult:
 
 
 UpdateFn = Callable[[MemoryDocument], "MemoryDocument | UpdateResult"]
+# (document, whole history oldest first) → (new document, new whole history), or None: no change.
+RewriteFn = Callable[[MemoryDocument, list["Change"]], "tuple[MemoryDocument, list[Change]] | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +106,12 @@ class MemoryStorage(Protocol):
     def history(
         self, user_id: str, agent_name: str | None = None, *, limit: int = 100
     ) -> list[Change]: ...
+
+    def rewrite(self, user_id: str, agent_name: str | None, fn: RewriteFn) -> bool:
+        """Replace a stored document *and its whole history* in one atomic step (forgetting a
+        thread rewrites both). ``fn`` gets the latest of both and may run again on a conflict;
+        True when something was written (False: nothing stored, or ``fn`` returned None)."""
+        ...
 
     def list_agents(self, user_id: str) -> list[str | None]:
         """Every agent of that user with a stored document (None = the user-global memory)."""

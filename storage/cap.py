@@ -9,9 +9,11 @@ learned.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 
 from memq.core.settings import MemqSettings
-from storage.document import CORRECTION, Fact
+from storage.base import Change
+from storage.document import CORRECTION, Fact, utc_now
 
 # For callers without settings at hand (a manager built on a bare storage): the settings' default.
 DEFAULT_FACT_MAX_CHARS = int(MemqSettings.model_fields["fact_max_chars"].default)
@@ -60,4 +62,18 @@ def evict_over_cap(facts: list[Fact], max_facts: int) -> tuple[list[Fact], list[
     return (
         [f for i, f in enumerate(facts) if i in keep],
         [f for i, f in enumerate(facts) if i not in keep],
+    )
+
+
+def eviction_change(
+    fact: Fact, max_facts: int, *, at: datetime | None = None, thread_id: str | None = None
+) -> Change:
+    """The history entry of one fact the cap evicted, whichever path applied the cap."""
+    return Change(
+        at=at or utc_now(),
+        action="evict",
+        fact_id=fact.id,
+        content=fact.content,
+        reason=f"over max_facts={max_facts}, lowest confidence ({fact.confidence:.2f})",
+        source_thread_id=thread_id,
     )

@@ -11,7 +11,6 @@ value must never turn a user's whole memory into a "corrupt" file.
 from __future__ import annotations
 
 import logging
-import math
 import uuid
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -22,32 +21,33 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
 
+from storage.sections import HISTORY_SECTIONS as HISTORY_SECTIONS
+from storage.sections import SECTION_KEYS as SECTION_KEYS
+from storage.sections import USER_SECTIONS as USER_SECTIONS
+from storage.sections import HistoryContext as HistoryContext
+from storage.sections import Section as Section
+from storage.sections import UserContext as UserContext
+from storage.sources import Source, repaired_source
+
+# The category names are defined with the rest of the vocabulary and re-exported here, where
+# most code looks for them.
+from storage.vocabulary import CATEGORIES as CATEGORIES
+from storage.vocabulary import CORRECTION as CORRECTION
+from storage.vocabulary import DEFAULT_CATEGORY as DEFAULT_CATEGORY
+from storage.vocabulary import normalise_category, parse_confidence
+from storage.vocabulary import parse_timestamp as parse_timestamp
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = "memq/1"
-DEFAULT_CATEGORY = "context"
-# What the user said the agent got wrong: kept before any other category (cap, injection budget).
-CORRECTION = "correction"
-CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", CORRECTION)
 FactSource = Literal["conversation", "manual", "consolidation", "import"]
 FACT_SOURCES = ("conversation", "manual", "consolidation", "import")
 MAX_FACT_ID_LENGTH = 128
-
-USER_SECTIONS = ("work_context", "personal_context", "top_of_mind")
-HISTORY_SECTIONS = ("recent_months", "earlier_context", "long_term_background")
-# Our section names and DeerFlow's camelCase spelling, which its files and the model's answer use.
-SECTION_KEYS: dict[str, str] = {
-    "work_context": "workContext",
-    "personal_context": "personalContext",
-    "top_of_mind": "topOfMind",
-    "recent_months": "recentMonths",
-    "earlier_context": "earlierContext",
-    "long_term_background": "longTermBackground",
-}
 
 
 def utc_now() -> datetime:
@@ -58,104 +58,15 @@ def new_fact_id() -> str:
     return f"fact_{uuid.uuid4().hex[:8]}"
 
 
-def parse_timestamp(value: Any) -> datetime | None:
-    """ISO-8601 (``Z`` accepted, naive read as UTC) → aware datetime; blank/invalid → None."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def coerce_confidence(value: Any, default: float = 0.5) -> float:
-    """Missing, null, bool, unparsable or non-finite → ``default``; otherwise clamped to [0, 1]."""
-    if value is None or isinstance(value, bool):
-        return default
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return default
-    if not math.isfinite(number):
-        return default
-    return min(1.0, max(0.0, number))
-
-
-def _object_or_empty(data: Any) -> Any:
-    """A group or section that is ``null`` or not an object reads as an empty one."""
-    return data if isinstance(data, dict | BaseModel) else {}
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
-
-    summary: str = ""
-    updated_at: datetime | None = Field(
-        default=None, validation_alias=AliasChoices("updated_at", "updatedAt")
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sloppy(cls, data: Any) -> Any:
-        if isinstance(data, str):  # a bare summary where an object was expected
-            return {"summary": data}
-        return _object_or_empty(data)
-
-    @field_validator("summary", mode="before")
-    @classmethod
-    def _summary(cls, value: Any) -> str:
-        return "" if value is None else str(value)
-
-    @field_validator("updated_at", mode="before")
-    @classmethod
-    def _updated_at(cls, value: Any) -> datetime | None:
-        return parse_timestamp(value)
-
-
-class UserContext(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sloppy(cls, data: Any) -> Any:
-        return _object_or_empty(data)
-
-    work_context: Section = Field(
-        default_factory=Section, validation_alias=AliasChoices("work_context", "workContext")
-    )
-    personal_context: Section = Field(
-        default_factory=Section,
-        validation_alias=AliasChoices("personal_context", "personalContext"),
-    )
-    top_of_mind: Section = Field(
-        default_factory=Section, validation_alias=AliasChoices("top_of_mind", "topOfMind")
-    )
-
-
-class HistoryContext(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sloppy(cls, data: Any) -> Any:
-        return _object_or_empty(data)
-
-    recent_months: Section = Field(
-        default_factory=Section, validation_alias=AliasChoices("recent_months", "recentMonths")
-    )
-    earlier_context: Section = Field(
-        default_factory=Section,
-        validation_alias=AliasChoices("earlier_context", "earlierContext"),
-    )
-    long_term_background: Section = Field(
-        default_factory=Section,
-        validation_alias=AliasChoices("long_term_background", "longTermBackground"),
-    )
+def _readable(model: type[BaseModel], value: Any) -> list[Any]:
+    """The items of a list that validate as ``model`` (validated), the others dropped."""
+    readable: list[Any] = []
+    for item in value if isinstance(value, list) else []:
+        try:
+            readable.append(item if isinstance(item, model) else model.model_validate(item))
+        except ValidationError:
+            continue
+    return readable
 
 
 class Fact(BaseModel):
@@ -179,6 +90,10 @@ class Fact(BaseModel):
     consolidated_from: list[str] = Field(
         default_factory=list, validation_alias=AliasChoices("consolidated_from", "consolidatedFrom")
     )
+    # Where it was learnt, newest last and bounded; empty in documents written before sources
+    # existed (see ``provenance``). Confirmations: times it was learnt again after the first.
+    sources: list[Source] = Field(default_factory=list)
+    confirmations: int = Field(default=0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -211,14 +126,14 @@ class Fact(BaseModel):
     @field_validator("category", mode="before")
     @classmethod
     def _category(cls, value: Any) -> str:
-        if isinstance(value, str) and value.strip():
-            return value.strip()
-        return DEFAULT_CATEGORY
+        return normalise_category(value)
 
     @field_validator("confidence", mode="before")
     @classmethod
     def _confidence(cls, value: Any) -> float:
-        return coerce_confidence(value)
+        """A stored confidence that cannot be read is the neutral 0.5, never a lost fact."""
+        number = parse_confidence(value)
+        return 0.5 if number is None else number
 
     @field_validator("created_at", "consolidated_at", mode="before")
     @classmethod
@@ -249,6 +164,69 @@ class Fact(BaseModel):
             return []
         return [item for item in value if isinstance(item, str) and item]
 
+    @field_validator("sources", mode="wrap")
+    @classmethod
+    def _sources(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> list[Source]:
+        """Unreadable sources are dropped, never the fact (a list memq wrote is the fast path)."""
+        try:
+            return handler(value)  # type: ignore[no-any-return]
+        except ValidationError:
+            readable = []
+            for item in value if isinstance(value, list) else []:
+                try:
+                    readable.append(repaired_source(item))
+                except (ValueError, ValidationError):
+                    continue
+            return readable
+
+    @field_validator("confirmations", mode="before")
+    @classmethod
+    def _confirmations(cls, value: Any) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+    def provenance(self) -> list[Source]:
+        """The fact's sources; a fact learnt before sources were kept reads as run-level
+        attribution from its source thread (nothing, when that is unknown too)."""
+        if self.sources:
+            return list(self.sources)
+        if self.source == "conversation" and self.source_thread_id is not None:
+            return [Source(thread_id=self.source_thread_id)]
+        return []
+
+
+SupersededKind = Literal["contradicted", "stale"]
+
+
+class SupersededFact(BaseModel):
+    """A fact that stopped being valid: kept (bounded) for ``why``, export and history, never
+    injected and never shown to the model."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    fact: Fact
+    kind: SupersededKind = "contradicted"
+    superseded_at: datetime | None = None
+    replaced_by: list[str] = Field(default_factory=list)  # ids of the facts that replaced it
+    reason: str = ""
+    thread_id: str | None = None  # the thread whose extraction superseded it
+
+    @field_validator("superseded_at", mode="before")
+    @classmethod
+    def _superseded_at(cls, value: Any) -> datetime | None:
+        return parse_timestamp(value)
+
+    @field_validator("kind", mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> str:
+        return "stale" if value == "stale" else "contradicted"
+
+    @field_validator("replaced_by", mode="before")
+    @classmethod
+    def _replaced_by(cls, value: Any) -> list[str]:
+        if not isinstance(value, list):
+            return []
+        return [item for item in value if isinstance(item, str) and item]
+
 
 class MemoryDocument(BaseModel):
     """One user's memory for one agent (or the user-global memory when the agent is None)."""
@@ -262,6 +240,8 @@ class MemoryDocument(BaseModel):
     user: UserContext = Field(default_factory=UserContext)
     history: HistoryContext = Field(default_factory=HistoryContext)
     facts: list[Fact] = Field(default_factory=list)
+    # Contradicted and stale facts, oldest first and bounded (``superseded_max_facts``).
+    superseded: list[SupersededFact] = Field(default_factory=list)
 
     @field_validator("version", mode="before")
     @classmethod
@@ -296,6 +276,17 @@ class MemoryDocument(BaseModel):
                     log.warning("dropping an unreadable memory fact %.80r: %s", item, exc)
         return facts
 
+    @field_validator("superseded", mode="wrap")
+    @classmethod
+    def _readable_superseded(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler
+    ) -> list[SupersededFact]:
+        try:
+            return handler(value)  # type: ignore[no-any-return]
+        except ValidationError:
+            log.warning("dropping unreadable superseded facts")
+            return handler(_readable(SupersededFact, value))  # type: ignore[no-any-return]
+
     def is_empty(self) -> bool:
         sections = [getattr(self.user, n) for n in USER_SECTIONS] + [
             getattr(self.history, n) for n in HISTORY_SECTIONS
@@ -304,6 +295,9 @@ class MemoryDocument(BaseModel):
 
     def fact(self, fact_id: str) -> Fact | None:
         return next((f for f in self.facts if f.id == fact_id), None)
+
+    def superseded_fact(self, fact_id: str) -> SupersededFact | None:
+        return next((s for s in reversed(self.superseded) if s.fact.id == fact_id), None)
 
     def to_json(self) -> dict[str, Any]:
         """The memory.json shape."""
@@ -328,7 +322,20 @@ def copy_document(document: MemoryDocument) -> MemoryDocument:
         update={name: getattr(document.history, name).model_copy() for name in HISTORY_SECTIONS}
     )
     facts = [
-        fact.model_copy(update={"consolidated_from": list(fact.consolidated_from)})
+        fact.model_copy(
+            update={
+                "consolidated_from": list(fact.consolidated_from),
+                "sources": list(fact.sources),
+            }
+        )
         for fact in document.facts
     ]
-    return document.model_copy(update={"user": user, "history": history, "facts": facts})
+    # Superseded entries are replaced, never changed in place: copying the list is enough.
+    return document.model_copy(
+        update={
+            "user": user,
+            "history": history,
+            "facts": facts,
+            "superseded": list(document.superseded),
+        }
+    )

@@ -12,14 +12,29 @@ deleted afterwards cannot be re-created by it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import TYPE_CHECKING, Final
 
-from memq.core.identity import validate_agent_name, validate_user_id
+from memq.core.errors import InvalidIdentifier, MemqError
+from memq.core.identity import (
+    ContextKey,
+    decode_agent,
+    validate_agent_name,
+    validate_thread_id,
+    validate_user_id,
+)
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
-from storage.base import MemoryStorage
+from storage.base import Change, MemoryStorage
+from storage.document import MemoryDocument
+from storage.provenance import (
+    ThreadForgetResult,
+    forget_thread,
+    history_without_thread,
+    section_threads,
+)
 
 if TYPE_CHECKING:
     from memq.core.connection import RedisClient
@@ -78,7 +93,17 @@ _NOUNS = {
 
 
 def _agent_of(context_id: str) -> str | None:
-    return context_id.rsplit(":", 1)[-1] or None
+    try:
+        return decode_agent(context_id.rsplit(":", 1)[-1])
+    except InvalidIdentifier:
+        return None
+
+
+def _thread_of(context_id: str) -> str | None:
+    try:
+        return ContextKey.from_id(context_id).thread_id
+    except MemqError:
+        return None
 
 
 def erase(
@@ -96,34 +121,13 @@ def erase(
     user = validate_user_id(user_id)
     whole_user = isinstance(agent_name, _AllAgents)
     agent = None if isinstance(agent_name, _AllAgents) else validate_agent_name(agent_name)
-    keys = KeySchema(settings.key_prefix, settings.shards)
-    script = client.register_script(
-        resources.files("storage").joinpath("erase_contexts.lua").read_text("utf-8")
+    totals = _erase_contexts(
+        settings,
+        client,
+        user,
+        (lambda m: True) if whole_user else (lambda m: _agent_of(m) == agent),
+        drop_sets=whole_user,
     )
-    totals = [0] * 6
-    for shard in keys.all_shards():
-        members = sorted(
-            m.decode("utf-8") if isinstance(m, bytes) else str(m)
-            for m in client.smembers(shard.user_contexts(user))
-        )
-        if not whole_user:
-            members = [m for m in members if _agent_of(m) == agent]
-        batches = [members[i : i + _BATCH] for i in range(0, len(members), _BATCH)] or [[]]
-        for index, batch in enumerate(batches):
-            drop_sets = whole_user and index == len(batches) - 1
-            if not batch and not drop_sets:
-                continue
-            script_keys = [
-                shard.due,
-                shard.inflight,
-                shard.dead,
-                shard.user_inflight(user),
-                shard.user_contexts(user),
-            ]
-            for context_id in batch:
-                script_keys += (shard.context(context_id), shard.watermark(context_id))
-            raw = script(keys=script_keys, args=["1" if drop_sets else "0", *batch])
-            totals = [t + int(r) for t, r in zip(totals, raw, strict=True)]
     removed_documents = 0
     if documents:
         targets: set[str | None]
@@ -134,6 +138,7 @@ def erase(
         removed_documents = sum(storage.delete(user, target) for target in targets)
     report = ErasureReport(removed_documents, *totals)
     if whole_user:
+        keys = KeySchema(settings.key_prefix, settings.shards)
         client.hincrby(keys.metrics(), "forgets", 1)
     log.info(
         "erased user=%s agent=%s: %s",
@@ -142,3 +147,124 @@ def erase(
         report.describe(),
     )
     return report
+
+
+def _erase_contexts(
+    settings: MemqSettings,
+    client: RedisClient,
+    user: str,
+    wanted: Callable[[str], bool],
+    *,
+    drop_sets: bool,
+) -> list[int]:
+    """Remove the user's contexts whose id ``wanted`` accepts from every queue structure of every
+    shard (with their watermarks); ``drop_sets`` also deletes the per-user sets. The counts of
+    ``erase_contexts.lua``, summed over the shards."""
+    keys = KeySchema(settings.key_prefix, settings.shards)
+    script = client.register_script(
+        resources.files("storage").joinpath("erase_contexts.lua").read_text("utf-8")
+    )
+    totals = [0] * 6
+    for shard in keys.all_shards():
+        members = sorted(
+            m.decode("utf-8") if isinstance(m, bytes) else str(m)
+            for m in client.smembers(shard.user_contexts(user))
+        )
+        members = [m for m in members if wanted(m)]
+        batches = [members[i : i + _BATCH] for i in range(0, len(members), _BATCH)] or [[]]
+        for index, batch in enumerate(batches):
+            drop = drop_sets and index == len(batches) - 1
+            if not batch and not drop:
+                continue
+            script_keys = [
+                shard.due,
+                shard.inflight,
+                shard.dead,
+                shard.user_inflight(user),
+                shard.user_contexts(user),
+                shard.batch_pending,
+                shard.batched,
+            ]
+            for context_id in batch:
+                script_keys += (shard.context(context_id), shard.watermark(context_id))
+            raw = script(keys=script_keys, args=["1" if drop else "0", *batch])
+            totals = [t + int(r) for t, r in zip(totals, raw, strict=True)]
+    return totals
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadErasureReport:
+    """What forgetting one thread of a user removed."""
+
+    facts_removed: int = 0  # learnt only from the thread (current or superseded)
+    facts_trimmed: int = 0  # learnt elsewhere too: they stay, without the thread's sources
+    sections_cleared: int = 0  # summaries last rewritten from the thread
+    documents: int = 0  # documents rewritten
+    pending: int = 0
+    in_flight: int = 0
+    dead: int = 0
+    contexts: int = 0
+    watermarks: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def erase_thread(
+    settings: MemqSettings,
+    client: RedisClient,
+    storage: MemoryStorage,
+    user_id: str,
+    thread_id: str,
+) -> ThreadErasureReport:
+    """Forget one thread of a user, in every agent's memory and the user-global one: facts
+    learnt only from it go, other facts lose its sources, summaries last rewritten from it are
+    emptied, every history entry its runs wrote or about a fact removed goes, and its pending,
+    in-flight and dead contexts and watermarks are deleted. Contexts first, as for a user: a run
+    of the thread in flight loses its claim and its save is refused. Idempotent."""
+    user = validate_user_id(user_id)
+    thread = validate_thread_id(thread_id)
+    counts = _erase_contexts(
+        settings, client, user, lambda m: _thread_of(m) == thread, drop_sets=False
+    )
+    removed = trimmed = cleared = documents = 0
+    for agent in {validate_agent_name(a) for a in storage.list_agents(user)} | {None}:
+        result = _forget_thread_in(storage, user, agent, thread)
+        if result is not None:
+            documents += 1
+            removed += len(result.removed)
+            trimmed += result.trimmed
+            cleared += len(result.sections_cleared)
+    report = ThreadErasureReport(removed, trimmed, cleared, documents, *counts[:5])
+    log.info(
+        "erased a thread of user=%s: %d facts removed, %d kept without it, %d contexts",
+        user,
+        removed,
+        trimmed,
+        report.contexts,
+    )
+    return report
+
+
+def _forget_thread_in(
+    storage: MemoryStorage, user: str, agent: str | None, thread: str
+) -> ThreadForgetResult | None:
+    """Forget ``thread`` in one document and its history; None when nothing there named it."""
+    done: list[ThreadForgetResult] = []
+
+    def rewrite(
+        document: MemoryDocument, history: list[Change]
+    ) -> tuple[MemoryDocument, list[Change]] | None:
+        doc, result = forget_thread(document, thread, section_threads=section_threads(history))
+        kept = history_without_thread(history, thread, result.removed)
+        if not result.changed and len(kept) == len(history):
+            return None
+        done[:] = [result]
+        note = Change(
+            action="forget",
+            reason=f"forgot a thread: {len(result.removed)} facts removed, "
+            f"{result.trimmed} kept without its sources",
+        )
+        return doc, [*kept, note]
+
+    return done[0] if storage.rewrite(user, agent, rewrite) and done else None

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from memq.core.errors import LockTimeout, StorageError
+from storage.private import make_private_dirs, open_private
 
 
 def acquire_flock(lock_path: Path, timeout_seconds: float) -> int:
@@ -43,8 +44,8 @@ def acquire_flock(lock_path: Path, timeout_seconds: float) -> int:
 
 def _open(lock_path: Path) -> int | None:
     try:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        make_private_dirs(lock_path.parent)
+        return open_private(lock_path, os.O_RDWR | os.O_CREAT)
     except FileNotFoundError:
         return None  # a concurrent delete pruned the folder between mkdir and open
     except OSError as exc:

@@ -26,21 +26,32 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from memq.core.errors import CorruptMemoryFile, LockTimeout, StaleClaim, StorageError
-from memq.core.identity import validate_agent_name, validate_user_id
+from memq.core.identity import (
+    decode_segment,
+    decode_user,
+    encode_agent,
+    encode_user,
+    validate_agent_name,
+    validate_user_id,
+)
 from memq.core.settings import MemqSettings
-from storage.base import Change, Fence, UpdateFn
+from storage.base import Change, Fence, RewriteFn, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document, utc_now
 from storage.filelock import acquire_flock
 from storage.history import (
     DocumentDecodeError,
+    append_history_file,
+    bounded,
     decode_changes,
     dump_document,
-    encode_change,
     newest_first,
     parse_document,
+    read_history_file,
     split_update_result,
     stamp_for_save,
+    write_history_file,
 )
+from storage.private import write_private
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +113,9 @@ class FileMemoryStorage:
     # --- paths
     def directory(self, user_id: str | None, agent_name: str | None) -> Path:
         user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
-        base = self.root / "users" / user
-        return base if agent is None else base / "agents" / agent
+        # Encoded (reversibly, never a separator or a dot): any printable id is one folder name.
+        base = self.root / "users" / encode_user(user)
+        return base if agent is None else base / "agents" / encode_agent(agent)
 
     def path(self, user_id: str | None, agent_name: str | None = None) -> Path:
         """Where the memory.json of that (user, agent) lives (whether or not it exists yet)."""
@@ -195,6 +207,23 @@ class FileMemoryStorage:
             raise StorageError(f"cannot read {path}: {exc}") from exc
         return newest_first(decode_changes(lines), limit)
 
+    def rewrite(self, user_id: str | None, agent_name: str | None, fn: RewriteFn) -> bool:
+        directory = self.directory(user_id, agent_name)
+        with self._locked(directory):
+            current = self._read(directory / DOCUMENT_NAME, locked=True)
+            if current is None:
+                return False
+            history_path = directory / HISTORY_NAME
+            result = fn(copy_document(current), read_history_file(history_path))
+            if result is None:
+                return False
+            self._write(directory / DOCUMENT_NAME, stamp_for_save(result[0]))
+            try:
+                write_history_file(history_path, bounded(result[1], self.history_max_entries))
+            except OSError as exc:
+                raise StorageError(f"cannot rewrite {history_path}: {exc}") from exc
+        return True
+
     def list_users(self) -> list[str]:
         users_dir = self.root / "users"
         if not users_dir.is_dir():
@@ -202,7 +231,7 @@ class FileMemoryStorage:
         users = []
         for entry in sorted(users_dir.iterdir()):
             try:
-                user = validate_user_id(entry.name)
+                user = validate_user_id(decode_user(entry.name))
             except ValueError:
                 continue  # not ours (a stray file or folder someone put there)
             if self.list_agents(user):
@@ -219,8 +248,12 @@ class FileMemoryStorage:
         agents_dir = base / "agents"
         if agents_dir.is_dir():
             for entry in sorted(agents_dir.iterdir()):
-                if entry.name == entry.name.lower() and _has_data(entry):
-                    found.append(entry.name)
+                try:
+                    agent = decode_segment(entry.name)
+                except ValueError:
+                    continue  # not ours
+                if agent == agent.lower() and _has_data(entry):
+                    found.append(agent)
         return found
 
     def delete(self, user_id: str | None, agent_name: str | None) -> bool:
@@ -303,10 +336,7 @@ class FileMemoryStorage:
         payload = dump_document(document).encode("utf-8")
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
-            with open(tmp, "xb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
+            write_private(tmp, payload, sync=True)
             os.replace(tmp, path)
             _fsync_dir(path.parent)
             sig = _signature(os.stat(path))
@@ -319,25 +349,7 @@ class FileMemoryStorage:
 
     def _append_history(self, directory: Path, changes: list[Change]) -> None:
         """Append under the caller's lock; trim to the bound by an atomic rewrite."""
-        if not changes or self.history_max_entries == 0:
-            return
-        path = directory / HISTORY_NAME
-        lines = "".join(encode_change(c) + "\n" for c in changes).encode("utf-8")
-        try:
-            with open(path, "ab") as f:
-                f.write(lines)
-            kept = path.read_bytes().splitlines(keepends=True)
-            if len(kept) > self.history_max_entries:
-                tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-                try:
-                    tmp.write_bytes(b"".join(kept[-self.history_max_entries :]))
-                    os.replace(tmp, path)
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        tmp.unlink()
-        except OSError as exc:
-            # The document is saved; losing an audit line must not fail the update.
-            log.warning("could not record memory history in %s: %s", path, exc)
+        append_history_file(directory / HISTORY_NAME, changes, self.history_max_entries)
 
     @staticmethod
     def _check_fence(fences: dict[str, int], fence: Fence) -> None:
@@ -370,7 +382,7 @@ class FileMemoryStorage:
         path = directory / FENCE_NAME
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
-            tmp.write_text(json.dumps(fences, separators=(",", ":")), encoding="utf-8")
+            write_private(tmp, json.dumps(fences, separators=(",", ":")).encode("utf-8"))
             os.replace(tmp, path)
         except OSError as exc:
             with contextlib.suppress(OSError):

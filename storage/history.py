@@ -6,15 +6,20 @@ a history entry means the same thing whichever backend wrote it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import uuid
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from storage.base import Change, UpdateResult
 from storage.document import MemoryDocument, copy_document, utc_now
+from storage.private import append_private, write_private
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +86,54 @@ def decode_changes(lines: Iterable[str | bytes]) -> list[Change]:
     return changes
 
 
+def bounded(changes: list[Change], limit: int) -> list[Change]:
+    """The newest ``limit`` entries, oldest first (``limit`` 0 keeps none)."""
+    return changes[-limit:] if limit > 0 else []
+
+
 def newest_first(changes: list[Change], limit: int) -> list[Change]:
     """The last ``limit`` entries, newest first (how `history()` answers on every backend)."""
     if limit <= 0:
         return []
     return list(reversed(changes[-limit:]))
+
+
+def write_history_file(path: Path, changes: list[Change]) -> None:
+    """Replace a history file whole (atomically: a reader sees the old or the new one)."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        write_private(tmp, "".join(encode_change(c) + "\n" for c in changes).encode("utf-8"))
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def read_history_file(path: Path) -> list[Change]:
+    """A history file's entries, oldest first ([] when there is none)."""
+    try:
+        return decode_changes(path.read_bytes().splitlines())
+    except FileNotFoundError:
+        return []
+
+
+def append_history_file(path: Path, changes: list[Change], bound: int) -> None:
+    """Append ``changes`` (the caller holds the document's lock), then trim to the newest
+    ``bound`` entries by an atomic rewrite; 0 keeps no history. A failure is logged: the
+    document is saved, losing an audit line must not fail the update."""
+    if not changes or bound == 0:
+        return
+    lines = "".join(encode_change(c) + "\n" for c in changes).encode("utf-8")
+    try:
+        append_private(path, lines)
+        kept = path.read_bytes().splitlines(keepends=True)
+        if len(kept) > bound:
+            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+            try:
+                write_private(tmp, b"".join(kept[-bound:]))
+                os.replace(tmp, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+    except OSError as exc:
+        log.warning("could not record memory history in %s: %s", path, exc)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,18 +19,34 @@ from pydantic import ValidationError
 from memq.core.errors import CorruptMemoryFile, FactEvicted, FactNotFound, InvalidMemoryData
 from memq.core.identity import validate_agent_name, validate_user_id
 from storage.base import Change, MemoryStorage, UpdateFn, UpdateResult
-from storage.cap import DEFAULT_FACT_MAX_CHARS, cap_fact_length, cap_facts_length, evict_over_cap
-from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, empty_document, new_fact_id
+from storage.cap import (
+    DEFAULT_FACT_MAX_CHARS,
+    cap_fact_length,
+    cap_facts_length,
+    evict_over_cap,
+    eviction_change,
+)
+from storage.document import (
+    DEFAULT_CATEGORY,
+    Fact,
+    MemoryDocument,
+    SupersededFact,
+    empty_document,
+    new_fact_id,
+)
+from storage.provenance import FactExplanation, explain
 from storage.search import search_facts
+from storage.vocabulary import content_key, normalise_category, parse_confidence
 
 log = logging.getLogger(__name__)
 
 MANUAL_REASON = "edited by hand"
+_WHOLE_HISTORY = 1_000_000  # history is bounded by history_max_entries: read all of it
 
 
 class DuplicateFact(InvalidMemoryData):
-    """``add_fact(..., reject_duplicate=True)``: a fact with the same content (case-folded) is
-    already stored."""
+    """``add_fact(..., reject_duplicate=True)``: the same fact (content equal but for case and
+    whitespace) is already stored."""
 
 
 class FactTooLong(InvalidMemoryData):
@@ -57,10 +72,9 @@ def valid_content(value: object) -> str:
 
 
 def valid_confidence(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidMemoryData(f"confidence must be a number between 0 and 1, got {value!r:.40}")
-    number = float(value)
-    if not math.isfinite(number) or not 0.0 <= number <= 1.0:
+    """A hand-entered confidence: a number in [0, 1]; anything else is refused, not clamped."""
+    number = None if isinstance(value, str) else parse_confidence(value, clamp=False)
+    if number is None:
         raise InvalidMemoryData(f"confidence must be between 0 and 1, got {value!r:.40}")
     return number
 
@@ -70,7 +84,7 @@ def valid_category(value: object) -> str:
         return DEFAULT_CATEGORY
     if not isinstance(value, str):
         raise InvalidMemoryData(f"category must be a string, got {value!r:.40}")
-    return value.strip() or DEFAULT_CATEGORY
+    return normalise_category(value)
 
 
 def ranked(facts: list[Fact]) -> list[Fact]:
@@ -111,9 +125,9 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> MemoryDocument:
 
 
 def refuse_duplicate(document: MemoryDocument, fact: Fact) -> None:
-    """Raise :class:`DuplicateFact` when a fact with ``fact``'s content (case-folded) is stored."""
-    key = fact.content.casefold()
-    if any(f.content.strip().casefold() == key for f in document.facts):
+    """Raise :class:`DuplicateFact` when the same fact as ``fact`` is stored."""
+    key = content_key(fact.content)
+    if any(content_key(f.content) == key for f in document.facts):
         raise DuplicateFact(f"a fact with this content is already stored: {fact.content!r:.80}")
 
 
@@ -124,25 +138,18 @@ def append_capped(
     (an ``add`` change unless the cap evicted ``fact`` itself, an ``evict`` per other fact it
     evicted) and whether ``fact`` was kept."""
     document.facts.append(fact)
-    evicted: list[Fact] = []
+    evictions: list[Change] = []
+    kept = True
     if max_facts is not None:
         document.facts, evicted = evict_over_cap(document.facts, max_facts)
-    kept = all(f is not fact for f in evicted)
+        kept = all(f is not fact for f in evicted)
+        evictions = [eviction_change(f, max_facts) for f in evicted if f is not fact]
     changes = (
         [Change(action="add", fact_id=fact.id, content=fact.content, reason="added by hand")]
         if kept
         else []
     )
-    changes += [
-        Change(
-            action="evict",
-            fact_id=f.id,
-            content=f.content,
-            reason=f"over max_facts={max_facts}, lowest confidence ({f.confidence:.2f})",
-        )
-        for f in evicted
-        if f is not fact
-    ]
+    changes += evictions
     return UpdateResult(document, changes), kept
 
 
@@ -203,6 +210,20 @@ class MemoryManager:
     ) -> list[Change]:
         """Recorded changes, newest first."""
         return self.storage.history(user_id, agent_name, limit=limit)
+
+    def why(self, user_id: str, fact_id: str, *, agent_name: str | None = None) -> FactExplanation:
+        """A fact's sources, confirmations and whole change history, including what it
+        superseded and what superseded it (the fact may be current, superseded, or gone)."""
+        document = self.storage.load(user_id, agent_name)
+        history = list(reversed(self.storage.history(user_id, agent_name, limit=_WHOLE_HISTORY)))
+        explanation = explain(document, history, fact_id)
+        if explanation is None:
+            raise FactNotFound(f"Memory fact {fact_id!r} not found.")
+        return explanation
+
+    def superseded(self, user_id: str, *, agent_name: str | None = None) -> list[SupersededFact]:
+        """Facts that stopped being valid (contradicted or stale), newest first; never injected."""
+        return list(reversed(self.storage.load(user_id, agent_name).superseded))
 
     def list_users(self) -> list[str]:
         return self.storage.list_users()

@@ -20,6 +20,7 @@ from typing import Any
 from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS, RedisClient, redis_client
 from memq.core.errors import (
     CorruptMemoryFile,
+    InvalidIdentifier,
     LockTimeout,
     RedisUnavailable,
     StaleClaim,
@@ -28,10 +29,11 @@ from memq.core.errors import (
 from memq.core.identity import validate_agent_name, validate_user_id
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
-from storage.base import Change, Fence, UpdateFn
+from storage.base import Change, Fence, RewriteFn, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document
 from storage.history import (
     DocumentDecodeError,
+    bounded,
     decode_changes,
     dump_document,
     encode_change,
@@ -70,8 +72,13 @@ class RedisMemoryStorage:
         self.conflict_timeout_seconds = settings.storage_lock_timeout_seconds
         self.history_max_entries = settings.history_max_entries
         self.watermark_ttl_ms = settings.watermark_ttl_ms
-        source = resources.files("storage").joinpath("save_document.lua").read_text("utf-8")
-        self._save_script = self.redis.register_script(source)
+        scripts = resources.files("storage")
+        self._save_script = self.redis.register_script(
+            scripts.joinpath("save_document.lua").read_text("utf-8")
+        )
+        self._rewrite_script = self.redis.register_script(
+            scripts.joinpath("rewrite_document.lua").read_text("utf-8")
+        )
 
     def close(self) -> None:
         if self._owns_client:
@@ -135,6 +142,37 @@ class RedisMemoryStorage:
             raw = self.redis.lrange(self.keys.memory_history(user, agent), -limit, -1)
         return newest_first(decode_changes(_text(item) for item in raw), limit)
 
+    def rewrite(self, user_id: str | None, agent_name: str | None, fn: RewriteFn) -> bool:
+        user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
+        keys = [self.keys.memory_document(user, agent), self.keys.memory_history(user, agent)]
+        deadline = time.monotonic() + self.conflict_timeout_seconds
+        while True:
+            with _redis_errors("reading a memory document and its history"):
+                # One transaction: the history read belongs to the revision read with it.
+                pipe = self.redis.pipeline(transaction=True)
+                pipe.hget(keys[0], "rev")
+                pipe.lrange(keys[1], 0, -1)
+                rev, raw = pipe.execute()
+            revision, current = self._fetch(user, agent)
+            if revision == int(rev or 0):
+                if not self.redis.exists(keys[0]):
+                    return False
+                result = fn(current, decode_changes(_text(item) for item in raw))
+                if result is None:
+                    return False
+                document, history = result
+                entries = [encode_change(c) for c in bounded(history, self.history_max_entries)]
+                with _redis_errors("rewriting a memory document"):
+                    code, _ = self._rewrite_script(
+                        keys=keys,
+                        args=[revision, dump_document(stamp_for_save(document)), *entries],
+                    )
+                if int(code) == 1:
+                    return True
+            if time.monotonic() >= deadline:
+                raise LockTimeout(f"memory of user={user} agent={agent or '-'} kept changing")
+            time.sleep(random.uniform(0, 0.01))  # saved in between: read both again
+
     def list_users(self) -> list[str]:
         return sorted({user for user, _ in self._indexed()})
 
@@ -149,7 +187,7 @@ class RedisMemoryStorage:
             removed = self.redis.delete(
                 self.keys.memory_document(user, agent), self.keys.memory_history(user, agent)
             )
-            self.redis.srem(self.keys.memory_index(), f"{user}:{agent or ''}")
+            self.redis.srem(self.keys.memory_index(), self.keys.index_member(user, agent))
         return bool(removed)
 
     # --- internals
@@ -186,7 +224,7 @@ class RedisMemoryStorage:
         with _redis_errors("saving a memory document"):
             # Indexed first: a crash between the two leaves an entry without a document (filtered
             # on listing), never a document that `forget` cannot find.
-            self.redis.sadd(self.keys.memory_index(), f"{user}:{agent or ''}")
+            self.redis.sadd(self.keys.memory_index(), self.keys.index_member(user, agent))
             code, _revision = self._save_script(
                 keys=keys,
                 args=[
@@ -202,7 +240,7 @@ class RedisMemoryStorage:
         if int(code) == 2 and fence is not None:
             with _redis_errors("saving a memory document"):
                 if not self.redis.exists(keys[0]):  # indexed above for nothing
-                    self.redis.srem(self.keys.memory_index(), f"{user}:{agent or ''}")
+                    self.redis.srem(self.keys.memory_index(), self.keys.index_member(user, agent))
             raise StaleClaim(
                 f"claim {fence.token} of {fence.context_id} is no longer current; not saved"
             )
@@ -214,8 +252,10 @@ class RedisMemoryStorage:
             members = sorted(_text(m) for m in self.redis.smembers(self.keys.memory_index()))
             pairs: list[tuple[str, str | None]] = []
             for member in members:
-                user, _, agent = member.partition(":")
-                pairs.append((user, agent or None))
+                try:
+                    pairs.append(self.keys.parse_index_member(member))
+                except InvalidIdentifier:
+                    continue  # not written by memq
             pipe = self.redis.pipeline(transaction=False)
             for owner, agent_name in pairs:
                 pipe.exists(self.keys.memory_document(owner, agent_name))

@@ -21,6 +21,8 @@ pytest_plugins = [
     "tests.support.celery_procs",
     "tests.support.scenarios",
     "tests.support.cluster",
+    "tests.support.serve",
+    "tests.support.inspector",
 ]
 
 

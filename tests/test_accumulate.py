@@ -17,7 +17,13 @@ from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.models import ConversationContext, Message, messages_from_json, messages_to_json
 from memq.core.settings import MemqSettings
-from producer.accumulate import extends, identity, merge_messages, merge_messages_json
+from producer.accumulate import (
+    extends,
+    identity,
+    merge_messages,
+    merge_messages_json,
+    merge_within,
+)
 from producer.enqueue import EnqueueCode, Enqueuer, EnqueueRequest
 from producer.producer import MemoryProducer
 from producer.spool import Spool
@@ -312,6 +318,44 @@ def test_lua_and_python_agree_on_any_two_lists(
     assert all(identity(m) in kept for m in [*older, *newer])
     held = iter(expected)
     assert all(any(m == e for e in held) for m in newer)
+
+
+@pytest.mark.integration
+@hsettings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    older=st.lists(_MESSAGE, min_size=1, max_size=9),
+    newer=st.lists(_MESSAGE, min_size=1, max_size=9),
+    max_bytes=st.integers(min_value=40, max_value=400),
+)
+def test_lua_and_python_agree_under_the_context_byte_cap(
+    older: list[Message],
+    newer: list[Message],
+    max_bytes: int,
+    redis_client: redis.Redis,
+    key_prefix: str,
+    q: QueueKeys,
+) -> None:
+    capped = Enqueuer(
+        redis_client,
+        KeySchema(key_prefix),
+        debounce_ms=10_000,
+        max_delay_ms=30_000,
+        context_max_bytes=max_bytes,
+    )
+    redis_client.delete(q.context(KEY.id))
+    older_json, newer_json = messages_to_json(older), messages_to_json(newer)
+    held, cut_first = merge_within("[]", older_json, max_bytes)
+    assert capped(EnqueueRequest(KEY, older_json, captured_ms=T0), T0).cut == cut_first
+    result = capped(EnqueueRequest(KEY, newer_json, captured_ms=T0 + 1), T0)
+    expected, cut = merge_within(held, newer_json, max_bytes)
+    stored = redis_client.hget(q.context(KEY.id), "messages")
+    assert stored == expected and result.cut == cut
+    assert stored is not None and len(stored.encode()) <= max_bytes
+    assert redis_client.hget(q.context(KEY.id), "cut_messages") == (
+        str(cut_first + cut) if cut_first + cut else None
+    )
 
 
 @pytest.mark.integration

@@ -103,7 +103,7 @@ def test_contradiction_cannot_delete_a_correction_without_a_replacement() -> Non
     )
     refused = apply(doc, UpdateAnswer(facts_to_remove=("c1", "f2")))
     assert contents(refused.document) == ["Use pnpm, not npm"]
-    assert [(c.action, c.fact_id) for c in refused.changes] == [("remove", "f2")]
+    assert [(c.action, c.fact_id) for c in refused.changes] == [("supersede", "f2")]
     replaced = apply(
         doc,
         UpdateAnswer(facts_to_remove=("c1",), new_facts=(new("Use bun", 0.95, "correction"),)),
@@ -191,7 +191,7 @@ def test_one_replacement_removes_at_most_one_correction() -> None:
     result = apply(_corrections(), answer)
     assert contents(result.document) == ["Use uv, not pip", "Never push to main", "Be nice"]
     (added,) = [c for c in result.changes if c.action == "add"]
-    (removed,) = [c for c in result.changes if c.action == "remove"]
+    (removed,) = [c for c in result.changes if c.action == "supersede"]
     assert removed.fact_id == "c1" and added.fact_id is not None
     assert added.fact_id in removed.reason
 

@@ -181,7 +181,7 @@ def test_enqueue_missing_file_and_bad_user(run: Run, cli_env: MemqSettings, tmp_
     code, _, err = run("enqueue", str(tmp_path / "nope.json"), "--thread", "t", "--user", "u")
     assert_one_line_error(code, err, "no such file", "nope.json")
     path = write_json(tmp_path / "chat.json", CONVERSATION)
-    code, _, err = run("enqueue", path, "--thread", "t", "--user", "../etc")
+    code, _, err = run("enqueue", path, "--thread", "t", "--user", "bad\tuser")
     assert_one_line_error(code, err, "user_id")
 
 
@@ -462,12 +462,13 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
 
     from tests.support.waiting import wait_for
 
-    port, exporter_port = free_port(), free_port()
+    port, exporter_port, serve_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
     env.update(
         MEMQ_DATA_DIR=str(tmp_path / "data"),
         MEMQ_FLOWER_PORT=str(port),
         MEMQ_EXPORTER_PORT=str(exporter_port),
+        MEMQ_SERVE_PORT=str(serve_port),
         MEMQ_STORAGE_DIR=str(tmp_path / "memory"),
         PYTHONUNBUFFERED="1",
     )
@@ -511,6 +512,17 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
                 return False
 
         wait_for(metrics_served, timeout=30, interval=0.2, what="the supervised exporter")
+
+        def serve_ready() -> bool:
+            # /readyz: the supervised `memq serve` reaches the private Redis and sees beat tick.
+            try:
+                url = f"http://127.0.0.1:{serve_port}/readyz"
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    return response.status == 200
+            except OSError:
+                return False
+
+        wait_for(serve_ready, timeout=30, interval=0.2, what="the supervised memq serve")
         assert any((tmp_path / "data" / "redis").glob("appendonly*"))  # private Redis, AOF on
         up.send_signal(signal.SIGTERM)
         assert up.wait(timeout=30) == 0
@@ -580,3 +592,23 @@ def test_stored_control_characters_are_shown_escaped_and_json_stays_exact(
 
     code, out, _ = run("facts", "delete", "carol", "f_evil")
     assert code == 0 and "\x1b" not in out and "\\x1b[1A" in out
+
+
+def test_why_shows_sources_escaped_and_an_unknown_fact_in_one_line(
+    run: Run, cli_env: MemqSettings
+) -> None:
+    from storage import get_storage
+    from storage.document import Fact, MemoryDocument
+    from storage.sources import Source
+
+    evil = f"Lives in Berlin{HIDE_LINES}\u202e"
+    source = Source(thread_id=f"auth0|abc{HIDE_LINES}", attribution="message", roles=("user",))
+    fact = Fact(id="f_why", content=evil, sources=[source], confirmations=2)
+    get_storage(cli_env).save("dana", None, MemoryDocument(facts=[fact]))
+    code, out, _ = run("why", "dana", "f_why")
+    assert code == 0 and "\x1b" not in out and "\u202e" not in out
+    assert "confirmations: 2" in out and "message" in out and "auth0|abc\\x1b[1A" in out
+    code, out, _ = run("why", "dana", "f_why", "--json")
+    assert json.loads(out)["fact"]["content"] == evil
+    code, _, err = run("why", "dana", "nope")
+    assert_one_line_error(code, err, "nope")

@@ -32,6 +32,7 @@ if str(STANDIN) not in sys.path:
 from deerflow import callsites  # noqa: E402
 from deerflow.agents.memory.manager import (  # noqa: E402
     MemoryManager,
+    MemoryManagerError,
     build_memory_manager,
 )
 
@@ -40,6 +41,8 @@ from memq.integrations.deerflow import MemqMemoryManager  # noqa: E402
 pytestmark = pytest.mark.integration
 
 MANAGER_CLASS = "memq.integrations.deerflow:MemqMemoryManager"
+# Users keyed by e-mail, as applications (and DeerFlow's own tests) key them.
+ALICE = "alice@example.com"
 DOC_KEYS = {"version", "lastUpdated", "user", "history", "facts"}
 FACT_KEYS = {"id", "content", "category", "confidence", "createdAt", "source"}
 
@@ -93,12 +96,12 @@ def made(make_settings: Any, storage_kind: str) -> Any:
 def seed(settings: MemqSettings) -> None:
     store = get_storage(settings)
     store.save(
-        "alice",
+        ALICE,
         None,
         MemoryDocument(user={"work_context": Section(summary="Backend engineer at Acme")}),
     )
     store.save(
-        "alice",
+        ALICE,
         "coder",
         MemoryDocument(
             facts=[
@@ -143,31 +146,31 @@ def test_invariants_search_and_tool_mode(made: Any) -> None:
     manager, settings = made(mode="tool")
     assert manager.mode == "tool"
     seed(settings)
-    context = manager.get_context("alice", agent_name="coder")
+    context = manager.get_context(ALICE, agent_name="coder")
     assert "Backend engineer at Acme" in context  # user-level summaries
     assert "uv" not in context  # facts stay behind search in tool mode
-    found = manager.search("uv", user_id="alice", agent_name="coder")
+    found = manager.search("uv", user_id=ALICE, agent_name="coder")
     assert [f["id"] for f in found] == ["f_uv"]
-    tool = callsites.memory_search_tool(manager, "杭州", user_id="alice", agent_name="coder")
+    tool = callsites.memory_search_tool(manager, "杭州", user_id=ALICE, agent_name="coder")
     assert '"count": 1' in tool and "杭州" in tool
 
 
 def test_middleware_context_has_agent_facts_and_user_summaries(made: Any) -> None:
     manager, settings = made()
     seed(settings)
-    text = manager.get_context("alice", agent_name="coder")
+    text = manager.get_context(ALICE, agent_name="coder")
     assert "Backend engineer at Acme" in text and "Prefers uv over pip" in text
     assert "<user_memory>" not in text and "<memory>" not in text  # DeerFlow wraps it
-    assert callsites.memory_context(manager, "alice", "coder").startswith("<memory>\n")
+    assert callsites.memory_context(manager, ALICE, "coder").startswith("<memory>\n")
     assert text.startswith(FRAME_LINE + "\n")  # framed as data, never instructions
-    assert callsites.memory_context(manager, "alice", "coder").count(FRAME_LINE) == 1
+    assert callsites.memory_context(manager, ALICE, "coder").count(FRAME_LINE) == 1
     assert manager.get_context("nobody", agent_name="coder") == ""
 
 
 def test_every_method_returns_deerflows_shapes(made: Any) -> None:
     manager, settings = made()
     seed(settings)
-    document = manager.get_memory(user_id="alice", agent_name="coder")
+    document = manager.get_memory(user_id=ALICE, agent_name="coder")
     assert set(document) == DOC_KEYS
     assert set(document["user"]) == {"workContext", "personalContext", "topOfMind"}
     assert set(document["history"]) == {"recentMonths", "earlierContext", "longTermBackground"}
@@ -175,20 +178,20 @@ def test_every_method_returns_deerflows_shapes(made: Any) -> None:
     fact = next(f for f in document["facts"] if f["id"] == "f_uv")
     assert set(fact) == FACT_KEYS and fact["source"] == "t-1"
     assert fact["createdAt"].endswith("Z")
-    assert manager.reload_memory(user_id="alice", agent_name="coder") == document
-    assert manager.export_memory(user_id="alice", agent_name="coder") == document
-    for found in manager.search("uv", 5, user_id="alice", agent_name="coder"):
+    assert manager.reload_memory(user_id=ALICE, agent_name="coder") == document
+    assert manager.export_memory(user_id=ALICE, agent_name="coder") == document
+    for found in manager.search("uv", 5, user_id=ALICE, agent_name="coder"):
         assert set(found) == FACT_KEYS
-    assert manager.search("", user_id="alice") == []
-    assert manager.search("uv", 0, user_id="alice") == []
+    assert manager.search("", user_id=ALICE) == []
+    assert manager.search("uv", 0, user_id=ALICE) == []
 
     created, fact_id = manager.create_fact(
-        "Likes green tea", "preference", 0.8, agent_name="coder", user_id="alice"
+        "Likes green tea", "preference", 0.8, agent_name="coder", user_id=ALICE
     )
     assert set(created) == DOC_KEYS and fact_id in {f["id"] for f in created["facts"]}
-    updated = manager.update_fact(fact_id, confidence=0.6, agent_name="coder", user_id="alice")
+    updated = manager.update_fact(fact_id, confidence=0.6, agent_name="coder", user_id=ALICE)
     assert next(f for f in updated["facts"] if f["id"] == fact_id)["confidence"] == 0.6
-    after = manager.delete_fact(fact_id, agent_name="coder", user_id="alice")
+    after = manager.delete_fact(fact_id, agent_name="coder", user_id=ALICE)
     assert fact_id not in {f["id"] for f in after["facts"]}
 
     imported = manager.import_memory(
@@ -211,9 +214,9 @@ def test_async_boundary(made: Any) -> None:
 
     async def calls() -> tuple[str, list[dict[str, Any]]]:
         turn = [HumanMessage("I prefer uv."), AIMessage("Noted: uv.")]
-        await manager.aadd("t-async", turn, agent_name="coder", user_id="alice")
-        context = await manager.aget_context("alice", agent_name="coder")
-        return context, await manager.asearch("uv", user_id="alice", agent_name="coder")
+        await manager.aadd("t-async", turn, agent_name="coder", user_id=ALICE)
+        context = await manager.aget_context(ALICE, agent_name="coder")
+        return context, await manager.asearch("uv", user_id=ALICE, agent_name="coder")
 
     context, found = asyncio.run(calls())
     assert "Prefers uv over pip" in context and [f["id"] for f in found] == ["f_uv"]
@@ -223,21 +226,21 @@ def test_async_boundary(made: Any) -> None:
 def test_clear_an_agent_keeps_user_summaries_clear_all_removes_all(made: Any) -> None:
     manager, settings = made()
     seed(settings)
-    cleared = manager.clear_memory(user_id="alice", agent_name="coder")
+    cleared = manager.clear_memory(user_id=ALICE, agent_name="coder")
     assert set(cleared) == DOC_KEYS and cleared["facts"] == []
-    assert manager.get_memory(user_id="alice", agent_name="coder")["facts"] == []
-    summary = manager.get_memory(user_id="alice")["user"]["workContext"]["summary"]
+    assert manager.get_memory(user_id=ALICE, agent_name="coder")["facts"] == []
+    summary = manager.get_memory(user_id=ALICE)["user"]["workContext"]["summary"]
     assert summary == "Backend engineer at Acme"
     seed(settings)
-    manager.clear_memory(user_id="alice")
-    assert manager.get_memory(user_id="alice")["user"]["workContext"]["summary"] == ""
-    assert manager.get_memory(user_id="alice", agent_name="coder")["facts"] == []
+    manager.clear_memory(user_id=ALICE)
+    assert manager.get_memory(user_id=ALICE)["user"]["workContext"]["summary"] == ""
+    assert manager.get_memory(user_id=ALICE, agent_name="coder")["facts"] == []
 
 
 def test_errors_are_mapped_as_the_gateway_expects(made: Any, storage_kind: str) -> None:
     manager, settings = made()
     seed(settings)
-    scope = {"user_id": "alice", "agent_name": "coder"}
+    scope = {"user_id": ALICE, "agent_name": "coder"}
     gw = callsites.gateway
     assert gw(lambda: manager.delete_fact("nope", **scope))[0] == 404
     assert gw(lambda: manager.update_fact("nope", content="x", **scope))[0] == 404
@@ -256,7 +259,7 @@ def test_errors_are_mapped_as_the_gateway_expects(made: Any, storage_kind: str) 
     if storage_kind == "file":
         path = next(Path(settings.storage_dir).rglob("*.json"))
         path.write_text("{not json", encoding="utf-8")
-        broken = "bob" if "bob" in str(path) else "alice"
+        broken = "bob" if "bob" in str(path) else ALICE
         agent = "coder" if "coder" in str(path) else None
         status, _ = gw(lambda: manager.get_memory(user_id=broken, agent_name=agent))
         assert status == 500
@@ -294,7 +297,7 @@ def test_host_hidden_message_hook_is_applied(made: Any) -> None:
         HumanMessage("I choose option B", additional_kwargs={"hide_from_ui": True, "keep": True}),
         AIMessage("Option B it is."),
     ]
-    callsites.after_agent(manager, "t-h", messages, agent_name="coder", user_id="alice")
+    callsites.after_agent(manager, "t-h", messages, agent_name="coder", user_id=ALICE)
     assert len(kept) == 2
     assert queue.stats()["due"] == 1
 
@@ -305,9 +308,10 @@ def test_shutdown_flush_with_redis_down_then_up(tmp_path: Path, make_settings: A
         settings = make_settings(redis_url=server.url, producer_timeout_seconds=0.2)
         manager = build(settings)
         server.stop()
-        assert manager.warm() is False  # Redis does not answer
+        with pytest.raises(MemoryManagerError):  # Redis does not answer
+            manager.warm()
         turn = [HumanMessage("I prefer uv."), AIMessage("Noted: uv.")]
-        callsites.after_agent(manager, "t-1", turn, agent_name="coder", user_id="alice")
+        callsites.after_agent(manager, "t-1", turn, agent_name="coder", user_id=ALICE)
         assert manager._producer.spool_size == 1
         assert manager.shutdown_flush(0.5) is False  # Redis is down: not handed over
         # The bounded hand-over may return while its last try is still failing: the turn goes
@@ -344,10 +348,10 @@ def test_add_langchain_messages_end_to_end_to_get_context(
         AIMessage("Good to know: Postgres 16."),
     ]
     callsites.after_agent(
-        manager, "thread-9", messages, agent_name="coder", user_id="alice", trace_id="tr-1"
+        manager, "thread-9", messages, agent_name="coder", user_id=ALICE, trace_id="tr-1"
     )
     wait_for(
-        lambda: "Postgres 16" in manager.get_context("alice", agent_name="coder"),
+        lambda: "Postgres 16" in manager.get_context(ALICE, agent_name="coder"),
         timeout=30,
         what="the fact in get_context",
     )
@@ -359,7 +363,7 @@ def test_add_langchain_messages_end_to_end_to_get_context(
         "thread-9",
         [HumanMessage("Also, I deploy on Fly.io."), AIMessage("Fly.io, noted.")],
         agent_name="coder",
-        user_id="alice",
+        user_id=ALICE,
     )
     wait_for(lambda: len(openai_server.requests) >= 2, timeout=30, what="the flushed run")
     manager.close()
@@ -382,22 +386,76 @@ def test_clear_or_delete_is_not_undone_by_an_extraction_in_flight(
     manager = build(settings)
     seed(settings)
     _, bike = manager.create_fact(
-        "The user owns a red bicycle", "context", 0.9, user_id="alice", agent_name="coder"
+        "The user owns a red bicycle", "context", 0.9, user_id=ALICE, agent_name="coder"
     )
     assert bike is not None
     celery_procs.start_worker(memq_env(settings))
     celery_procs.start_beat(memq_env(settings))
     # The run in flight re-learns the fact from the conversation the user is erasing it from.
     turn = [HumanMessage("I own a red bicycle."), AIMessage("A red bicycle, noted.")]
-    callsites.after_agent(manager, "t-b", turn, agent_name="coder", user_id="alice")
+    callsites.after_agent(manager, "t-b", turn, agent_name="coder", user_id=ALICE)
     wait_for(started.is_set, timeout=30, what="the extraction to reach the model")
     if action == "clear_memory":
-        manager.clear_memory(user_id="alice", agent_name="coder")
+        manager.clear_memory(user_id=ALICE, agent_name="coder")
     else:
-        manager.delete_fact(bike, user_id="alice", agent_name="coder")
+        manager.delete_fact(bike, user_id=ALICE, agent_name="coder")
     release.set()
     queue = QueueClient(settings, manager._redis)
     wait_for(lambda: queue_idle(queue), timeout=30, what="the run to settle")
-    facts = [f["content"] for f in manager.get_memory(user_id="alice", agent_name="coder")["facts"]]
+    facts = [f["content"] for f in manager.get_memory(user_id=ALICE, agent_name="coder")["facts"]]
     assert "The user owns a red bicycle" not in facts
     manager.close()
+
+
+def test_create_fact_uses_the_one_vocabulary(made: Any) -> None:
+    """DeerFlow's create_fact stored "Correction" as an unknown category and accepted
+    "Likes  green tea" beside "likes green tea"; an extraction saw a correction and one fact."""
+    manager, _ = made()
+    manager.create_fact("likes green tea", user_id="zoe")
+    status, _ = callsites.gateway(lambda: manager.create_fact("Likes  green TEA", user_id="zoe"))
+    assert status == 409
+    manager.create_fact("Use uv, not pip", category="Correction", user_id="zoe")
+    facts = manager.get_memory(user_id="zoe")["facts"]
+    assert sorted(f["category"] for f in facts) == ["context", "correction"]
+
+
+def test_deerflows_default_user_is_the_anonymous_user_the_importer_fills(
+    made: Any, tmp_path: Path
+) -> None:
+    """DeerFlow names its user without login ``"default"`` (and some call sites pass None): both
+    are memq's anonymous user, whose memory ``memq import --deerflow`` fills from DeerFlow's
+    ``users/default`` folder, so a deployment without login keeps seeing its memory after the
+    switch. A user named ``default`` inside memq is a different one and sees none of it."""
+    import json
+
+    from memq.core.identity import ANONYMOUS_USER_ID, ContextKey
+    from memq.deerflow_import import import_folder
+
+    manager, settings = made()
+    legacy = tmp_path / "deerflow" / "users" / "default" / "memory.json"
+    legacy.parent.mkdir(parents=True)
+    fact = {"id": "fact_uv", "content": "Uses uv instead of pip", "category": "preference",
+            "confidence": 0.9, "createdAt": "2026-07-14T09:00:00Z", "source": "t-1"}  # fmt: skip
+    legacy.write_text(json.dumps({"version": "1.0", "facts": [fact]}), encoding="utf-8")
+    store = get_storage(settings, redis=manager._redis if settings.storage == "redis" else None)
+    import_folder(store, tmp_path / "deerflow")
+
+    for user in ("default", None):
+        assert [f["content"] for f in manager.get_memory(user_id=user)["facts"]] == [
+            "Uses uv instead of pip"
+        ]
+        assert "Uses uv instead of pip" in manager.get_context(user)
+    assert store.load("default").facts == []  # memq's own literal "default" user: untouched
+
+    callsites.after_agent(
+        manager,
+        "t-d",
+        [HumanMessage("I moved to Berlin"), AIMessage("Noted.")],
+        agent_name=None,
+        user_id="default",
+    )
+    keys = list(manager._redis.scan_iter(match=f"{settings.key_prefix}*ctx:*"))
+    [key] = [k for k in keys if ":ctx:" in k]
+    assert key.endswith(":ctx:t-d:default:")  # the anonymous user's, not "%64efault"
+    assert ContextKey.from_id("t-d:default:").user_id == ANONYMOUS_USER_ID
+    assert manager.discard_pending_updates(user_id="default", agent_name=None) == 1

@@ -145,10 +145,11 @@ def test_both_layouts_every_user_and_agent_twice(settings: MemqSettings, tmp_pat
     assert (first.users, first.documents, first.facts_added, first.facts_present) == (3, 5, 8, 0)
     assert first.summaries_set == 9  # three sections each for default, alice, bob
 
-    default = store.load("default", None)
+    # DeerFlow's "default" user is its anonymous one: memq's user None.
+    default = store.load(None, None)
     assert [f.id for f in default.facts] == ["fact_legacy1"]
     assert default.user.work_context.summary == "Backend engineer at Acme"
-    assert [f.content for f in store.load("default", "coder").facts] == ["Prefers tabs"]
+    assert [f.content for f in store.load(None, "coder").facts] == ["Prefers tabs"]
     assert [f.content for f in store.load("alice", None).facts] == ["Lives in Lisbon"]
     bob = store.load("bob", None)
     assert sorted(f.id for f in bob.facts) == ["fact_b1", "fact_b5"]

@@ -16,7 +16,7 @@ from celery import Celery
 from celery.bin.celery import celery as celery_cli
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICES = {"redis", "worker", "beat", "flower", "exporter", "prometheus", "grafana"}
+SERVICES = {"redis", "worker", "beat", "flower", "exporter", "serve", "prometheus", "grafana"}
 MONITORING = {"prometheus", "grafana"}  # the `monitoring` profile
 
 
@@ -67,6 +67,18 @@ def test_compose_redis_persists_and_never_evicts() -> None:
     assert "--maxmemory-policy noeviction" in command
 
 
+def test_compose_redis_requires_a_password_kept_off_argv() -> None:
+    """A Redis without a password is open to anything on its network; a password on argv is
+    open to every user of the host (`ps`)."""
+    redis = compose()["services"]["redis"]
+    assert redis["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+    script = redis["entrypoint"][2]
+    assert "requirepass $$REDIS_PASSWORD" in script and 'exec "$$server" -' in script
+    assert not any("requirepass" in arg or "PASSWORD" in arg for arg in redis["command"])
+    assert "REDISCLI_AUTH" in redis["healthcheck"]["test"][1]
+    assert "REDIS_PASSWORD" in (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+
+
 def test_compose_worker_scales_and_flower_is_protected() -> None:
     services = compose()["services"]
     worker = services["worker"]
@@ -75,13 +87,15 @@ def test_compose_worker_scales_and_flower_is_protected() -> None:
     flower = services["flower"]
     assert flower["ports"] == ["127.0.0.1:5555:5555"]
     assert "FLOWER_BASIC_AUTH" in flower["environment"]
-    for name in ("worker", "beat", "flower", "exporter"):
+    for name in ("worker", "beat", "flower", "exporter", "serve"):
         env = services[name]["environment"]
-        assert env["MEMQ_REDIS_URL"] == "redis://redis:6379/0"
+        assert env["MEMQ_REDIS_URL"] == (
+            "redis://:${REDIS_PASSWORD:?set REDIS_PASSWORD (URL-safe)}@redis:6379/0"
+        )
         assert env["MEMQ_STORAGE"] == "redis"  # one memory for every worker container
 
 
-@pytest.mark.parametrize("service", ["worker", "beat", "flower", "exporter"])
+@pytest.mark.parametrize("service", ["worker", "beat", "flower", "exporter", "serve"])
 def test_compose_commands_resolve(service: str) -> None:
     assert_entry_point_resolves(compose()["services"][service]["command"])
 
@@ -91,7 +105,7 @@ def test_compose_monitoring_profile_loads_the_shipped_files() -> None:
     assert {n for n, s in services.items() if "monitoring" in s.get("profiles", [])} == MONITORING
     for name in SERVICES - MONITORING:
         assert "profiles" not in services[name]  # a plain `up` starts the memq stack alone
-    for name in MONITORING | {"exporter"}:
+    for name in MONITORING | {"exporter", "serve"}:
         for port in services[name]["ports"]:
             assert port.startswith("127.0.0.1:")
         for volume in services[name].get("volumes", []):
@@ -109,9 +123,9 @@ def test_compose_monitoring_profile_loads_the_shipped_files() -> None:
     assert prometheus["rule_files"] == ["/etc/prometheus/alerts.yml"]
 
 
-def test_procfile_has_worker_beat_flower_exporter() -> None:
+def test_procfile_has_worker_beat_flower_exporter_serve() -> None:
     entries = procfile()
-    assert set(entries) == {"worker", "beat", "flower", "exporter"}
+    assert set(entries) == {"worker", "beat", "flower", "exporter", "serve"}
     assert "--max-tasks=" in entries["flower"]
     # The password comes from the environment (Flower reads FLOWER_BASIC_AUTH), never argv.
     assert "--basic-auth" not in entries["flower"]
@@ -119,10 +133,17 @@ def test_procfile_has_worker_beat_flower_exporter() -> None:
     assert "--address=127.0.0.1" in entries["flower"]
 
 
-@pytest.mark.parametrize("name", ["worker", "beat", "flower", "exporter"])
+@pytest.mark.parametrize("name", ["worker", "beat", "flower", "exporter", "serve"])
 def test_procfile_commands_resolve(name: str) -> None:
     command = procfile()[name].rpartition("&& exec ")[2]  # after the flower's env guard
     assert_entry_point_resolves(shlex.split(command))
+
+
+def test_compose_serve_needs_keys_and_publishes_on_loopback_only() -> None:
+    serve = compose()["services"]["serve"]
+    assert "--host=0.0.0.0" in serve["command"]  # inside the container: the proxy reaches it
+    assert serve["environment"]["MEMQ_SERVE_API_KEYS"].startswith("${MEMQ_SERVE_API_KEYS:?")
+    assert serve["ports"] == ["127.0.0.1:8790:8790"]
 
 
 def test_memq_console_script_resolves() -> None:
@@ -137,6 +158,9 @@ def test_dockerfile_installs_every_package_and_runs_a_worker() -> None:
     for package in re.findall(r'"([^"]+)"', packages.group(1)):
         top = package.split(".")[0]  # a subpackage comes with its parent's folder
         assert f"COPY {top} ./{top}" in dockerfile
+    copied = re.findall(r"^COPY (\S+) \./\S+$", dockerfile, re.MULTILINE)
+    missing = [folder for folder in copied if not (ROOT / folder).exists()]
+    assert missing == [], f"the Dockerfile copies folders that do not exist: {missing}"
     cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.MULTILINE)
     assert cmd is not None
     assert_entry_point_resolves(yaml.safe_load(cmd.group(1)))

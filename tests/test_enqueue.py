@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from memq.core.errors import InvalidIdentifier, InvalidMessages
-from memq.core.identity import ContextKey
+from memq.core.identity import ANONYMOUS_USER_ID, ContextKey
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.models import ConversationContext, messages_to_json
 from memq.core.models import Message as M
@@ -242,7 +242,7 @@ def test_producer_sends_filtered_messages(
         {"role": "user", "content": "That's wrong, I live in Lyon"},
         {"role": "assistant", "content": "Sorry, Lyon it is. Perfect!"},
     ]
-    assert (stored["user_id"], stored["trace_id"]) == ("default", "trace-9")
+    assert (stored["user_id"], stored["trace_id"]) == (ANONYMOUS_USER_ID, "trace-9")
     # The signals ("That's wrong") are the worker's to detect, on what it has not extracted yet.
     assert not {"correction", "reinforcement"} & stored.keys()
 
@@ -265,7 +265,7 @@ def test_bad_input_raises_from_enqueue_and_is_counted_by_after_agent(
     dialogue = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     with MemoryProducer(settings) as producer:
         with pytest.raises(InvalidIdentifier):
-            producer.enqueue("th", "no/slashes", None, dialogue)
+            producer.enqueue("th", "bad\x00id", None, dialogue)
         with pytest.raises(InvalidMessages):
             producer.enqueue("th", "u", None, [{"content": "no role"}])
         assert producer.after_agent("", "u", None, dialogue) is False
@@ -287,7 +287,9 @@ def test_long_conversations_are_bounded(
         redis_client.hget(KeySchema(key_prefix).shard(0).context(result.context_id), "messages")
         or "[]"
     )
-    assert [m["content"][:2] for m in stored] == ["7 ", "8 ", "9 ", "do"]
+    # The cap counts what is sent (JSON, ids): three messages of 302 characters and "done"
+    # come to more than 1,000 once encoded.
+    assert [m["content"][:2] for m in stored] == ["8 ", "9 ", "do"]
 
 
 @pytest.mark.integration

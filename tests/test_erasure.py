@@ -20,7 +20,8 @@ from memq.testing.redis_dump import dump_redis
 from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage
 from storage.document import Fact, MemoryDocument
-from storage.erasure import erase
+from storage.erasure import erase, erase_thread
+from storage.sources import Source
 from worker.queue import CompleteResult, QueueClient
 
 pytestmark = pytest.mark.integration
@@ -112,7 +113,9 @@ def test_forget_removes_everything_of_the_user_and_fences_the_run_in_flight(
     assert queue.complete(running, in_flight.token, T0 + 11) is CompleteResult.STALE
     assert world.storage.list_agents("fay") == []
     assert "fay" not in world.storage.list_users()
-    keyspace = dump_redis(redis_client)
+    # This test's keys only: the session's redis-server also holds other tests' users named fay.
+    prefix = world.settings.key_prefix
+    keyspace = {k: v for k, v in dump_redis(redis_client).items() if k.startswith(prefix)}
     assert not [k for k, v in keyspace.items() if "fay" in k or "fay-" in v]
     # Nothing of gus's went.
     assert [f.content for f in world.storage.load("gus").facts] == ["gus-doc-keep"]
@@ -165,3 +168,60 @@ def test_dead_letters_and_contexts_carry_their_retention(
     # The reaper drops dead ids past their retention (their hashes expire on their own).
     queue.reap(T0 + 3 + settings.dead_retention_ms)
     assert queue.dead_list() == []
+
+
+THREAD = "auth0|abc:chat/1 \u2603"  # a real-looking id with the context id's separator in it
+
+
+def learnt(content: str, *threads: str) -> Fact:
+    sources = [Source(thread_id=t, run_id=f"run-{t}-{content}") for t in threads]
+    return Fact(content=content, source_thread_id=threads[0], sources=sources)
+
+
+def test_forget_a_thread_removes_its_facts_sources_and_queued_work_and_fences_its_run(
+    world: World, redis_client: redis.Redis
+) -> None:
+    queue = world.queue
+    world.storage.save(
+        "kim",
+        None,
+        MemoryDocument(
+            facts=[
+                learnt("kim-thread-secret", THREAD),
+                learnt("kim-shared-fact", "t-other", THREAD),
+                Fact(content="kim-by-hand", source="manual"),
+            ]
+        ),
+    )
+    world.storage.save("kim", "coder", MemoryDocument(facts=[learnt("kim-coder-secret", THREAD)]))
+    dead = world.enqueue(THREAD, "kim", "kim-dead-secret", flush=True)
+    [claim] = queue.claim(T0 + 1).claims
+    queue.fail(dead, claim.token, "PermanentLLMError: no", None, T0 + 2)
+    running = world.enqueue(THREAD, "kim", "kim-run-secret", agent="coder", flush=True, now=T0 + 3)
+    [in_flight] = queue.claim(T0 + 4).claims
+    world.enqueue("t-other", "kim", "kim-other-keep", now=T0 + 5)
+
+    report = erase_thread(world.settings, redis_client, world.storage, "kim", THREAD)
+
+    assert (report.facts_removed, report.facts_trimmed, report.documents) == (2, 1, 2)
+    assert (report.pending, report.in_flight, report.dead, report.contexts) == (0, 1, 1, 2)
+    with pytest.raises(StaleClaim):
+        world.storage.update(
+            "kim",
+            "coder",
+            lambda d: MemoryDocument(facts=[Fact(content="kim-late")]),
+            fence=Fence(running, in_flight.token),
+        )
+    facts = {f.content: f for f in world.storage.load("kim").facts}
+    assert sorted(facts) == ["kim-by-hand", "kim-shared-fact"]
+    shared = facts["kim-shared-fact"]
+    assert [s.thread_id for s in shared.sources] == ["t-other"]
+    assert shared.source_thread_id == "t-other"
+    assert world.storage.load("kim", "coder").facts == []
+    values = "\n".join(dump_redis(redis_client).values())
+    assert "kim-thread-secret" not in values and "kim-dead-secret" not in values
+    assert "kim-run-secret" not in values and "kim-coder-secret" not in values
+    assert "kim-other-keep" in values  # another thread's pending turn stays
+    assert queue.stats(T0 + 6)["due"] == 1
+    again = erase_thread(world.settings, redis_client, world.storage, "kim", THREAD)
+    assert (again.facts_removed, again.contexts, again.documents) == (0, 0, 0)

@@ -4,6 +4,7 @@ place of the LLM: how each outcome and each error class settles the context in t
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ class Report:
     outcome: str = "updated"
     facts_added: int = 1
     facts_removed: int = 0
+    facts_invalid: int = 0
+    facts_refused: int = 0
     prompt_tokens: int = 120
     completion_tokens: int = 30
     duration_ms: int = 5
@@ -132,6 +135,20 @@ def test_a_successful_run_deletes_the_context_and_counts_tokens(h: Harness) -> N
         "billed_runs": "1",
         "turns_extracted": "1",
     }
+
+
+def test_facts_dropped_as_invalid_are_counted_and_logged(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A saved answer whose new facts did not all validate says so: in the extraction's log
+    line and in the metrics (they used to vanish silently)."""
+    h.pipeline = ScriptedPipeline(lambda ctx: Report(facts_invalid=2))
+    h.enqueue(T0)
+    with caplog.at_level("INFO", logger="memq.extract"):
+        h.run(h.claim(T0), T0 + 10)
+    assert h.metrics()["facts_invalid"] == "2"
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("extraction")]
+    assert "facts_invalid=2" in line
 
 
 def test_messages_arriving_during_the_run_are_run_again(h: Harness) -> None:
@@ -243,16 +260,23 @@ def test_permanent_errors_dead_letter_at_once_with_the_reason(h: Harness) -> Non
     assert "401 invalid api key" in entry.last_error
 
 
-def test_unexpected_errors_are_retried_never_lost(h: Harness) -> None:
+def test_unexpected_errors_are_retried_never_lost(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     cid = h.enqueue(T0)
 
     def bug(ctx: ConversationContext) -> Report:
         raise KeyError("oops")
 
     h.pipeline.action = bug
-    assert h.run(h.claim(T0), T0 + 10)["queue"] == "retry"
-    assert h.queue.load(cid)["last_error"] == "KeyError('oops')"
+    with caplog.at_level(logging.INFO):
+        assert h.run(h.claim(T0), T0 + 10)["queue"] == "retry"
+    # The type only: an exception's text can quote the conversation (pydantic's does).
+    assert h.queue.load(cid)["last_error"] == "KeyError"
     assert cid in h.due()
+    # Where it broke is logged (a traceback), what it broke on is not.
+    assert 'in bug\n    raise KeyError("oops")' in caplog.text  # the source line, not the text
+    assert "builtins.KeyError: (hidden)" in caplog.text
 
 
 def test_backoff_is_exponential_and_capped(xsettings: MemqSettings) -> None:

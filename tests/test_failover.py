@@ -169,7 +169,11 @@ class Load:
 
 
 def failover_settings(
-    make_settings: Any, openai_server: ScriptedOpenAI, redis_url: str, broker_url: str
+    make_settings: Any,
+    openai_server: ScriptedOpenAI,
+    redis_url: str,
+    broker_url: str,
+    **extra: Any,
 ) -> MemqSettings:
     return stack_settings(  # type: ignore[no-any-return]
         make_settings,
@@ -179,6 +183,7 @@ def failover_settings(
         storage="redis",
         lease_seconds=5.0,
         producer_timeout_seconds=0.2,
+        **extra,
     )
 
 
@@ -234,8 +239,9 @@ def test_a_cluster_master_failover_under_load_loses_nothing(
 ) -> None:
     openai_server.responder = learn_items
     with LocalCluster(tmp_path / "cluster", masters=3, replicas=1) as cluster:
-        settings = failover_settings(make_settings, openai_server, cluster.url, redis_server.url)
-        settings = settings.model_copy(update={"shards": 12})
+        settings = failover_settings(
+            make_settings, openai_server, cluster.url, redis_server.url, shards=12
+        )
         env = memq_env(settings)
         celery_procs.start_worker(env, concurrency=4)
         celery_procs.start_beat(env)

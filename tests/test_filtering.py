@@ -14,7 +14,6 @@ from producer.messages import (
     filter_messages_for_memory,
     has_minimum_dialogue,
     is_valid_human_input_response,
-    keep_newest_within,
 )
 
 VALID_HIR: dict[str, Any] = {
@@ -218,13 +217,3 @@ def test_unknown_shapes_raise_invalid_messages(raw: Any) -> None:
 )
 def test_minimum_dialogue(roles: tuple[Any, ...], expected: bool) -> None:
     assert has_minimum_dialogue([Message(role, "x") for role in roles]) is expected
-
-
-def test_keep_newest_within_drops_the_oldest() -> None:
-    messages = [Message("user", "a" * 400), Message("assistant", "b" * 400), Message("user", "c")]
-    assert keep_newest_within(messages, 1000) == messages
-    assert keep_newest_within(messages, 500) == messages[1:]
-    assert keep_newest_within(messages, 100) == [messages[2]]
-    assert keep_newest_within([Message("user", "x" * 50 + "END")], 10) == [
-        Message("user", "x" * 7 + "END")
-    ]

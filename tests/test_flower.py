@@ -124,7 +124,9 @@ def test_a_retry_is_retry_and_a_dead_letter_is_failure_with_its_reason(
     celery_procs: CeleryProcs,
     tmp_path: Path,
 ) -> None:
-    openai_server.responder = lambda request: Reply(status=500)
+    # An endpoint whose error quotes the request: its text must reach no reason Flower shows.
+    echo = {"error": {"message": f"upstream failed on {SECRET_TEXT!r}", "type": "server_error"}}
+    openai_server.responder = lambda request: Reply(status=500, body=echo)
     settings = stack_settings(make_settings, openai_server, max_attempts=2)
     env = memq_env(settings)
     celery_procs.start_worker(env)
@@ -147,3 +149,4 @@ def test_a_retry_is_retry_and_a_dead_letter_is_failure_with_its_reason(
     assert "ExtractionRetryScheduled" in retried["exception"]
     assert "thread=thread-doomed" in retried["exception"]
     assert "passport" not in json.dumps(tasks)
+    assert "passport" not in celery_procs.logs()  # the worker logs at INFO

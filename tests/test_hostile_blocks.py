@@ -166,6 +166,6 @@ def test_a_huge_message_of_unclosed_openers_is_handled_at_once(opener: str) -> N
 def test_the_rules_extractor_reads_a_huge_sentence_at_once(filler: str) -> None:
     # Lazy groups before a literal ("use X instead of Y") were quadratic in a sentence's length.
     hostile = filler * (400_000 // len(filler))
-    assert [f["content"] for f in extract_facts(hostile + "\nI work for Google.")] == [
+    assert [f.content for f in extract_facts(hostile + "\nI work for Google.")] == [
         "User works at Google"
     ]

@@ -5,16 +5,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memq.core.errors import InvalidIdentifier
-from memq.core.identity import ContextKey, validate_agent_name, validate_user_id
+from memq.core.identity import ANONYMOUS_USER_ID, ContextKey, validate_agent_name, validate_user_id
 from memq.core.keys import KeySchema
 
 
 @given(
-    thread=st.text(min_size=1, max_size=80).filter(
-        lambda s: s.strip() and not any(ord(c) < 32 or ord(c) == 127 for c in s)
-    ),
-    user=st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True),
-    agent=st.none() | st.from_regex(r"[a-z0-9_-]{1,20}", fullmatch=True),
+    thread=st.text(min_size=1, max_size=80).filter(lambda s: bool(s.strip()) and s.isprintable()),
+    user=st.text(min_size=1, max_size=40).filter(lambda s: bool(s.strip()) and s.isprintable()),
+    agent=st.none()
+    | st.text(min_size=1, max_size=20).filter(lambda s: bool(s.strip()) and s.isprintable()),
 )
 def test_context_id_round_trips_and_never_leaks_separators(
     thread: str, user: str, agent: str | None
@@ -32,13 +31,13 @@ def test_same_thread_different_user_or_agent_are_different_contexts() -> None:
     assert a.id != ContextKey.create("t1", "alice", "writer").id
 
 
-@pytest.mark.parametrize("bad", ["", "../etc", "a/b", "a b", "x{y}", "é", "a" * 200, "a\x00"])
+@pytest.mark.parametrize("bad", ["", "  ", "a" * 300, "a\x00", "a\tb", "\ud800"])
 def test_bad_user_ids_are_typed_errors(bad: str) -> None:
     with pytest.raises(InvalidIdentifier):
         validate_user_id(bad)
 
 
-@pytest.mark.parametrize("bad", ["", "..", "a/b", "a:b", "x{y}"])
+@pytest.mark.parametrize("bad", ["", " ", "a\nb", "a\u200bb", "a" * 200])
 def test_bad_agent_names_are_typed_errors(bad: str) -> None:
     with pytest.raises(InvalidIdentifier):
         validate_agent_name(bad)
@@ -46,7 +45,7 @@ def test_bad_agent_names_are_typed_errors(bad: str) -> None:
 
 def test_agent_names_are_case_insensitive_and_none_is_user_global() -> None:
     assert validate_agent_name("MyAgent") == "myagent"
-    assert validate_user_id(None) == "default"
+    assert validate_user_id(None) == ANONYMOUS_USER_ID
 
 
 @pytest.mark.parametrize("bad", ["", "  ", "a\x00b", "t" * 600, 5])

@@ -139,17 +139,17 @@ def test_explicit_statements_are_extracted(
     text: str, category: str, content: str, source_error: str | None
 ) -> None:
     (fact,) = extract_facts(text)
-    assert (fact["category"], fact["content"]) == (category, content)
-    assert fact.get("sourceError") == source_error
-    assert fact["confidence"] >= 0.7  # passes the default threshold
+    assert (fact.category, fact.content) == (category, content)
+    assert fact.source_error == source_error
+    assert fact.confidence >= 0.7  # passes the default threshold
 
 
 @pytest.mark.parametrize(("text", "contents"), INTRODUCTIONS)
 def test_self_introductions_give_the_name_and_the_rest(text: str, contents: list[str]) -> None:
     facts = extract_facts(text)
-    assert [f["content"] for f in facts] == contents
-    assert {f["category"] for f in facts} == {"context"}
-    assert all(f["confidence"] >= 0.9 for f in facts)
+    assert [f.content for f in facts] == contents
+    assert {f.category for f in facts} == {"context"}
+    assert all(f.confidence >= 0.9 for f in facts)
 
 
 @pytest.mark.parametrize("text", NOTHING)

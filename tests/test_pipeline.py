@@ -226,3 +226,15 @@ def test_default_token_counter_is_used_when_none_is_injected(openai_server: Scri
     pipeline = ExtractionPipeline(settings, storage, OpenAIUpdateModel(settings))
     openai_server.script(Reply(content=update_json(RUST)))
     assert pipeline.run(context()).outcome == "updated"
+
+
+def test_the_report_counts_facts_dropped_as_invalid_and_refused(harness: Harness) -> None:
+    """What the worker's log line and metrics carry: new facts that did not validate, and new
+    facts refused because only the assistant said them (the model cites the assistant's m2)."""
+    echoed = {**RUST, "content": "Has a cat", "cites": ["m2"]}
+    invalid = {"content": "   ", "confidence": 0.9}
+    harness.server.script(Reply(content=update_json(RUST, echoed, invalid)))
+    report = harness.pipeline.run(context())
+    assert (report.facts_added, report.facts_invalid, report.facts_refused) == (1, 1, 1)
+    (fact,) = harness.memory().facts
+    assert fact.content == "Writes Rust at work" and fact.sources[0].attribution == "run"

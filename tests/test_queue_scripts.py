@@ -473,11 +473,13 @@ def test_a_user_at_the_cap_is_not_claimed_but_another_user_is(
     assert [c.context_id for c in batch.claims] == alice[:2]
     assert batch.deferred == 2
     q = queue.keys.shard(0)
-    # Moved back one tick, behind bob, and nothing lost; the hash keeps the real deadline.
-    assert members(redis_client, q.due) == {bob: T0 + 10, alice[2]: T0 + 510, alice[3]: T0 + 510}
+    # Moved back behind bob, one tick and then queued behind each other (2 x the cap per tick),
+    # and nothing lost; the hash keeps the real deadline.
+    assert members(redis_client, q.due) == {bob: T0 + 10, alice[2]: T0 + 510, alice[3]: T0 + 635}
     assert queue.load(alice[2])["deadline_ms"] == str(T0 + 2)
     assert members(redis_client, q.user_inflight("alice")) == {
-        i: T0 + 10 + 60_000 for i in alice[:2]
+        **{i: T0 + 10 + 60_000 for i in alice[:2]},
+        "~defer": -(T0 + 760),  # where alice's next capped key would go
     }
 
     assert [c.context_id for c in queue.claim(T0 + 11, limit=4).claims] == [bob]

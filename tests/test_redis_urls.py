@@ -65,6 +65,7 @@ def test_celery_gets_the_sentinel_master_name_and_refuses_a_cluster_broker() -> 
     conf = celery_config(
         MemqSettings(
             redis_url="redis+cluster://h:1",
+            shards=192,
             broker_url="sentinel://s1:26379;sentinel://s2:26379",
             broker_master_name="brokers",
         )
@@ -72,7 +73,7 @@ def test_celery_gets_the_sentinel_master_name_and_refuses_a_cluster_broker() -> 
     assert conf["broker_url"] == "sentinel://s1:26379;sentinel://s2:26379"
     assert conf["broker_transport_options"]["master_name"] == "brokers"
     # A producer needs no broker: its settings load; only Celery's side refuses.
-    settings = load_settings(redis_url="redis+cluster://h:1")
+    settings = load_settings(redis_url="redis+cluster://h:1", shards=192)
     with pytest.raises(ConfigError, match="set MEMQ_BROKER_URL to a plain or sentinel://"):
         celery_config(settings)
 
@@ -109,6 +110,7 @@ def test_memq_up_refuses_a_cluster_without_a_broker(
     from memq.cli import main
 
     monkeypatch.setenv("MEMQ_REDIS_URL", "redis+cluster://127.0.0.1:1")
+    monkeypatch.setenv("MEMQ_SHARDS", "192")
     assert main(["up"]) != 0
     err = capsys.readouterr().err
     assert "the broker cannot be a Redis Cluster" in err and "Traceback" not in err

@@ -21,6 +21,7 @@ from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage
 from storage.document import Fact, MemoryDocument
 from storage.erasure import erase
+from worker.batch_queue import BatchQueue, OutRequest
 from worker.queue import QueueClient
 from worker.scripts import assemble
 
@@ -38,6 +39,11 @@ SCRIPTS = {
         "release",
         "dead_retry",
         "dead_purge",
+        "batch_park",
+        "batch_submit",
+        "batch_complete",
+        "batch_fallback",
+        "batch_unlock",
     ],
     "storage": ["save_document", "erase_contexts"],
 }
@@ -108,6 +114,22 @@ def test_every_script_call_touches_one_slot(redis_server: RedisServer, make_sett
     [again] = [c for c in queue.claim(T0 + 6 + settings.lease_ms).claims if c.context_id == third]
     queue.fail(third, again.token, "PermanentLLMError: no", None, T0 + 7 + settings.lease_ms)
     queue.dead_purge("all")
+    # The batch lane: two contexts parked, gathered into one job, one settled, one sent back.
+    batches = BatchQueue(settings.model_copy(update={"llm_batch_gather_seconds": 0.0}), client)
+    later = T0 + 8 + settings.lease_ms
+    fifth, sixth = send("tb1", "user1", "a", later), send("tb2", "user2", None, later)
+    claims = {c.context_id: c for c in queue.claim(later + 1).claims}
+    for parked in (fifth, sixth):
+        assert batches.park(parked, claims[parked].token, '{"model":"m"}', '["w"]', "{}", T0 + 8)
+    for context_id, batch_id in ((fifth, "batch_a"), (sixth, "batch_b")):
+        shard = queue.keys.for_context(context_id)
+        lock = batches.lock(shard, 1000)
+        assert lock is not None
+        found = [p for p in batches.gather(shard, T0 + 9) if p.context_id == context_id]
+        assert batches.submit(shard, batch_id, found, T0 + 9) == 1
+        batches.unlock(shard, lock)
+    batches.complete(OutRequest(fifth, claims[fifth].token), "batch_a", '["w"]', T0 + 10)
+    assert batches.fallback(OutRequest(sixth, claims[sixth].token), "batch_b", T0 + 10)
     erase(settings, client, storage, ContextKey.from_id(fourth).user_id)
 
     assert {name for name, _ in client.calls} == {n for names in SCRIPTS.values() for n in names}

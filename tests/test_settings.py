@@ -107,7 +107,25 @@ def test_a_redis_url_without_a_redis_scheme_says_what_it_needs(url: str) -> None
     ],
 )
 def test_redis_schemes_accepted(url: str) -> None:
-    assert load_settings(redis_url=url).redis_url == url
+    shards = {"shards": 192} if "+cluster" in url else {}
+    assert load_settings(redis_url=url, **shards).redis_url == url
+
+
+@pytest.mark.parametrize("url", ["redis+cluster://h:7000", "rediss+cluster://u:pw@h:7000/0"])
+def test_a_cluster_url_without_a_shard_count_is_refused_naming_memq_shards(url: str) -> None:
+    # With the default of one shard every queue key shares one hash tag: one master of the
+    # cluster holds all of them.
+    with pytest.raises(ConfigError, match="MEMQ_SHARDS") as info:
+        load_settings(redis_url=url)
+    assert "\n" not in str(info.value) and "pw" not in str(info.value)
+
+
+def test_a_cluster_url_with_a_shard_count_from_the_environment_is_accepted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MEMQ_REDIS_URL", "redis+cluster://h:7000")
+    monkeypatch.setenv("MEMQ_SHARDS", "1")  # said explicitly: the operator's choice
+    assert load_settings().shards == 1
 
 
 def test_storage_defaults_to_redis_and_folders_are_absolute(

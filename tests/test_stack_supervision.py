@@ -327,13 +327,18 @@ def test_the_private_redis_keeps_its_secrets_off_argv(tmp_path: Path) -> None:
         assert client.config_get("appendfsync") == {"appendfsync": "always"}
         client.close()
         env = stack._child_env()
-        assert password in env["MEMQ_REDIS_URL"]  # children get it through the environment
+        # Children log in as the worker user, its password given through the environment.
+        worker_file = data / "redis" / "worker-password"
+        assert stat.S_IMODE(worker_file.stat().st_mode) == 0o600
+        worker_password = worker_file.read_text().strip()
+        assert worker_password not in argv and password not in env["MEMQ_REDIS_URL"]
+        assert f"memq-worker:{worker_password}@" in env["MEMQ_REDIS_URL"]
     finally:
         stack.stop()
     # The next start of this data folder reuses the password agents were given.
     again = Stack(settings, StackOptions(worker=False, beat=False, flower=False)).start()
     try:
-        assert password in again.redis_url
+        assert password in again.agent_url and worker_password in again.redis_url
     finally:
         again.stop()
 

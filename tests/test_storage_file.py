@@ -117,7 +117,21 @@ def test_documents_are_isolated_per_user_and_agent(store: FileMemoryStorage) -> 
 @pytest.mark.parametrize(
     ("user", "agent"), [("../etc", None), ("a/b", None), ("alice", "../x"), ("alice", "a b")]
 )
-def test_unsafe_identifiers_are_refused(store: FileMemoryStorage, user: str, agent: str) -> None:
+def test_path_like_identifiers_stay_one_folder_inside_the_root(
+    store: FileMemoryStorage, user: str, agent: str | None
+) -> None:
+    store.save(user, agent, doc_with("x"))
+    (saved,) = store.root.rglob("memory.json")
+    assert saved == store.path(user, agent)
+    inside = saved.relative_to(store.root / "users").parts
+    assert len(inside) == (2 if agent is None else 4)
+    assert [f.content for f in store.load(user, agent).facts] == ["x"]
+
+
+@pytest.mark.parametrize(("user", "agent"), [("", None), ("a\x00b", None), ("alice", "a\nb")])
+def test_unsafe_identifiers_are_refused(
+    store: FileMemoryStorage, user: str, agent: str | None
+) -> None:
     with pytest.raises(InvalidIdentifier):
         store.save(user, agent, doc_with("x"))
     assert not store.root.exists() or not any(store.root.rglob("memory.json"))
@@ -416,3 +430,33 @@ def test_the_document_cache_is_bounded_and_drops_the_least_recently_used(tmp_pat
     cached = {path.parent.name for path in storage._cache}
     assert cached == {"u2", "u4", "u0"}
     assert [f.content for f in storage.load("u3").facts] == ["fact 3"]  # evicted, still correct
+
+
+def test_folders_are_0700_and_files_0600_whatever_the_umask(tmp_path: Path) -> None:
+    """Memory documents hold what users told their agents: only the owner may read them, also
+    when the storage is used outside `memq up` (whose data folder is private already)."""
+    from memq.core.settings import load_settings
+    from storage.base import Fence
+
+    old = os.umask(0o022)
+    try:
+        root = tmp_path / "fresh" / "store"
+        storage = FileMemoryStorage(load_settings(storage_dir=root, history_max_entries=2))
+        for i in range(4):  # enough history lines to trim by a rewrite
+            storage.update(
+                "alice@example.com",
+                "coder",
+                lambda d, i=i: UpdateResult(
+                    _with_fact(d, f"fact {i}"), [Change(action="add", content=f"fact {i}")]
+                ),
+                fence=Fence("t:alice%40example%2Ecom:coder", str(i + 1)),
+            )
+        storage.save(None, None, _with_fact(MemoryDocument(), "anonymous"))
+    finally:
+        os.umask(old)
+    names = {p.name for p in root.rglob("*")}
+    assert {"memory.json", "memory.history.jsonl", "memory.json.lock"} <= names
+    assert "memory.fence.json" in names
+    for path in [root, *root.rglob("*")]:
+        mode = path.stat().st_mode & 0o777
+        assert mode == (0o700 if path.is_dir() else 0o600), f"{path.relative_to(tmp_path)}"

@@ -53,9 +53,18 @@ def test_documents_are_isolated_per_user_and_agent(store: RedisMemoryStorage) ->
 
 
 def test_identifiers_cannot_inject_into_key_names(store: RedisMemoryStorage) -> None:
-    for user, agent in [("a}:x", None), ("alice", "{evil}"), ("a b", None)]:
+    pairs = [("a}:x", None), ("alice", "{evil}"), ("a b", None), ("alice@example.com", "x.y")]
+    for user, agent in pairs:
+        store.save(user, agent, doc_with(f"{user} {agent}"))
+        key = store.keys.memory_document(user, agent)
+        assert key.count("{") == 1 and key.count("}") == 1
+    for user, agent in pairs:
+        assert [f.content for f in store.load(user, agent).facts] == [f"{user} {agent}"]
+    assert set(store.list_users()) == {"a}:x", "alice", "a b", "alice@example.com"}
+    assert store.list_agents("alice") == ["{evil}"]
+    for bad in ("", "a\x00b", "\ud800"):
         with pytest.raises(InvalidIdentifier):
-            store.save(user, agent, doc_with("x"))
+            store.save(bad, None, doc_with("x"))
 
 
 def test_reads_a_deerflow_document_saved_as_is(

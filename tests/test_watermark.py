@@ -62,7 +62,12 @@ def test_a_growing_thread_sends_only_what_is_new_plus_context(ids: bool) -> None
 
 
 def test_identity_is_the_id_when_there_is_one_else_a_content_fingerprint() -> None:
-    assert message_identity(Message("user", "hi", "msg-7")) == "msg-7"
+    assert message_identity(Message("user", "hi", "msg-7")) == message_identity(
+        Message("assistant", "other text", "msg-7")
+    )
+    assert message_identity(Message("user", "hi", "msg-7")) != message_identity(
+        Message("user", "hi", "msg-8")
+    )
     plain = message_identity(Message("user", "hi"))
     assert plain == message_identity(Message("user", "hi"))  # stable across enqueues
     assert plain != message_identity(Message("assistant", "hi"))
@@ -70,6 +75,24 @@ def test_identity_is_the_id_when_there_is_one_else_a_content_fingerprint() -> No
     # An id survives an edit of the text; a fingerprint does not.
     watermark = split_at_watermark([Message("user", "draft", "m1")], None, 0).watermark
     assert split_at_watermark([Message("user", "edited", "m1")], watermark, 0).new == ()
+
+
+def test_the_watermark_holds_fixed_length_digests_never_raw_ids() -> None:
+    # A 10 MB message id used to be kept, whole, for watermark_ttl_days.
+    thread = [
+        Message("user", "I live in Lyon", "x" * 10_000_000),
+        Message("assistant", "Noted", "alice@example.com|run-1"),
+    ]
+    watermark = split_at_watermark(thread, None, 0).watermark
+    assert watermark is not None and len(watermark) <= 64
+    assert "alice@example.com" not in watermark
+    assert split_at_watermark(thread, watermark, 0).new == ()  # still recognised
+
+
+def test_a_watermark_of_raw_ids_from_before_the_digests_still_marks_the_boundary() -> None:
+    old = json.dumps(["u1", "a1", "u2", "a2"])  # what earlier versions stored
+    selection = split_at_watermark(turns(1, 3), old, 0)
+    assert contents(selection.new) == ["question 3", "answer 3"]
 
 
 def test_without_a_successful_save_the_same_messages_are_selected_again() -> None:

@@ -7,6 +7,7 @@ live in Redis and beat's ``memq.tick`` only sends tasks that can run now.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery, signals
@@ -14,13 +15,17 @@ from celery.exceptions import Retry
 
 from memq.core.errors import ExtractionDeadLettered, ExtractionRetryScheduled
 from memq.core.settings import MemqSettings
+from worker.batch_queue import BATCH_LOCK_MS
 from worker.metrics import MetricsRecorder
-from worker.queue import Claim
+from worker.queue import Claim, now_ms
 from worker.tasks import WorkerRuntime, describe_args, extract
-from worker.tick import run_tick
+from worker.tick import dispatch_batch_work, run_tick
+
+log = logging.getLogger("memq.worker")
 
 EXTRACT_TASK = "memq.extract"
 TICK_TASK = "memq.tick"
+BATCH_TASK = "memq.batch"
 # Flower's task cap for launchers to pass (`--max-tasks` or FLOWER_MAX_TASKS): ticks send no
 # events, so this is a day of extractions at about two per second.
 FLOWER_MAX_TASKS = 200_000
@@ -59,6 +64,11 @@ def celery_config(settings: MemqSettings) -> dict[str, Any]:
         # One queue per key prefix: two memq deployments (or tests) on one broker never steal
         # each other's tasks.
         "task_default_queue": settings.key_prefix,
+        # And one control and one event exchange per key prefix: with Celery's shared defaults
+        # ("celery.pidbox", "celeryev") one deployment's Flower listed the other's workers and
+        # tasks, and its `control shutdown` stopped them.
+        "control_exchange": f"{settings.key_prefix}.celery",
+        "event_exchange": f"{settings.key_prefix}.celeryev",
         # Acked when a run starts. Our claim lease and its reaper recover a context whose worker
         # died (much sooner than the broker's one-hour visibility timeout), so a late ack buys
         # nothing, and it costs a worker: kombu 5.7 crashes the consumer ("'NoneType' object has
@@ -134,8 +144,24 @@ def create_app(settings: MemqSettings) -> Celery:
         result = extract(runtime, context_id, token, version)
         return settle_task(runtime, context_id, result)
 
+    def send_batch() -> None:
+        app.send_task(
+            BATCH_TASK,
+            args=[],
+            kwargs={},
+            # The next tick sends another: a copy that waited longer is of no use.
+            expires=max(2 * settings.tick_seconds, 5.0),
+            retry_policy=_SEND_RETRY_POLICY,
+        )
+
+    def batch_task() -> dict[str, Any]:
+        report = runtime.batch_lane().cycle()
+        return {"jobs_created": report.jobs_created, "applied": report.applied}
+
     def tick_task() -> dict[str, Any]:
         report = run_tick(runtime.queue, send_extract)
+        if settings.llm_batch_active:
+            dispatch_batch_work(runtime.batches, send_batch, now_ms())
         return {"claimed": report.claimed, "released": report.released, "full": report.full}
 
     # Registered by call, not decorator: celery is untyped and mypy --strict rejects that.
@@ -147,9 +173,19 @@ def create_app(settings: MemqSettings) -> Celery:
     # A tick a second would bury the extractions in Flower: the ticker sends no task events
     # (the heartbeat in the metrics hash tells whether it runs).
     app.task(name=TICK_TASK, shared=False, acks_late=False, send_events=False)(tick_task)
+    # The batch lane's gatherer and poller: HTTP to the provider, never a sleep; its shard locks
+    # outlast this limit, so no two cycles settle one job at once.
+    app.task(
+        name=BATCH_TASK,
+        shared=False,
+        acks_late=False,
+        soft_time_limit=BATCH_LOCK_MS / 1000 * 0.75,
+        time_limit=BATCH_LOCK_MS / 1000 * 0.9,
+    )(batch_task)
     # A dead letter is an expected FAILURE: shown with its reason, no error traceback logged.
     app.tasks[EXTRACT_TASK].throws = (ExtractionDeadLettered,)
     _quiet_beat(app)
+    _publish_location(app, settings)
     app.memq_runtime = runtime  # for tests and `memq doctor`; tasks never look it up
     return app
 
@@ -164,7 +200,8 @@ def settle_task(runtime: WorkerRuntime, context_id: str, result: dict[str, Any])
     in Redis). A run that had lost its claim is not an extraction and is not counted here.
     """
     queue_state = str(result.get("queue", ""))
-    if result.get("outcome") == "stale" or queue_state == "stale":
+    if result.get("outcome") == "stale" or queue_state in ("stale", "batched"):
+        # Not an extraction (yet): a parked run is counted when its batch answer is applied.
         return result
     recorder = MetricsRecorder.for_settings(runtime.settings, runtime.client)
     if result.get("outcome") != "failed":
@@ -189,6 +226,29 @@ def _last_error(runtime: WorkerRuntime, context_id: str) -> str:
         return str(runtime.queue.load(context_id).get("last_error", ""))[:500]
     except Exception:  # the task's truth must not depend on one more Redis read
         return ""
+
+
+def _publish_location(app: Celery, settings: MemqSettings) -> None:
+    """At worker start, say in Redis where this worker stores memory documents, so readers
+    configured for another place can tell (see storage.location)."""
+
+    def on_worker_init(sender: Any, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        from memq.core.connection import redis_client
+        from storage.location import publish
+
+        # Its own short-lived client: the runtime's is built in each pool child after the fork.
+        client = redis_client(settings, socket_timeout=5.0)
+        try:
+            log.info("memq: worker stores memory in %s", publish(client, settings).describe())
+        except Exception as exc:  # the worker still works; readers just cannot compare
+            log.warning("memq: could not publish the storage location: %s", type(exc).__name__)
+        finally:
+            client.close()
+
+    app.memq_on_worker_init = on_worker_init
+    signals.worker_init.connect(on_worker_init)
 
 
 def _quiet_beat(app: Celery) -> None:

@@ -8,13 +8,16 @@
 -- KEYS[3]      epoch      string  the shard's claim counter: each claim token is its next value,
 --                                 and at least ARGV[1] * 1000 (see next_token)
 -- KEYS[2+2i]   ctx:<id>   hash of candidate i (i = 1..n)
--- KEYS[3+2i]   uinflight:<user>  zset  the in-flight contexts of candidate i's user -> lease expiry
+-- KEYS[3+2i]   uinflight:<user>  zset  the in-flight contexts of candidate i's user -> lease expiry,
+--                                 and the member `~defer` -> minus the user's deferral horizon
 --
 -- ARGV[1]    now_ms         current time, epoch milliseconds
--- ARGV[2]    lease_ms       how long a claim holds the context, milliseconds
+-- ARGV[2]    lease_ms       how long a claim holds the context, milliseconds; also how far past
+--                           now a capped user's deferral horizon may go
 -- ARGV[3]    max_inflight   stop claiming when `inflight` holds this many ids (count)
 -- ARGV[4]    user_cap       a user holding this many live leases gets no more claims (count)
--- ARGV[5]    defer_ms       a capped candidate's place in `due` moves to now + defer_ms (ms)
+-- ARGV[5]    defer_ms       a capped candidate's place in `due` moves to now + defer_ms at the
+--                           earliest (ms; one tick), see "Bulk skip" below
 -- ARGV[5+i]  context id of candidate i
 --
 -- Returns {status, deferred, id_1, token_1, version_1, id_2, ...} for every context claimed, where
@@ -22,13 +25,25 @@
 --            2  stopped early: `inflight` is full (backpressure)
 --   deferred    how many due candidates were left in `due` because their user was at user_cap
 -- A candidate whose hash vanished is removed from `due` (celery-redbeat's cleanup); one already in
--- flight is removed from `due` too (its complete reschedules it from deadline_ms).
+-- flight is removed from `due` too (its complete reschedules it from deadline_ms), and so is one
+-- parked for or out in a batch job (`batch_token` set) unless it is `urgent` (a flush).
+-- A claim sets `claimed_sync` ("1": urgent, or sent back by a failed batch) and clears `urgent`,
+-- `batch_fallback` and the batch fields.
 --
 -- Fairness: a capped candidate only moves back in `due`, so the next batch reaches other users'
 -- due keys instead of the same wall of one user's. Its hash keeps deadline_ms: that is its real
 -- deadline (an enqueue must not push an already-due key back), the zset score is just its turn.
 -- The per-user zset holds lease expiries, not a counter: a member whose lease passed is dropped
 -- here, so a lost complete can never starve a user for longer than one lease.
+--
+-- Bulk skip: a capped user's candidates are not all put back at the next tick (a backlog of
+-- 100,000 would then be re-deferred on every tick, all of it), but queued behind each other,
+-- 2 * user_cap per tick, from the user's deferral horizon: each tick then meets about that many
+-- of the user's keys, in the order they were deferred. The horizon is kept in the user's zset as
+-- the member `~defer` with a negative score (no context id has that name, and ZCOUNT of live
+-- leases never counts it); it never passes now + lease_ms (by then every run the user holds has
+-- ended or been reaped, so the backlog is looked at again), and it goes with the zset once the
+-- user holds no lease (includes/release_claim.lua).
 --
 -- Bulk calls go in chunks of at most CHUNK elements: Lua 5.1's unpack stops near 8000 values, and
 -- Redis does not roll back what a failing script already wrote. Writes are ordered so that a
@@ -54,7 +69,11 @@ local now = tonumber(ARGV[1])
 local lease_until = string.format('%d', now + tonumber(ARGV[2]))
 local cap = tonumber(ARGV[3])
 local user_cap = tonumber(ARGV[4])
-local defer_to = string.format('%d', now + tonumber(ARGV[5]))
+local defer_from = now + tonumber(ARGV[5])
+local defer_until = math.max(defer_from, now + tonumber(ARGV[2]))
+local defer_step = tonumber(ARGV[5]) / (2 * user_cap)
+local DEFER = '~defer'
+local horizon = {}  -- per-user key -> where its next capped candidate goes in `due`
 local out = {1, 0}
 local n = (#KEYS - 3) / 2
 if n == 0 then return out end
@@ -92,10 +111,15 @@ for i = 1, n do
   local deadline = tonumber(deadlines[i])
   if deadline and deadline <= now then
     -- `version` is set by every enqueue, so its absence means the hash vanished.
-    local fields = redis.call('HMGET', ctx, 'version')
+    local fields = redis.call('HMGET', ctx, 'version', 'batch_token', 'urgent', 'batch_fallback')
     if not fields[1] then
       drop[#drop + 1] = id
     elseif leases[i] then
+      drop[#drop + 1] = id
+    elseif fields[2] and not fields[3] then
+      -- Parked for, or out in, a batch job: like a run in flight, its settlement reschedules it
+      -- from deadline_ms. Urgent work (a flush) is claimed anyway: the new token fences the
+      -- batch's answer off, and this run extracts everything after the watermark.
       drop[#drop + 1] = id
     elseif count >= cap then
       out[1] = 2
@@ -108,8 +132,15 @@ for i = 1, n do
         user_held = redis.call('ZCOUNT', users, '(' .. ARGV[1], '+inf')
       end
       if user_held >= user_cap then
-        defer_args[#defer_args + 1] = defer_to
+        local at = horizon[users]
+        if not at then
+          local stored = redis.call('ZSCORE', users, DEFER)
+          at = stored and -tonumber(stored) or defer_from
+        end
+        at = math.min(math.max(at, defer_from), defer_until)
+        defer_args[#defer_args + 1] = string.format('%.3f', at)
         defer_args[#defer_args + 1] = id
+        horizon[users] = at + defer_step
       else
         drop[#drop + 1] = id
         lease_args[#lease_args + 1] = lease_until
@@ -122,11 +153,17 @@ for i = 1, n do
         -- fences saves with it (a run from an earlier claim can never match, nor outrank).
         local token = next_token()
         local version = fields[1]
+        -- claimed_sync: this run calls the model itself, never through the batch lane (a
+        -- flush or an over-size context, or a batch that failed it).
+        local sync = (fields[3] or fields[4]) and '1' or '0'
         redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
-          'claimed_at_ms', ARGV[1])
+          'claimed_at_ms', ARGV[1], 'claimed_sync', sync)
         -- The next enqueue starts a fresh debounce window: it must not inherit this run's past
-        -- deadline (which would make it due at once) nor its max-delay start.
-        redis.call('HDEL', ctx, 'pending_since_ms', 'deadline_ms')
+        -- deadline (which would make it due at once) nor its max-delay start. A batch the context
+        -- was parked for is superseded by this claim.
+        redis.call('HDEL', ctx, 'pending_since_ms', 'deadline_ms', 'urgent', 'batch_fallback',
+          'batch_token', 'batch_request', 'batch_watermark', 'batch_run', 'batch_id',
+          'batch_parked_ms')
         out[#out + 1] = id
         out[#out + 1] = token
         out[#out + 1] = version
@@ -138,5 +175,8 @@ end
 bulk('ZADD', inflight, lease_args, 2)
 bulk('ZREM', due, drop, 1)
 bulk('ZADD', due, defer_args, 2)
+for users, at in pairs(horizon) do
+  redis.call('ZADD', users, string.format('%.3f', -at), DEFER)
+end
 out[2] = #defer_args / 2
 return out

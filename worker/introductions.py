@@ -10,7 +10,8 @@ name, and what follows it.
 from __future__ import annotations
 
 import re
-from typing import Any
+
+from memq.memory.update import NewFact
 
 _EN_NAME = r"(?P<name>[A-Z][a-z'’-]+(?: [A-Z][a-z'’-]+)?)"
 # "I'm Carol, a nurse …", "I'm Carol from Lyon", "I'm Carol." (capitalised: a name, not a state)
@@ -105,11 +106,11 @@ _ZH_PLACE = re.compile(r"^(?:我)?(?:住在|来自|在)(?P<place>.+)$")
 _TRAILING = re.compile(r"[\s.,!;:。，！；：]+$")
 
 
-def _fact(content: str, confidence: float = 0.9) -> dict[str, Any]:
-    return {"content": content, "category": "context", "confidence": confidence}
+def _fact(content: str, confidence: float = 0.9) -> NewFact:
+    return NewFact(content=content, category="context", confidence=confidence)
 
 
-def _english(sentence: str) -> list[dict[str, Any]]:
+def _english(sentence: str) -> list[NewFact]:
     found = _EN_NAMED.search(sentence) or _EN_IM.search(sentence)
     if found is None:
         return []
@@ -127,7 +128,7 @@ def _english(sentence: str) -> list[dict[str, Any]]:
     return facts
 
 
-def _chinese(sentence: str) -> list[dict[str, Any]]:
+def _chinese(sentence: str) -> list[NewFact]:
     found = _ZH_CALLED.search(sentence)
     if found is None:
         found = _ZH_IS.search(sentence)
@@ -143,7 +144,7 @@ def _chinese(sentence: str) -> list[dict[str, Any]]:
     return facts
 
 
-def introduction_facts(sentence: str) -> list[dict[str, Any]]:
+def introduction_facts(sentence: str) -> list[NewFact]:
     """The facts of a self-introduction (name first), or [] when the sentence is not one."""
     sentence = _TRAILING.sub("", sentence)
     return _english(sentence) or _chinese(sentence)

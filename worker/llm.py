@@ -91,20 +91,25 @@ def retry_after_seconds(response: Any) -> float | None:
 
 
 def classify(exc: openai.OpenAIError) -> TransientLLMError | PermanentLLMError:
-    """Map an SDK error to ours; the message names the failure, never the request's credentials."""
+    """Map an SDK error to ours. The message holds the error's type and HTTP status only: the
+    server's text can echo the conversation (and pydantic's puts the input in its message), and
+    this message is stored as the dead letter's reason, which Flower and `memq dead list` show.
+    The server's text is logged at DEBUG for whoever debugs the endpoint."""
+    log.debug("LLM endpoint error %s: %s", type(exc).__name__, exc)
+    kind = type(exc).__name__
     if isinstance(exc, openai.APITimeoutError):
-        return TransientLLMError(f"LLM call timed out: {exc}")
+        return TransientLLMError(f"LLM call timed out ({kind})")
     if isinstance(exc, openai.APIConnectionError):
-        return TransientLLMError(f"LLM endpoint unreachable: {exc}")
+        return TransientLLMError(f"LLM endpoint unreachable ({kind})")
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
-        message = f"LLM endpoint answered {status}: {exc.message}"
+        message = f"LLM endpoint answered {status} ({kind})"
         if status in _TRANSIENT_STATUS or status >= 500:
             return TransientLLMError(message, retry_after_seconds=retry_after_seconds(exc.response))
         return PermanentLLMError(message)
     if isinstance(exc, openai.APIResponseValidationError):
-        return TransientLLMError(f"LLM endpoint sent an unreadable response: {exc}")
-    return PermanentLLMError(f"LLM call failed: {type(exc).__name__}: {exc}")
+        return TransientLLMError(f"LLM endpoint sent an unreadable response ({kind})")
+    return PermanentLLMError(f"LLM call failed ({kind})")
 
 
 def _rejects_json_mode(exc: openai.OpenAIError) -> bool:
@@ -132,6 +137,40 @@ def _fall_back(tier: str | None, allowed: bool, exc: openai.OpenAIError) -> bool
     """A flex call refused until its retries ran out moves to the default tier, when allowed."""
     refused = isinstance(exc, openai.APIStatusError) and exc.status_code == 429
     return allowed and tier == "flex" and refused
+
+
+def chat_request(
+    prompt: UpdatePrompt, *, model: str, temperature: float, json_mode: bool
+) -> dict[str, Any]:
+    """The body of one extraction's chat completion request: what a synchronous call sends and
+    what a batch job's request line carries."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": prompt.chat_messages(),
+        "temperature": temperature,
+    }
+    if json_mode:
+        body["response_format"] = {"type": "json_object"}
+    return body
+
+
+def answer_of(
+    response: Any, model: str, *, attempts: int = 1, tier: str | None = None
+) -> ModelAnswer:
+    """The answer text and usage of a chat completion (the SDK's object, synchronous or parsed
+    from a batch job's output line), cached prompt tokens and the serving tier included."""
+    choice = response.choices[0] if response.choices else None
+    usage = response.usage
+    details = getattr(usage, "prompt_tokens_details", None)
+    return ModelAnswer(
+        text=response_text(choice.message.content if choice is not None else None),
+        prompt_tokens=_count(getattr(usage, "prompt_tokens", 0)),
+        completion_tokens=_count(getattr(usage, "completion_tokens", 0)),
+        model=str(getattr(response, "model", None) or model),
+        attempts=attempts,
+        cached_tokens=_count(getattr(details, "cached_tokens", 0)),
+        service_tier=str(getattr(response, "service_tier", None) or tier or ""),
+    )
 
 
 class OpenAIUpdateModel:
@@ -173,19 +212,14 @@ class OpenAIUpdateModel:
         self._flex_fallback = settings.llm_flex_fallback
 
     def _call(self, prompt: UpdatePrompt, cache_key: str | None, tier: str | None) -> Any:
-        extra: dict[str, Any] = {}
-        if self._json_mode:
-            extra["response_format"] = {"type": "json_object"}
-        if cache_key and self._send_cache_key:
-            extra["prompt_cache_key"] = cache_key
-        if tier:
-            extra["service_tier"] = tier
-        raw = self._client.chat.completions.with_raw_response.create(
-            model=self._model,
-            messages=prompt.chat_messages(),  # type: ignore[arg-type]
-            temperature=self._temperature,
-            **extra,
+        body = chat_request(
+            prompt, model=self._model, temperature=self._temperature, json_mode=self._json_mode
         )
+        if cache_key and self._send_cache_key:
+            body["prompt_cache_key"] = cache_key
+        if tier:
+            body["service_tier"] = tier
+        raw = self._client.chat.completions.with_raw_response.create(**body)
         self._limits_seen(raw.status_code, raw.headers, None)
         return raw.parse()
 
@@ -250,18 +284,7 @@ class OpenAIUpdateModel:
                     error,
                 )
                 self._sleep(wait)
-        choice = response.choices[0] if response.choices else None
-        usage = response.usage
-        details = getattr(usage, "prompt_tokens_details", None)
-        return ModelAnswer(
-            text=response_text(choice.message.content if choice is not None else None),
-            prompt_tokens=_count(getattr(usage, "prompt_tokens", 0)),
-            completion_tokens=_count(getattr(usage, "completion_tokens", 0)),
-            model=str(response.model or self._model),
-            attempts=attempt,
-            cached_tokens=_count(getattr(details, "cached_tokens", 0)),
-            service_tier=str(getattr(response, "service_tier", None) or tier or ""),
-        )
+        return answer_of(response, self._model, attempts=attempt, tier=tier)
 
     def close(self) -> None:
         self._client.close()

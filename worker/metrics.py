@@ -39,6 +39,8 @@ BILLED_RUNS = "billed_runs"  # runs that called the model (the bill's "per extra
 TURNS_EXTRACTED = "turns_extracted"  # new messages sent for extraction (the bill's "turns")
 DEFERRED = "deferred:"  # + reason: rate_limit, budget (runs sent back to due, no attempt)
 STALE_RUNS = "stale_runs"  # runs whose answer was discarded: they had lost their claim
+FACTS_INVALID = "facts_invalid"  # new facts of saved answers dropped because they did not validate
+FACTS_REFUSED = "facts_refused"  # new facts refused: only assistant messages said them
 FORGETS = "forgets"
 LAST_TICK_MS = "last_tick_ms"
 TICK_CLAIMED = "tick_claimed"
@@ -46,6 +48,7 @@ TICK_RELEASED = "tick_released"  # claims handed back because the broker refused
 TICK_DEFERRED = "tick_deferred"  # due contexts moved on because their user was at its cap
 LEASES_EXPIRED = "leases_expired"  # put back in `due` by the reaper
 LEASES_DEAD = "leases_dead"  # expired past max_attempts: dead-lettered by the reaper
+CONTEXT_MESSAGES_CUT = "context_messages_cut"  # oldest messages cut to context_max_bytes
 
 # updated/unchanged: saved; skipped: nothing new since the last run; retry/dead: failed.
 EXTRACTION_OUTCOMES = ("updated", "unchanged", "skipped", "retry", "dead")
@@ -162,6 +165,8 @@ class MetricsSnapshot:
     billed_runs: int = 0
     turns_extracted: int = 0
     stale_runs: int = 0
+    facts_invalid: int = 0
+    facts_refused: int = 0
     forgets: int = 0
     last_tick_ms: int | None = None
     tick_claimed: int = 0
@@ -169,6 +174,7 @@ class MetricsSnapshot:
     tick_deferred: int = 0
     leases_expired: int = 0
     leases_dead: int = 0
+    context_messages_cut: int = 0
 
     @property
     def cost_usd(self) -> float:
@@ -229,6 +235,8 @@ def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
         billed_runs=values.get(BILLED_RUNS, 0),
         turns_extracted=values.get(TURNS_EXTRACTED, 0),
         stale_runs=values.get(STALE_RUNS, 0),
+        facts_invalid=values.get(FACTS_INVALID, 0),
+        facts_refused=values.get(FACTS_REFUSED, 0),
         forgets=values.get(FORGETS, 0),
         last_tick_ms=last_tick or None,
         tick_claimed=values.get(TICK_CLAIMED, 0),
@@ -236,6 +244,7 @@ def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
         tick_deferred=values.get(TICK_DEFERRED, 0),
         leases_expired=values.get(LEASES_EXPIRED, 0),
         leases_dead=values.get(LEASES_DEAD, 0),
+        context_messages_cut=values.get(CONTEXT_MESSAGES_CUT, 0),
     )
 
 

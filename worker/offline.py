@@ -2,7 +2,7 @@
 
 It reads only what the user said (English and Chinese): preferences and dislikes,
 self-introductions, identity and role, goals, decisions, and corrections ("use X instead of Y",
-"I'm not X, I'm Y"). It answers in the same JSON schema as a model, so everything after it —
+"I'm not X, I'm Y"). It answers with the same answer model as an LLM, so everything after it —
 parsing, apply, storage — is exercised unchanged. It never writes summaries and never removes
 facts: rules cannot tell a contradiction from a nuance. Questions and hypotheticals are skipped,
 since "do you like Rust?" says nothing about the user.
@@ -16,8 +16,8 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
+from memq.memory.update import NewFact, UpdateAnswer
 from prompts.tokens import TokenCounter
 from prompts.update_prompt import UpdatePrompt
 from worker.introductions import introduction_facts
@@ -336,9 +336,9 @@ def sentences(text: str) -> Iterator[str]:
             yield sentence
 
 
-def extract_facts(text: str) -> list[dict[str, Any]]:
-    """Facts in the answer schema for one user message; at most one rule per sentence."""
-    facts: list[dict[str, Any]] = []
+def extract_facts(text: str) -> list[NewFact]:
+    """The new facts of one user message; at most one rule per sentence."""
+    facts: list[NewFact] = []
     for sentence in sentences(text):
         introduced = introduction_facts(sentence)
         if introduced:
@@ -358,14 +358,16 @@ def extract_facts(text: str) -> list[dict[str, Any]]:
                 continue
             if rule.category == "correction" and not _is_instruction(sentence, match.start()):
                 continue
-            fact: dict[str, Any] = {
-                "content": rule.template.format(**groups),
-                "category": rule.category,
-                "confidence": rule.confidence,
-            }
-            if rule.source_error:
-                fact["sourceError"] = rule.source_error.format(**groups)
-            facts.append(fact)
+            error = rule.source_error.format(**groups) if rule.source_error else None
+            content = rule.template.format(**groups)
+            facts.append(
+                NewFact(
+                    content=content,
+                    category=rule.category,
+                    confidence=rule.confidence,
+                    source_error=error,
+                )
+            )
             break
     return facts
 
@@ -392,10 +394,7 @@ class RulesUpdateModel:
             if message.role == "user"
             for fact in extract_facts(message.content)
         ]
-        text = json.dumps(
-            {"user": {}, "history": {}, "newFacts": facts, "factsToRemove": []},
-            ensure_ascii=False,
-        )
+        text = json.dumps(UpdateAnswer(new_facts=tuple(facts)).to_wire(), ensure_ascii=False)
         count = self._count
         return ModelAnswer(
             text=text,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -28,14 +29,16 @@ from memq.memory.apply import apply_update
 from memq.memory.signals import signals_in
 from memq.memory.update import UpdateAnswer
 from prompts.answer import parse_update_response
+from prompts.conversation import message_text
 from prompts.tokens import TokenCounter, make_token_counter
-from prompts.update_prompt import UpdatePrompt, build_update_prompt
+from prompts.update_prompt import PROMPT_VERSION, UpdatePrompt, build_update_prompt
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import MemoryDocument, utc_now
+from storage.provenance import RunInfo, RunMessage
 from worker.cost import prompt_cache_key
 from worker.gates import Gate
-from worker.model import UpdateModel
-from worker.watermark import ChunkBudget, Selection, split_at_watermark
+from worker.model import ModelAnswer, UpdateModel
+from worker.watermark import ChunkBudget, Selection, message_identity, split_at_watermark
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,8 @@ class ExtractionReport:
     outcome: Outcome
     facts_added: int = 0
     facts_removed: int = 0
+    facts_invalid: int = 0  # new facts of the answer that did not validate (dropped)
+    facts_refused: int = 0  # new facts refused as not grounded in the user's words
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # of the prompt tokens, read from the provider's prompt cache
@@ -105,30 +110,16 @@ def prompt_for(
     )
 
 
-def propose_update(
-    selection: Selection,
-    memory: MemoryDocument,
-    settings: MemqSettings,
-    model: UpdateModel,
-    *,
-    now: datetime,
-    count_tokens: TokenCounter,
-    cache_key: str | None = None,
-    gate: Gate | None = None,
-) -> tuple[UpdatePrompt | None, UpdateAnswer | None, Usage]:
-    """Prompt → model → parsed answer; (None, None, empty usage) when there is nothing to send.
+@dataclass(frozen=True)
+class Prepared:
+    """A run ready for the model: the prompt, and the selection of messages it covers."""
 
-    ``gate`` is told the prompt's tokens before the call and may raise RunDeferred (the shared
-    rate limit). Raises TransientLLMError / PermanentLLMError from the model, ResponseParseError
-    from parsing.
-    """
-    prompt = prompt_for(selection, memory, settings, now=now, count_tokens=count_tokens)
-    if prompt is None:
-        return None, None, Usage()
-    if gate is not None:
-        gate(count_tokens(prompt.system) + count_tokens(prompt.user))
-    answer = model.propose(prompt, cache_key=cache_key)
-    usage = Usage(
+    prompt: UpdatePrompt
+    selection: Selection
+
+
+def usage_of(answer: ModelAnswer) -> Usage:
+    return Usage(
         answer.prompt_tokens,
         answer.completion_tokens,
         answer.model,
@@ -136,7 +127,6 @@ def propose_update(
         answer.cached_tokens,
         answer.service_tier,
     )
-    return prompt, parse_update_response(answer.text), usage
 
 
 class ExtractionPipeline:
@@ -174,6 +164,24 @@ class ExtractionPipeline:
         current: the report is then "stale", the answer discarded, its token usage still counted.
         """
         elapsed_ms = _stopwatch()
+        step = self.prepare(context, watermark=watermark, fence=fence)
+        if isinstance(step, ExtractionReport):
+            return step
+        report = self.finish(context, step, fence=fence, gate=gate)
+        return replace(report, duration_ms=elapsed_ms())
+
+    def prepare(
+        self,
+        context: ConversationContext,
+        *,
+        watermark: str | None = None,
+        fence: Fence | None = None,
+    ) -> Prepared | ExtractionReport:
+        """Everything before the model call: the messages after ``watermark`` and the prompt for
+        them from a snapshot of the memory; a report instead when there is nothing to send or
+        the claim is already gone. The batch lane sends the prompt later and hands the answer to
+        :meth:`apply_answer`, as :meth:`finish` does at once."""
+        elapsed_ms = _stopwatch()
         if not context.messages:
             return ExtractionReport("skipped", duration_ms=elapsed_ms(), reason="no messages")
         selection = self._select(context, watermark)
@@ -189,19 +197,14 @@ class ExtractionPipeline:
                 self._storage.fence_run(context.user_id, context.agent_name, fence)
             except StaleClaim as exc:
                 return ExtractionReport("stale", duration_ms=elapsed_ms(), reason=str(exc))
-        prompt, answer, usage = propose_update(
+        prompt = prompt_for(
             selection,
             self._storage.load(context.user_id, context.agent_name),
             self._settings,
-            self._model,
             now=self._clock(),
             count_tokens=self._count_tokens,
-            cache_key=prompt_cache_key(
-                self._settings.key_prefix, context.user_id, context.agent_name
-            ),
-            gate=gate,
         )
-        if prompt is None or answer is None:
+        if prompt is None:
             # The new part is blank: nothing to learn from it, and nothing to send again.
             return ExtractionReport(
                 "skipped",
@@ -210,12 +213,68 @@ class ExtractionPipeline:
                 watermark=selection.watermark,
                 more=selection.more,
             )
+        return Prepared(prompt, selection)
+
+    def run_info(self, context: ConversationContext, step: Prepared, model: str) -> RunInfo:
+        """What the sources of the facts a prepared run learns will say about it."""
+        return run_info(context, step.selection, step.prompt, Usage(model=model), self._clock())
+
+    def finish(
+        self,
+        context: ConversationContext,
+        step: Prepared,
+        *,
+        fence: Fence | None = None,
+        gate: Gate | None = None,
+    ) -> ExtractionReport:
+        """The model call for a prepared run, then its fenced apply. ``gate`` is told the
+        prompt's tokens before the call and may raise RunDeferred (a budget, the shared rate
+        limit): the memory is then untouched."""
+        prompt = step.prompt
+        if gate is not None:
+            gate(self._count_tokens(prompt.system) + self._count_tokens(prompt.user))
+        answer = self._model.propose(
+            prompt,
+            cache_key=prompt_cache_key(
+                self._settings.key_prefix, context.user_id, context.agent_name
+            ),
+        )
+        return self.apply_answer(
+            context,
+            answer,
+            self.run_info(context, step, answer.model),
+            watermark=step.selection.watermark,
+            more=step.selection.more,
+            fence=fence,
+            prompt=step.prompt,
+        )
+
+    def apply_answer(
+        self,
+        context: ConversationContext,
+        answer: ModelAnswer,
+        run: RunInfo,
+        *,
+        watermark: str | None,
+        more: bool = False,
+        fence: Fence | None = None,
+        prompt: UpdatePrompt | None = None,
+    ) -> ExtractionReport:
+        """Parse the model's answer and apply it to the *latest* document, its facts' sources
+        from ``run``, fenced by ``fence`` with ``watermark`` (what the prompt covered) saved
+        beside it. Raises ResponseParseError; a fence that refuses the save makes the report
+        "stale" (nothing written)."""
+        elapsed_ms = _stopwatch()
+        usage = usage_of(answer)
+        parsed = parse_update_response(answer.text)
+        refused: list[int] = [0]
         try:
-            saving = None if fence is None else replace(fence, watermark=selection.watermark)
-            changes = [] if answer.is_noop() else self._apply(context, answer, saving)
+            saving = None if fence is None else replace(fence, watermark=watermark)
+            changes = [] if parsed.is_noop() else self._apply(context, parsed, run, saving, refused)
         except StaleClaim as exc:
             return _stale_report(usage, elapsed_ms(), str(exc))
-        report = _saved_report(changes, usage, prompt, selection, elapsed_ms())
+        report = _saved_report(changes, usage, prompt, watermark, more, elapsed_ms())
+        report = replace(report, facts_invalid=parsed.dropped_facts, facts_refused=refused[0])
         _log_extracted(context, report)
         return report
 
@@ -240,7 +299,12 @@ class ExtractionPipeline:
         return selection
 
     def _apply(
-        self, context: ConversationContext, answer: UpdateAnswer, fence: Fence | None
+        self,
+        context: ConversationContext,
+        answer: UpdateAnswer,
+        run: RunInfo,
+        fence: Fence | None,
+        refused: list[int],
     ) -> list[Change]:
         latest_changes: list[Change] = []
 
@@ -252,12 +316,41 @@ class ExtractionPipeline:
                 settings=self._settings,
                 now=self._clock(),
                 thread_id=context.thread_id,
+                run=run,
             )
             latest_changes[:] = result.changes
+            refused[0] = result.refused
             return UpdateResult(result.document, result.changes)
 
         self._storage.update(context.user_id, context.agent_name, fn, fence=fence)
         return latest_changes
+
+
+def run_info(
+    context: ConversationContext,
+    selection: Selection,
+    prompt: UpdatePrompt,
+    usage: Usage,
+    now: datetime,
+) -> RunInfo:
+    """What the sources of the facts this run learns say about it: the labelled new messages
+    (by their watermark identity — a digest, never text), the run id, the model and the prompt
+    version. The prompt sends the newest of the new messages that have text, each maybe cut: the
+    identity is the uncut message's, the one the watermark knows it by."""
+    sent = [m for m in selection.new if message_text(m)][-len(prompt.conversation) :]
+    messages = tuple(
+        RunMessage(label, message_identity(m), m.role)
+        for m, label in zip(sent, prompt.labels, strict=True)
+    )
+    return RunInfo(
+        thread_id=context.thread_id,
+        run_id=uuid.uuid4().hex[:12],
+        at=now,
+        messages=messages,
+        model=usage.model or None,
+        prompt_version=PROMPT_VERSION,
+        user_confirmed=prompt.reinforcement,
+    )
 
 
 def _stopwatch() -> Callable[[], int]:
@@ -283,15 +376,16 @@ def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionRepo
 def _saved_report(
     changes: list[Change],
     usage: Usage,
-    prompt: UpdatePrompt,
-    selection: Selection,
+    prompt: UpdatePrompt | None,
+    watermark: str | None,
+    more: bool,
     duration_ms: int,
 ) -> ExtractionReport:
     """The report of a run whose answer was applied (or was a no-op)."""
     return ExtractionReport(
         outcome="updated" if changes else "unchanged",
         facts_added=_count(changes, "add", "merge"),
-        facts_removed=_count(changes, "remove", "stale", "evict"),
+        facts_removed=_count(changes, "remove", "supersede", "stale", "evict"),
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
         cached_tokens=usage.cached_tokens,
@@ -299,11 +393,11 @@ def _saved_report(
         duration_ms=duration_ms,
         changes=changes,
         model=usage.model,
-        messages_sent=len(prompt.conversation),
-        messages_dropped=prompt.messages_dropped,
-        earlier_shown=prompt.earlier_shown,
-        watermark=selection.watermark,
-        more=selection.more,
+        messages_sent=len(prompt.conversation) if prompt is not None else 0,
+        messages_dropped=prompt.messages_dropped if prompt is not None else 0,
+        earlier_shown=prompt.earlier_shown if prompt is not None else 0,
+        watermark=watermark,
+        more=more,
     )
 
 

@@ -7,6 +7,7 @@ ARGV and return codes), assembled with its shared fragments (``includes/``) by
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -21,8 +22,11 @@ from memq.core.errors import InvalidIdentifier
 from memq.core.identity import user_id_of
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.settings import MemqSettings
+from worker.metrics import CONTEXT_MESSAGES_CUT
 from worker.scripts import assemble
 from worker.shard_reads import due_members
+
+log = logging.getLogger("memq.queue")
 
 _SCRIPTS = (
     "claim_due",
@@ -116,7 +120,9 @@ class QueueClient:
         now = now_ms() if now is None else now
         limit = limit or settings.claim_batch
         cap = math.ceil(settings.max_inflight / settings.shards)
-        user_cap = math.ceil(settings.max_inflight_per_user / settings.shards)
+        # Not divided by the shard count: one (user, agent) always lives in one shard, so a
+        # share of the cap per shard would leave each (user, agent) a fraction of it.
+        user_cap = settings.max_inflight_per_user
         defer_ms = max(1, int(settings.tick_seconds * 1000))
         claims: list[Claim] = []
         examined = deferred = 0
@@ -131,7 +137,7 @@ class QueueClient:
                 continue
             keys = [shard.due, shard.inflight, shard.epoch]
             for context_id in ids:
-                keys += (shard.context(context_id), self._user_inflight(shard, context_id))
+                keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
             raw = self._scripts["claim_due"](
                 keys=keys, args=[now, settings.lease_ms, cap, user_cap, defer_ms, *ids]
             )
@@ -163,7 +169,7 @@ class QueueClient:
                 batch = ids[start : start + _SCRIPT_BATCH]
                 keys = [shard.inflight, shard.due, shard.dead]
                 for context_id in batch:
-                    keys += (shard.context(context_id), self._user_inflight(shard, context_id))
+                    keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
                 raw = self._scripts["reap_expired"](
                     keys=keys,
                     args=[
@@ -182,7 +188,7 @@ class QueueClient:
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["release"](
-            keys=[q.context(context_id), q.inflight, q.due, self._user_inflight(q, context_id)],
+            keys=[q.context(context_id), q.inflight, q.due, self.user_inflight_key(q, context_id)],
             args=[context_id, token, now],
         )
         return int(raw) == 1
@@ -195,7 +201,7 @@ class QueueClient:
         False when the claim is no longer ours."""
         q = self._q(context_id)
         raw = self._scripts["defer"](
-            keys=[q.context(context_id), q.inflight, q.due, self._user_inflight(q, context_id)],
+            keys=[q.context(context_id), q.inflight, q.due, self.user_inflight_key(q, context_id)],
             args=[context_id, token, max(0, int(run_at_ms)), "" if slot_ms is None else slot_ms],
         )
         return int(raw) == 1
@@ -212,7 +218,7 @@ class QueueClient:
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["renew"](
-            keys=[q.context(context_id), q.inflight, self._user_inflight(q, context_id)],
+            keys=[q.context(context_id), q.inflight, self.user_inflight_key(q, context_id)],
             args=[context_id, token, now + self.settings.lease_ms],
         )
         return int(raw) == 1
@@ -225,7 +231,30 @@ class QueueClient:
         pipe.get(q.watermark(context_id))
         raw, watermark = pipe.execute()
         data = {_text(k): _text(v) for k, v in raw.items()}
+        if data.get("cut_messages"):
+            self._report_cut(q, context_id)
         return data, (_text(watermark) if watermark is not None else None)
+
+    def _report_cut(self, q: QueueKeys, context_id: str) -> None:
+        """enqueue.lua cut the oldest messages to stay within context_max_bytes: take its counts
+        off the hash (atomically, so a cut made meanwhile is kept for the next run, and a retry
+        of this run reports nothing again), add them to the metrics and say so in the run's log
+        (the counts only, never the text)."""
+        ctx = q.context(context_id)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hmget(ctx, ["cut_messages", "cut_bytes"])
+        pipe.hdel(ctx, "cut_messages", "cut_bytes")
+        (messages, cut_bytes), _ = pipe.execute()
+        if not messages:
+            return
+        self.add_metrics(**{CONTEXT_MESSAGES_CUT: int(messages)})
+        log.warning(
+            "context %s: %s messages (%s bytes) were cut before extraction to stay within "
+            "context_max_bytes",
+            context_id,
+            _text(messages),
+            _text(cut_bytes) if cut_bytes is not None else "?",
+        )
 
     def complete(
         self,
@@ -247,7 +276,7 @@ class QueueClient:
                 q.inflight,
                 q.due,
                 q.watermark(context_id),
-                self._user_inflight(q, context_id),
+                self.user_inflight_key(q, context_id),
             ],
             args=[
                 context_id,
@@ -283,7 +312,7 @@ class QueueClient:
                 q.inflight,
                 q.due,
                 q.dead,
-                self._user_inflight(q, context_id),
+                self.user_inflight_key(q, context_id),
             ],
             args=[
                 context_id,
@@ -390,7 +419,7 @@ class QueueClient:
         return self.keys.for_context(context_id)
 
     @staticmethod
-    def _user_inflight(q: QueueKeys, context_id: str) -> str:
+    def user_inflight_key(q: QueueKeys, context_id: str) -> str:
         """The per-user lease set of a context's user, in the context's own shard."""
         try:
             user_id = user_id_of(context_id)

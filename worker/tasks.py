@@ -8,12 +8,14 @@ import logging
 import os
 import random
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memq.core.connection import RedisClient, redis_client
 from memq.core.errors import (
+    LLMError,
     MemqError,
     PermanentLLMError,
     ResponseParseError,
@@ -31,6 +33,8 @@ from worker.metrics import deferral_counters, usage_counters
 from worker.queue import FailResult, QueueClient, now_ms
 
 if TYPE_CHECKING:
+    from worker.batch import BatchLane
+    from worker.batch_queue import BatchQueue
     from worker.pipeline import ExtractionPipeline, ExtractionReport
 
 log = logging.getLogger("memq.extract")
@@ -61,6 +65,8 @@ class WorkerRuntime:
         self._pipeline: ExtractionPipeline | None = None
         self._gates: RunGates | None = None
         self.prices = PriceTable.from_settings(settings)
+        self._batches: BatchQueue | None = None
+        self._lane: BatchLane | None = None
 
     @property
     def client(self) -> RedisClient:
@@ -87,6 +93,34 @@ class WorkerRuntime:
                 self._gates = RunGates(self.settings, self._base_locked()[0])
             return self._gates
 
+    @property
+    def batches(self) -> BatchQueue:
+        """The batch lane's queue operations (its scripts registered once per process)."""
+        from worker.batch_queue import BatchQueue
+
+        with self._lock:
+            self._check_fork()
+            if self._batches is None:
+                self._batches = BatchQueue(self.settings, self._base_locked()[0])
+            return self._batches
+
+    def batch_lane(self) -> BatchLane:
+        """The gatherer and poller of batch jobs (the ``memq.batch`` task)."""
+        from worker.batch import BatchLane
+        from worker.batch_api import OpenAIBatchEndpoint
+
+        pipeline, batches = self.pipeline, self.batches
+        with self._lock:
+            if self._lane is None:
+                self._lane = BatchLane(
+                    self.settings,
+                    self._base_locked()[1],
+                    batches,
+                    pipeline,
+                    OpenAIBatchEndpoint(self.settings),
+                )
+            return self._lane
+
     def _base(self) -> tuple[RedisClient, QueueClient]:
         with self._lock:
             self._check_fork()
@@ -104,6 +138,7 @@ class WorkerRuntime:
     def _check_fork(self) -> None:
         if self._pid is not None and self._pid != os.getpid():
             self._redis = self._queue = self._pipeline = self._gates = None
+            self._batches = self._lane = None
             self._pid = None
 
 
@@ -228,13 +263,22 @@ def extract(
         context = ConversationContext.from_hash(data)
     except MemqError as exc:  # a context that does not decode never will: dead at once
         return _failed(run, exc, None)
+    may_batch = runtime.settings.llm_batch_active and data.get("claimed_sync") != "1"
     try:
-        report = _run_pipeline(runtime, run, context, watermark, _slot(data))
+        report = _run_pipeline(runtime, run, context, watermark, _slot(data), may_batch=may_batch)
     except RunDeferred as exc:
         return _deferred(run, exc)
     except Exception as exc:
         delay = retry_delay_ms(exc, attempts, runtime.settings)
         return _failed(run, exc, None if delay is None else clock() + delay)
+    if report is None:
+        log.info(
+            "extraction key=%s version=%d outcome=batched (waits for a batch job)",
+            run.context_id,
+            run.version,
+            extra=run.log_extra("batched"),
+        )
+        return {"outcome": "batched", "queue": "batched"}
     budget = runtime.gates.budget
     if budget is not None:
         budget.spend(context.user_id, report.prompt_tokens + report.completion_tokens)
@@ -276,10 +320,15 @@ def _run_pipeline(
     run: _Run,
     context: ConversationContext,
     watermark: str | None,
-    slot_ms: int | None,
-) -> ExtractionReport:
-    """The pipeline, with the lease renewed in the background while it runs."""
+    slot_ms: int | None = None,
+    *,
+    may_batch: bool = False,
+) -> ExtractionReport | None:
+    """The pipeline, with the lease renewed in the background while it runs. With ``may_batch``
+    a run that fits one prompt is parked for the batch lane instead (None); a synchronous run
+    asks the budgets and the shared rate limit first (``slot_ms``: a slot reserved for it)."""
     settings = runtime.settings
+    fence = Fence(run.context_id, run.token)
     with LeaseKeeper(
         run.queue,
         run.context_id,
@@ -288,12 +337,20 @@ def _run_pipeline(
         renew_until_ms=run.started + int(settings.run_hard_limit_seconds * 1000),
         clock=run.clock,
     ):
-        return runtime.pipeline.run(
-            context,
-            watermark=watermark,
-            fence=Fence(run.context_id, run.token),
-            gate=runtime.gates.gate_for(context.user_id, slot_ms),
-        )
+        gate = runtime.gates.gate_for(context.user_id, slot_ms)
+        if not may_batch:
+            return runtime.pipeline.run(context, watermark=watermark, fence=fence, gate=gate)
+        from worker.batch import park
+        from worker.pipeline import ExtractionReport
+
+        step = runtime.pipeline.prepare(context, watermark=watermark, fence=fence)
+        if isinstance(step, ExtractionReport):
+            return step
+        if step.selection.more:  # over one prompt's budget: chunks go synchronously
+            return runtime.pipeline.finish(context, step, fence=fence, gate=gate)
+        if park(settings, runtime.batches, runtime.pipeline, context, run.token, step, run.clock()):
+            return None
+        return ExtractionReport("stale", reason="claim gone before the run was parked")
 
 
 def _completed(run: _Run, context: ConversationContext, report: ExtractionReport) -> dict[str, Any]:
@@ -304,15 +361,23 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
         run.context_id, run.token, run.clock(), watermark=report.watermark, more=report.more
     )
     duration = run.clock() - run.started
-    run.queue.add_metrics(extractions=1, **run.usage(report, report.messages_sent))
+    run.queue.add_metrics(
+        extractions=1,
+        facts_invalid=report.facts_invalid,
+        facts_refused=report.facts_refused,
+        **run.usage(report, report.messages_sent),
+    )
     log.info(
         "extraction key=%s version=%d outcome=%s facts_added=%d facts_removed=%d "
-        "prompt_tokens=%d cached_tokens=%d completion_tokens=%d duration_ms=%d queue=%s",
+        "facts_invalid=%d facts_refused=%d prompt_tokens=%d cached_tokens=%d "
+        "completion_tokens=%d duration_ms=%d queue=%s",
         run.context_id,
         run.version,
         report.outcome,
         report.facts_added,
         report.facts_removed,
+        report.facts_invalid,
+        report.facts_refused,
         report.prompt_tokens,
         report.cached_tokens,
         report.completion_tokens,
@@ -370,18 +435,46 @@ def _deferred(run: _Run, exc: RunDeferred) -> dict[str, Any]:
 
 def _failed(run: _Run, exc: BaseException, retry_at_ms: int | None) -> dict[str, Any]:
     """Settle a failed run: retry at ``retry_at_ms`` or, when None, dead at once."""
-    reason = f"{type(exc).__name__}: {exc}" if isinstance(exc, MemqError) else repr(exc)
-    reason = reason[:500]
+    reason = public_reason(exc)
     settled = run.queue.fail(run.context_id, run.token, reason, retry_at_ms, run.clock())
     if settled is not FailResult.STALE:
         run.queue.add_metrics(failures=1, dead=int(settled is FailResult.DEAD))
     log.warning(
-        "extraction key=%s version=%d outcome=%s error=%s duration_ms=%d",
+        "extraction key=%s version=%d outcome=%s error=%s duration_ms=%d%s",
         run.context_id,
         run.version,
         settled.name.lower(),
-        type(exc).__name__,
+        reason,
         run.clock() - run.started,
+        "" if isinstance(exc, MemqError) else "\n" + content_free_traceback(exc),
         extra=run.log_extra("failed"),
     )
+    log.debug("extraction key=%s failed", run.context_id, exc_info=exc)
     return {"outcome": "failed", "queue": settled.name.lower(), "error": type(exc).__name__}
+
+
+def public_reason(exc: BaseException) -> str:
+    """What a failure is stored and shown as (dead letters, Flower): the error's type, and for
+    the LLM errors, which memq words from the type, HTTP status and answer shape alone, their
+    message. Never any other exception's text, which can quote the conversation (an endpoint's
+    error body, pydantic's input in its message)."""
+    if isinstance(exc, LLMError):
+        return f"{type(exc).__name__}: {exc}"[:500]
+    return type(exc).__name__
+
+
+def content_free_traceback(exc: BaseException) -> str:
+    """The traceback of an unexpected failure with each exception's message left out: where it
+    broke is the operator's to see, the text it broke on may be the user's."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+    parts = []
+    for error in reversed(chain):
+        frames = "".join(traceback.format_tb(error.__traceback__))
+        parts.append(f"{frames}{type(error).__module__}.{type(error).__qualname__}: (hidden)")
+    return "\n-- then --\n".join(parts)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from worker.batch_queue import BatchQueue
 from worker.metrics import MetricsRecorder
 from worker.queue import Claim, QueueClient, now_ms
 
@@ -120,3 +121,17 @@ def _release(queue: QueueClient, claim: Claim, now: int) -> None:
         queue.release(claim.context_id, claim.token, now)
     except Exception as exc:  # the lease reaper brings it back later
         log.warning("release failed key=%s error=%s", claim.context_id, type(exc).__name__)
+
+
+def dispatch_batch_work(batches: BatchQueue, dispatch: Callable[[], None], now: int) -> bool:
+    """Send the batch lane's task when some shard has parked runs, a job whose poll is due, or a
+    context out past its job's window; one pipelined read otherwise. The task itself gathers and
+    polls (HTTP to the provider), so the tick never waits on it."""
+    try:
+        if not batches.has_work(now):
+            return False
+        dispatch()
+    except Exception as exc:  # the next tick tries again
+        log.warning("batch task not sent: %s", type(exc).__name__)
+        return False
+    return True

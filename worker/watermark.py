@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,15 +23,29 @@ from prompts.tokens import TokenCounter
 WATERMARK_DEPTH = 8
 
 
+def _digest(raw: str) -> str:
+    return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
 def message_identity(message: Message) -> str:
-    """What marks a message across enqueues: its id, else a fingerprint of role and content.
+    """What marks a message across enqueues: a digest of its id, else a fingerprint of role and
+    content — 19 characters either way, so the watermark (kept for days) never holds a user's
+    ids or text, whatever their length.
 
     Never a list index: summarisation drops the front of the list and every index moves.
     """
     if message.id:
-        return message.id
-    raw = f"{message.role}\0{message.content.strip()}".encode()
-    return "fp:" + hashlib.blake2b(raw, digest_size=8).hexdigest()
+        return "id:" + _digest(message.id)
+    return "fp:" + _digest(f"{message.role}\0{message.content.strip()}")
+
+
+_DIGEST = re.compile(r"(?:id|fp):[0-9a-f]{16}")
+
+
+def _remembered(entry: str) -> str:
+    """A stored identity; a raw id (what watermarks held before the digests) read as its digest,
+    so a thread extracted before the upgrade keeps its boundary."""
+    return entry if _DIGEST.fullmatch(entry) else "id:" + _digest(entry)
 
 
 def encode_watermark(identities: Sequence[str]) -> str | None:
@@ -50,7 +65,7 @@ def decode_watermark(raw: str | None) -> tuple[str, ...]:
     except ValueError:
         return ()
     if isinstance(data, list) and all(isinstance(item, str) for item in data):
-        return tuple(data)
+        return tuple(_remembered(item) for item in data)
     return ()
 
 

@@ -8,7 +8,6 @@ leave two distinct facts instead of one deduplicated one.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import threading
@@ -17,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.soak.oracle import MARKER
-from memq.testing.openai_server import Reply
+from memq.memory.update import NewFact, UpdateAnswer
+from memq.testing.openai_server import Reply, update_text
 
 _CONVERSATION = re.compile(r"<conversation>\n([\s\S]*?)\n</conversation>")
 
@@ -35,17 +35,11 @@ def fact_text(marker: str, call: int) -> str:
 
 
 def answer_for(markers: list[str], call: int) -> str:
-    return json.dumps(
-        {
-            "user": {},
-            "history": {},
-            "newFacts": [
-                {"content": fact_text(marker, call), "category": "context", "confidence": 0.95}
-                for marker in markers
-            ],
-            "factsToRemove": [],
-        }
+    facts = tuple(
+        NewFact(content=fact_text(marker, call), category="context", confidence=0.95)
+        for marker in markers
     )
+    return update_text(UpdateAnswer(new_facts=facts))
 
 
 @dataclass

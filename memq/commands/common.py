@@ -15,6 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 import regex
 
 from memq.core.errors import MemqError
+from memq.core.identity import ANONYMOUS_USER_ID, describe_user
 from memq.core.settings import MemqSettings, load_settings
 
 if TYPE_CHECKING:
@@ -180,3 +181,56 @@ def _pad(text: str, width: int) -> str:
 
 def agent_label(agent_name: str | None) -> str:
     return agent_name or "(global)"
+
+
+# The anonymous user (an agent that passes no user id) has no id to type: ``default`` is the user
+# literally named so. Every command that takes a user takes ``--anonymous`` instead of it.
+ANONYMOUS_HELP = 'the anonymous user (no user id; DeerFlow\'s "default"), instead of USER'
+
+
+def add_user_argument(
+    parser: argparse.ArgumentParser,
+    *,
+    option: bool = False,
+    optional: bool = False,
+    then: str | None = None,
+) -> None:
+    """The user a command acts on: ``USER`` (``--user USER`` with ``option``) or ``--anonymous``;
+    :func:`resolve_user` checks that exactly one was given (none is fine with ``optional``).
+    ``then`` names an optional positional that follows USER (``import USER FILE``): with
+    ``--anonymous`` the one word given is that, not a user."""
+    if option:
+        parser.add_argument("--user", default=None, help="user id (or --anonymous)")
+    else:
+        parser.add_argument("user", nargs="?", default=None, help="user id (or --anonymous)")
+    parser.add_argument("--anonymous", action="store_true", help=ANONYMOUS_HELP)
+    parser.set_defaults(user_optional=optional, user_then=then)
+
+
+def resolve_user(args: argparse.Namespace) -> None:
+    """Put the anonymous user's id in ``args.user`` for ``--anonymous`` (run once for every
+    command, before it runs); a user and ``--anonymous`` together, or neither, is one line."""
+    if not hasattr(args, "anonymous"):
+        return
+    if args.anonymous:
+        then = args.user_then
+        if then is not None and args.user is not None and getattr(args, then) is None:
+            setattr(args, then, args.user)  # argparse fills USER first
+            args.user = None
+        if args.user is not None:
+            raise CommandError("give a user id or --anonymous, not both")
+        args.user = ANONYMOUS_USER_ID
+    elif args.user is None and not args.user_optional:
+        raise CommandError("this command needs a user id (or --anonymous for the anonymous user)")
+
+
+def user_label(user_id: str, *, quoted: bool = False) -> str:
+    """A user as the CLI names it: ``(anonymous)``, or the id (``quoted``: in quotes), escaped."""
+    if user_id == ANONYMOUS_USER_ID:
+        return describe_user(user_id)
+    return shown(repr(user_id) if quoted else user_id)
+
+
+def user_json(user_id: str) -> str | None:
+    """A user in JSON output: the anonymous user is ``null``, as agents pass it."""
+    return None if user_id == ANONYMOUS_USER_ID else user_id

@@ -31,7 +31,8 @@ DESCRIPTIONS: dict[str, str] = {
     "broker_master_name": "master name of a `sentinel://` broker",
     "key_prefix": "prefix of every Redis key (one prefix per memq deployment)",
     "shards": (
-        "queue shards, each one hash tag (on a cluster 64-256, spread evenly over the masters)"
+        "queue shards, each one hash tag (on a cluster 64-256, spread evenly over the masters; "
+        "a cluster URL without it is refused)"
     ),
     "redis_max_connections": "connection pool size per process",
     "debounce_seconds": "quiet time after the last enqueue before a context is extracted",
@@ -57,10 +58,18 @@ DESCRIPTIONS: dict[str, str] = {
         "Redis timeout of the memory read before each agent turn (then skipped for a back-off)"
     ),
     "spool_max_contexts": "contexts a producer keeps for a later retry while Redis is unreachable",
-    "producer_max_chars": "size cap, in characters, of the conversation sent by one enqueue",
+    "producer_max_chars": (
+        "size cap of one enqueue, in characters of the JSON sent (ids and escapes count); a "
+        "message over half of it keeps its tail"
+    ),
+    "producer_max_messages": "at most this many (the newest) messages per enqueue",
     "pending_max_bytes": (
         "a context whose accumulated, not yet extracted messages exceed this (JSON bytes) is due "
         "at once instead of debounced"
+    ),
+    "context_max_bytes": (
+        "hard cap of one context's stored messages (JSON bytes), checked before enqueue.lua "
+        "decodes: the oldest are cut and counted (`cut_messages` on the context)"
     ),
     "llm_provider": "`auto` (a model if an endpoint or key is set, else rules), `openai`, `rules`",
     "llm_base_url": "OpenAI-compatible endpoint (`…/v1`)",
@@ -116,6 +125,16 @@ DESCRIPTIONS: dict[str, str] = {
     "llm_rate_limit_burst_seconds": (
         "the limit is enforced over this period (providers quantize: 60 RPM as 1 per second)"
     ),
+    "llm_batch_enabled": (
+        "batch lane: due contexts that were not flushed go out in OpenAI Batch API jobs "
+        "(batch prices, results within the completion window); flushes stay synchronous"
+    ),
+    "llm_batch_completion_window": "completion window of each batch job (OpenAI accepts `24h`)",
+    "llm_batch_max_requests": "requests (contexts) gathered into one batch job at most",
+    "llm_batch_gather_seconds": (
+        "longest a context waits to be gathered into a batch job (sooner when one is full)"
+    ),
+    "llm_batch_poll_seconds": "how often the ticker asks for the status of a batch job out",
     "max_facts": "fact cap per memory document",
     "fact_max_chars": "longest fact (content or mistake): cut at extraction and import, "
     "refused by hand",
@@ -124,6 +143,12 @@ DESCRIPTIONS: dict[str, str] = {
     "message_max_chars": "each message is cut to this length in the prompt",
     "context_messages": "already-extracted messages repeated as context before the new ones",
     "watermark_ttl_days": "how long a thread's extraction watermark is kept after its last run",
+    "fact_max_sources": "sources kept per fact (the newest; each is one time it was learnt)",
+    "superseded_max_facts": "contradicted and stale facts kept per document (the newest)",
+    "grounding_requires_user": (
+        "refuse a fact whose only sources are assistant messages unless the user confirmed it "
+        "in the same run"
+    ),
     "staleness_review_enabled": "ask the model to review old facts",
     "staleness_age_days": "age at which a fact becomes a staleness candidate",
     "staleness_min_candidates": "candidates needed before the review runs",
@@ -151,6 +176,10 @@ DESCRIPTIONS: dict[str, str] = {
         "data folder of `memq up` (the private Redis and its AOF); a relative path is made "
         "absolute at load"
     ),
+    "redis_maxmemory_mb": (
+        "`maxmemory` of the private Redis, in MiB (writes refused past it, never evicted); "
+        "unset → a quarter of the RAM"
+    ),
     "redis_appendfsync": (
         "AOF fsync of the private Redis: `everysec` (may lose the last second on a crash of the "
         "host) or `always` (fsync per write, slower)"
@@ -162,6 +191,23 @@ DESCRIPTIONS: dict[str, str] = {
     "worker_concurrency": "concurrency of each Celery worker",
     "exporter_address": "address `memq exporter` (Prometheus metrics) binds to",
     "exporter_port": "port of `memq exporter`",
+    "serve_host": "bind address of `memq serve`; a non-loopback one needs API keys",
+    "serve_port": "port of `memq serve` (HTTP API and MCP at `/mcp`)",
+    "serve_api_keys_file": (
+        "JSON file of `memq serve`'s API keys (SHA-256 digests, scopes, user-id prefixes); "
+        "`memq api-key new` writes it"
+    ),
+    "serve_api_keys": "the same JSON in the environment (a secret: never printed)",
+    "serve_max_body_bytes": "request bodies above this get 413 before they are read whole",
+    "serve_forwarded_allow_ips": (
+        "proxies whose `X-Forwarded-For`/`-Proto` `memq serve` trusts (comma-separated, `*`: any)"
+    ),
+    "serve_root_path": "the path prefix a reverse proxy serves memq under (e.g. `/memq`)",
+    "serve_session_secret": (
+        "signs the inspector's (`/ui`) session cookies; unset → random per process (set it when "
+        "several `memq serve` processes share one address)"
+    ),
+    "serve_session_max_age_seconds": "an inspector login lasts this long",
 }
 
 README_BEGIN = "<!-- settings-table:begin (generated by `memq config --markdown`) -->"

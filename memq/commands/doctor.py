@@ -57,6 +57,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     checks += _guard("storage", lambda: check_storage(settings))
     if redis_ok:
         checks += _guard("ticker", lambda: check_ticker(context.redis, settings))
+        checks += _guard("workers' storage", lambda: check_workers_storage(context.redis, settings))
     if args.json:
         print(json.dumps([c.__dict__ for c in checks], indent=2))
     else:
@@ -295,6 +296,27 @@ def check_storage(settings: MemqSettings) -> list[Check]:
             f"file storage in {settings.storage_dir}: only processes on this host that use this "
             "folder see the memory; workers on other hosts write documents agents here never read",
             "unset MEMQ_STORAGE (Redis storage, the default) unless every worker runs on this host",
+        )
+    ]
+
+
+def check_workers_storage(client: RedisClient, settings: MemqSettings) -> list[Check]:
+    """Whether this configuration reads memory where the workers (as they published at their
+    start) write it."""
+    from storage.location import location_of, mismatch, published
+
+    workers = published(client, settings)
+    if workers is None:
+        return [Check("warn", "workers' storage", "no worker of this key prefix has started yet")]
+    line = mismatch(location_of(settings), workers)
+    if line is None:
+        return [Check("ok", "workers' storage", f"workers store in {workers.describe()}, as here")]
+    return [
+        Check(
+            "fail",
+            "workers' storage",
+            line.removeprefix("memq: "),
+            "set MEMQ_STORAGE / MEMQ_STORAGE_DIR here to the workers' values (or theirs to these)",
         )
     ]
 

@@ -15,11 +15,14 @@ from typing import TYPE_CHECKING
 from memq.commands.common import (
     CommandContext,
     CommandError,
+    add_user_argument,
     agent_label,
     format_table,
     print_json,
     read_json_file,
     shown,
+    user_json,
+    user_label,
 )
 from memq.core.identity import validate_agent_name, validate_user_id
 from storage.document import CATEGORIES
@@ -44,7 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "user has a memory for, user-global memory included."
         ),
     )
-    show.add_argument("user", help="user id")
+    add_user_argument(show)
     show.add_argument(
         "--agent",
         default=None,
@@ -97,7 +100,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="replace a user's memory with a memq or DeerFlow JSON file, or migrate a whole "
         "DeerFlow memory folder (--deerflow DIR)",
     )
-    load.add_argument("user", nargs="?")
+    add_user_argument(load, optional=True, then="file")
     load.add_argument("file", nargs="?")
     load.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
     load.add_argument(
@@ -114,13 +117,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="erase everything held about a user: memory of every agent with its history, "
         "pending, in-flight and dead conversations, watermarks",
     )
-    forget.add_argument("user")
+    add_user_argument(forget)
+    forget.add_argument(
+        "--agent",
+        default=None,
+        help="only this agent's memory and queued work (e.g. an agent that was deleted); the "
+        "user's other memories stay",
+    )
+    forget.add_argument(
+        "--thread",
+        default=None,
+        help="forget only this thread (in every agent's memory): facts learnt only from it, its "
+        "sources in other facts, its history entries, its queued conversations and watermark",
+    )
     forget.add_argument("--json", action="store_true", help="print what was removed as JSON")
     forget.set_defaults(run=run_forget)
 
 
 def _user_agent(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("user", help="user id")
+    add_user_argument(parser)
     parser.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
 
 
@@ -137,14 +152,15 @@ def _require(
     user = validate_user_id(user)
     agents = manager.list_agents(user)
     if not agents:
-        raise CommandError(f"unknown user {user!r}: no memory stored for it")
+        raise CommandError(f"unknown user {user_label(user, quoted=True)}: no memory stored for it")
     if any_agent:
         return agents
     wanted = validate_agent_name(agent)
     if wanted not in agents:
         known = ", ".join(agent_label(a) for a in agents)
         raise CommandError(
-            f"user {user!r} has no memory for agent {agent_label(wanted)} (it has: {known})"
+            f"user {user_label(user, quoted=True)} has no memory for agent {agent_label(wanted)} "
+            f"(it has: {known})"
         )
     return [wanted]
 
@@ -156,7 +172,7 @@ def run_show(args: argparse.Namespace, context: CommandContext) -> int:
     if args.json:
         print_json(
             {
-                "user_id": args.user,
+                "user_id": user_json(args.user),
                 "memories": [{"agent_name": a, "memory": d.to_json()} for a, d in documents],
             }
         )
@@ -171,7 +187,7 @@ def run_show(args: argparse.Namespace, context: CommandContext) -> int:
 def _render(user: str, agent: str | None, document: MemoryDocument) -> str:
     updated = document.last_updated.isoformat(timespec="seconds") if document.last_updated else "-"
     lines = [
-        f"user {shown(user)} · agent {shown(agent_label(agent))} · "
+        f"user {user_label(user)} · agent {shown(agent_label(agent))} · "
         f"{count(len(document.facts), 'fact')}"
         f" · updated {updated}"
     ]
@@ -218,7 +234,8 @@ def run_inject(args: argparse.Namespace, context: CommandContext) -> int:
     )
     if not block:
         raise CommandError(
-            f"nothing to inject for user {args.user!r}, agent {agent_label(agent)} "
+            f"nothing to inject for user {user_label(args.user, quoted=True)}, "
+            f"agent {agent_label(agent)} "
             "(empty memory, or injection disabled by MEMQ_ENABLED/MEMQ_INJECTION_ENABLED)"
         )
     print(shown(block, keep_newlines=True))  # its line breaks are the renderer's own
@@ -246,11 +263,12 @@ def run_facts_add(args: argparse.Namespace, context: CommandContext) -> int:
         )
     except FactEvicted as exc:
         raise CommandError(
-            f"not added to user {args.user}, agent "
+            f"not added to user {user_label(args.user)}, agent "
             f"{agent_label(validate_agent_name(args.agent))}: {exc}"
         ) from exc
     print(
-        f"added {fact.id} to user {args.user}, agent {agent_label(validate_agent_name(args.agent))}"
+        f"added {fact.id} to user {user_label(args.user)}, "
+        f"agent {agent_label(validate_agent_name(args.agent))}"
     )
     return 0
 
@@ -289,7 +307,7 @@ def run_facts_search(args: argparse.Namespace, context: CommandContext) -> int:
         args.user, args.query, agent_name=agent, category=args.category, limit=args.limit
     )
     if not found:
-        print(f"no fact of user {args.user} matches {args.query!r}")
+        print(f"no fact of user {user_label(args.user)} matches {args.query!r}")
         return 1
     print(_facts_table(found))
     return 0
@@ -330,21 +348,44 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
     limit = context.settings.fact_max_chars
     note = f" ({count(cut, 'over-long fact')} cut to {limit} characters)" if cut else ""
     print(
-        f"imported {count(len(document.facts), 'fact')} into user {args.user}, agent {agent}{note}"
+        f"imported {count(len(document.facts), 'fact')} into user {user_label(args.user)}, "
+        f"agent {agent}{note}"
     )
     return 0
 
 
 def run_forget(args: argparse.Namespace, context: CommandContext) -> int:
-    from storage.erasure import erase
+    from storage.erasure import ALL_AGENTS, erase, erase_thread
 
     user = validate_user_id(args.user)
-    report = erase(context.settings, context.redis, context.storage, user)
+    if args.thread is not None:
+        if getattr(args, "agent", None) is not None:
+            raise CommandError("forget --thread T forgets the thread in every agent: no --agent")
+        done = erase_thread(context.settings, context.redis, context.storage, user, args.thread)
+        if getattr(args, "json", False):
+            print_json(
+                {"user_id": user_json(user), "thread_id": args.thread, "removed": done.as_dict()}
+            )
+            return 0
+        print(
+            f"forgot thread {args.thread!r} of user {user_label(user)}: "
+            f"{count(done.facts_removed, 'fact')} removed, "
+            f"{count(done.facts_trimmed, 'fact')} kept without it, "
+            f"{count(done.contexts, 'conversation')} deleted"
+        )
+        return 0
+    agent_arg = getattr(args, "agent", None)
+    agent = None if agent_arg is None else validate_agent_name(agent_arg)
+    scope = ALL_AGENTS if agent is None else agent
+    report = erase(context.settings, context.redis, context.storage, user, agent_name=scope)
+    who = f"user {user_label(user)}"
+    if agent is not None:
+        who = f"agent {shown(agent)} of {who}"
     if getattr(args, "json", False):
-        print_json({"user_id": user, "removed": report.as_dict()})
+        print_json({"user_id": user_json(user), "agent_name": agent, "removed": report.as_dict()})
         return 0
     if report.total == 0:
-        print(f"nothing held about user {user}: no memory, no queued work (already forgotten?)")
+        print(f"nothing held about {who}: no memory, no queued work (already forgotten?)")
         return 0
-    print(f"forgot user {user}: {report.describe()}")
+    print(f"forgot {who}: {report.describe()}")
     return 0

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from memq.commands.common import (
     CommandContext,
     CommandError,
+    add_user_argument,
     format_table,
     print_json,
     read_json_file,
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     enqueue.add_argument("file", help="JSON file of messages")
     enqueue.add_argument("--thread", required=True, help="thread id")
-    enqueue.add_argument("--user", required=True, help="user id")
+    add_user_argument(enqueue, option=True)
     enqueue.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
     enqueue.add_argument("--flush", action="store_true", help="due now, skip the debounce")
     enqueue.set_defaults(run=run_enqueue)
@@ -154,6 +155,7 @@ def stats_summary(shards: list[ShardGauges], snapshot: MetricsSnapshot, now: int
         "cost_per_1000_turns_usd": snapshot.cost_per_1000_turns_usd,
         "turns_extracted": snapshot.turns_extracted,
         "forgets": snapshot.forgets,
+        "context_messages_cut": snapshot.context_messages_cut,
     }
 
 
@@ -214,6 +216,7 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, object]]:
         ("LLM cost per extraction", _dollars(stats["cost_per_extraction_usd"])),
         ("LLM cost per 1,000 turns", _dollars(stats["cost_per_1000_turns_usd"])),
         ("users forgotten", stats["forgets"]),
+        ("messages cut to context_max_bytes", stats["context_messages_cut"]),
     ]
     return rows
 

@@ -11,11 +11,15 @@ from memq.commands.common import CommandContext, mask_url
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "up",
-        help="run Redis (unless MEMQ_REDIS_URL is set), a worker, beat and Flower until Ctrl-C",
+        help=(
+            "run Redis (unless MEMQ_REDIS_URL is set), a worker, beat, Flower, the exporter "
+            "and memq serve until Ctrl-C"
+        ),
         description=(
             "Run the local stack in the foreground: a private redis-server with AOF in the data "
-            "folder (unless MEMQ_REDIS_URL is set), a Celery worker, beat (the ticker) and Flower "
-            "with basic auth on 127.0.0.1. A process that dies is restarted (with back-off); one "
+            "folder (unless MEMQ_REDIS_URL is set), a Celery worker, beat (the ticker), Flower "
+            "with basic auth on 127.0.0.1, the Prometheus exporter and memq serve (HTTP API and "
+            "MCP). A process that dies is restarted (with back-off); one "
             "that keeps crashing stops the stack with a non-zero exit. Ctrl-C or SIGTERM stops "
             "everything, Redis last."
         ),
@@ -24,6 +28,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument("--no-beat", action="store_true", help="do not start beat (the ticker)")
     parser.add_argument(
         "--no-exporter", action="store_true", help="do not start the Prometheus exporter"
+    )
+    parser.add_argument(
+        "--no-serve", action="store_true", help="do not start `memq serve` (HTTP API and MCP)"
     )
     parser.add_argument("--loglevel", default="INFO", help="log level of the Celery processes")
     parser.set_defaults(run=run)
@@ -39,18 +46,28 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         flower=not args.no_flower,
         beat=not args.no_beat,
         exporter=not args.no_exporter,
+        serve=not args.no_serve,
         loglevel=args.loglevel,
     )
+    if options.serve:
+        from memq.server.auth import Keyring, check_bind
+
+        # A bind `memq serve` would refuse: one line now, not a child that keeps crashing.
+        check_bind(settings.serve_host, Keyring.from_settings(settings))
     stack = Stack(settings, options).start()
     where = "private redis-server, AOF in " + str(settings.data_dir / "redis")
     if not uses_private_redis(settings):
         where = "from MEMQ_REDIS_URL"
     where_memory = settings.storage_dir if settings.storage == "file" else "in Redis"
     lines = [
-        f"memq up: Redis {mask_url(stack.redis_url)} ({where})",
+        f"memq up: Redis {mask_url(stack.agent_url)} ({where})",
         f"  storage: {settings.storage} ({where_memory})",
         f"  extractor: {_extractor(settings.resolved_llm_provider, settings.llm_model)}",
     ]
+    if options.serve:
+        host = settings.serve_host
+        shown = f"[{host}]" if ":" in host else host
+        lines.append(f"  HTTP API and MCP: http://{shown}:{settings.serve_port} (memq serve)")
     if options.flower:
         lines.append(f"  Flower: {stack.flower_url}  user {settings.flower_user}")
         if settings.flower_password is None:

@@ -16,6 +16,14 @@ import itertools
 import zlib
 from dataclasses import dataclass
 
+from memq.core.identity import (
+    decode_agent,
+    decode_user,
+    encode_agent,
+    encode_segment,
+    encode_user,
+)
+
 CLUSTER_SLOTS = 16384
 _TAG_WINDOW = 8  # slots either side of a shard's ideal slot
 
@@ -86,12 +94,37 @@ class QueueKeys:
     def user_contexts(self, user_id: str) -> str:
         """Set of one user's context ids in this shard, kept by enqueue, so erasing a user finds
         every pending, in-flight and dead context without scanning the keyspace."""
-        return f"{self.tag}:uctx:{user_id}"
+        return f"{self.tag}:uctx:{encode_user(user_id)}"
 
     def user_inflight(self, user_id: str) -> str:
         """Zset of one user's contexts in flight in this shard (id -> lease expiry): the per-user
         cap counts it, so one tenant's backlog cannot fill the broker ahead of everyone else."""
-        return f"{self.tag}:uinflight:{user_id}"
+        return f"{self.tag}:uinflight:{encode_user(user_id)}"
+
+    # --- the batch lane: contexts whose extraction goes out in a provider's batch job
+    @property
+    def batch_pending(self) -> str:
+        """Zset of contexts parked for the next batch job (id -> time parked, epoch ms)."""
+        return f"{self.tag}:batch:pending"
+
+    @property
+    def batched(self) -> str:
+        """Zset of contexts out in a batch job (id -> time past which the job counts as lost)."""
+        return f"{self.tag}:batch:out"
+
+    @property
+    def batch_jobs(self) -> str:
+        """Zset of this shard's batch jobs out (batch id -> next poll, epoch ms)."""
+        return f"{self.tag}:batch:jobs"
+
+    def batch_job(self, batch_id: str) -> str:
+        """Hash of one batch job: claim token (the request's custom id) -> context id."""
+        return f"{self.tag}:batch:job:{encode_segment(batch_id)}"
+
+    @property
+    def batch_lock(self) -> str:
+        """Held while one process gathers or polls this shard's batch jobs (SET NX PX)."""
+        return f"{self.tag}:batch:lock"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +139,17 @@ class KeySchema:
         parts = context_id.split(":")
         if len(parts) != 3:  # not one of ours; still needs a stable place
             return zlib.crc32(context_id.encode("utf-8")) % self.shards
-        return self.shard_for(parts[1], parts[2] or None)
+        return self._shard_of_parts(parts[1], parts[2])
 
     def shard_for(self, user_id: str, agent_name: str | None) -> int:
         if self.shards == 1:
             return 0
-        return zlib.crc32(f"{user_id}:{agent_name or ''}".encode()) % self.shards
+        return self._shard_of_parts(encode_user(user_id), encode_agent(agent_name))
+
+    def _shard_of_parts(self, user_part: str, agent_part: str) -> int:
+        # Hashes the encoded parts, as a context id holds them: ids that were valid before real
+        # ids were accepted encode to themselves and keep their shard.
+        return zlib.crc32(f"{user_part}:{agent_part}".encode()) % self.shards
 
     def shard(self, index: int) -> QueueKeys:
         return QueueKeys(tag=f"{self.prefix}:{{{shard_tag(self.prefix, self.shards, index)}}}")
@@ -124,10 +162,10 @@ class KeySchema:
 
     # --- memory documents (RedisMemoryStorage), under the shard tag of their contexts
     def _doc_base(self, user_id: str, agent_name: str | None) -> str:
-        # User ids and agent names never hold ":" or braces, so this is unambiguous and the
-        # shard tag is the key's only hash tag.
+        # Encoded user ids and agent names never hold ":" or braces, so this is unambiguous and
+        # the shard tag is the key's only hash tag.
         tag = self.shard(self.shard_for(user_id, agent_name)).tag
-        return f"{tag}:mem:{user_id}:{agent_name or ''}"
+        return f"{tag}:mem:{self.index_member(user_id, agent_name)}"
 
     def memory_document(self, user_id: str, agent_name: str | None) -> str:
         return f"{self._doc_base(user_id, agent_name)}:doc"
@@ -138,6 +176,17 @@ class KeySchema:
     def memory_index(self) -> str:
         """Set of ``user:agent`` pairs that have a document (for listing and forget)."""
         return f"{self.prefix}:mem:index"
+
+    @staticmethod
+    def index_member(user_id: str, agent_name: str | None) -> str:
+        """The ``user:agent`` member of :meth:`memory_index` (both parts encoded)."""
+        return f"{encode_user(user_id)}:{encode_agent(agent_name)}"
+
+    @staticmethod
+    def parse_index_member(member: str) -> tuple[str, str | None]:
+        """(user, agent) of an index member; InvalidIdentifier for one memq did not write."""
+        user, _, agent = member.partition(":")
+        return decode_user(user), decode_agent(agent)
 
     def metrics(self) -> str:
         """Global counters (extractions, tokens) for `memq stats`."""
@@ -152,3 +201,8 @@ class KeySchema:
         """Hash of the shared LLM rate limit of one (endpoint, model) ``scope`` (an opaque hash):
         its request and token schedules and any pause the provider asked for."""
         return f"{self.prefix}:rate:{{{self.prefix}:{scope}}}"
+
+    def storage_location(self) -> str:
+        """Where the workers of this prefix store memory documents (backend and folder), written
+        by each worker at start, so a reader configured for another place can say so."""
+        return f"{self.prefix}:workers:storage"

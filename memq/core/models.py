@@ -41,15 +41,28 @@ class Message:
         return cls(role=role, content=content, id=mid if isinstance(mid, str) else None)
 
 
+# Built once: json.dumps with these options builds a new encoder on every call.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def messages_to_json(messages: tuple[Message, ...] | list[Message]) -> str:
-    payload = json.dumps([m.to_json() for m in messages], ensure_ascii=False, separators=(",", ":"))
+    return sendable_json(_ENCODER.encode([m.to_json() for m in messages]))
+
+
+def message_json(message: Message) -> str:
+    """One message as :func:`messages_to_json` encodes it inside the list (before
+    :func:`sendable_json`): the lists it returns are these joined by commas."""
+    return _ENCODER.encode(message.to_json())
+
+
+def sendable_json(payload: str) -> str:
+    """``payload`` as UTF-8 can carry it: a lone surrogate (half an emoji cut by a truncating
+    agent) cannot be sent, so it is replaced (one character for one) rather than fail the turn."""
     if payload.isascii():
         return payload
     try:
         payload.encode("utf-8")
     except UnicodeEncodeError:
-        # A lone surrogate (half an emoji cut by a truncating agent) cannot be sent as UTF-8:
-        # replace it rather than fail the whole turn.
         payload = payload.encode("utf-8", "replace").decode("utf-8")
     return payload
 

@@ -30,7 +30,7 @@ from pydantic_settings import (
 )
 
 from memq.core.errors import ConfigError
-from memq.core.redis_urls import BrokerTarget, broker_target, parse_redis_url
+from memq.core.redis_urls import BrokerTarget, broker_target, parse_redis_url, url_kind
 
 # DeerFlow's `memory:` field names that differ from ours; values converted where the type differs.
 _DEERFLOW_RENAMES: dict[str, str] = {
@@ -52,7 +52,16 @@ HARD_LIMIT_GRACE_SECONDS = 5.0
 REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "unix")
 
 # Settings whose values may be secrets: an error about them never repeats the value.
-_SECRET_FIELDS = frozenset({"redis_url", "broker_url", "llm_api_key", "flower_password"})
+_SECRET_FIELDS = frozenset(
+    {
+        "redis_url",
+        "broker_url",
+        "llm_api_key",
+        "flower_password",
+        "serve_api_keys",
+        "serve_session_secret",
+    }
+)
 
 # Pydantic's wording of the common type errors, said the short way.
 _SHORT_MESSAGES = {
@@ -113,7 +122,12 @@ class MemqSettings(BaseSettings):
     injector_timeout_seconds: float = Field(default=0.5, gt=0.0, le=10.0)
     spool_max_contexts: int = Field(default=1000, ge=0)
     producer_max_chars: int = Field(default=200_000, ge=1000)
+    producer_max_messages: int = Field(default=1000, ge=2, le=100_000)
     pending_max_bytes: int = Field(default=1_000_000, ge=10_000)
+    # The hard cap of one context's stored messages, checked before enqueue.lua decodes anything:
+    # past it the oldest messages are cut (and counted on the context), so one runaway thread can
+    # never make every producer call of its shard slow.
+    context_max_bytes: int = Field(default=2_000_000, ge=10_000)
 
     # --- LLM
     llm_provider: Literal["auto", "openai", "rules"] = "auto"
@@ -142,6 +156,12 @@ class MemqSettings(BaseSettings):
     llm_budget_tokens_per_user: int | None = Field(default=None, ge=1)
     llm_budget_tokens_total: int | None = Field(default=None, ge=1)
     llm_budget_window_seconds: float = Field(default=86_400.0, ge=1.0, le=31 * 86_400.0)
+    # The batch lane: work that can wait goes out in OpenAI Batch API jobs at batch prices.
+    llm_batch_enabled: bool = False
+    llm_batch_completion_window: str = Field(default="24h", pattern=r"^[1-9][0-9]{0,2}h$")
+    llm_batch_max_requests: int = Field(default=1000, ge=1, le=50_000)
+    llm_batch_gather_seconds: float = Field(default=60.0, ge=0.0, le=86400.0)
+    llm_batch_poll_seconds: float = Field(default=60.0, gt=0.0, le=3600.0)
 
     # --- extraction
     max_facts: int = Field(default=200, ge=10, le=5000)
@@ -162,6 +182,10 @@ class MemqSettings(BaseSettings):
     consolidation_min_facts: int = Field(default=8, ge=3, le=30)
     consolidation_max_groups_per_cycle: int = Field(default=3, ge=1, le=10)
     consolidation_max_sources: int = Field(default=8, ge=2, le=20)
+    # --- provenance
+    fact_max_sources: int = Field(default=5, ge=1, le=50)
+    superseded_max_facts: int = Field(default=50, ge=0, le=5000)
+    grounding_requires_user: bool = True
 
     # --- storage
     # Redis by default: every agent process and worker of a deployment, on any host and in any
@@ -183,6 +207,8 @@ class MemqSettings(BaseSettings):
     # The private Redis of `memq up`: "always" fsyncs every write (a kill -9 or power loss loses no
     # acknowledged turn, at a throughput cost); "everysec" may lose about the last second.
     redis_appendfsync: Literal["everysec", "always"] = "everysec"
+    # Its `maxmemory` in MiB (writes are refused past it, never evicted); unset: a quarter of RAM.
+    redis_maxmemory_mb: int | None = Field(default=None, ge=16)
     flower_address: str = "127.0.0.1"
     flower_port: int = Field(default=5555, ge=0, le=65535)
     flower_user: str = "memq"
@@ -190,6 +216,23 @@ class MemqSettings(BaseSettings):
     worker_concurrency: int = Field(default=4, ge=1)
     exporter_address: str = "127.0.0.1"
     exporter_port: int = Field(default=9808, ge=0, le=65535)
+
+    # --- `memq serve` (HTTP API and MCP over streamable HTTP)
+    serve_host: str = "127.0.0.1"
+    serve_port: int = Field(default=8790, ge=0, le=65535)
+    # API keys: a JSON file (0600) and/or the JSON itself in the environment; see
+    # docs/operations.md. Without any key the server only binds a loopback address.
+    serve_api_keys_file: Path | None = None
+    serve_api_keys: SecretStr | None = None
+    # A request body above this is refused with 413 before it is read whole.
+    serve_max_body_bytes: int = Field(default=2_000_000, ge=1000, le=100_000_000)
+    # Addresses whose X-Forwarded-For / X-Forwarded-Proto uvicorn trusts (a reverse proxy).
+    serve_forwarded_allow_ips: str = "127.0.0.1"
+    serve_root_path: str = ""
+    # The inspector at /ui: its session cookies are signed with this secret. Unset: a random one
+    # per process (sessions end when it restarts; several processes behind one address need it).
+    serve_session_secret: SecretStr | None = None
+    serve_session_max_age_seconds: int = Field(default=28_800, ge=60, le=2_592_000)
 
     @field_validator("redis_url")
     @classmethod
@@ -203,9 +246,11 @@ class MemqSettings(BaseSettings):
             )
         return value
 
-    @field_validator("storage_dir", "data_dir")
+    @field_validator("storage_dir", "data_dir", "serve_api_keys_file")
     @classmethod
-    def _absolute(cls, value: Path) -> Path:
+    def _absolute(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
         # Resolved once, here: a process that later changes directory, or one started elsewhere
         # and handed these settings, still means the same folder.
         return Path(os.path.abspath(value.expanduser()))
@@ -252,6 +297,24 @@ class MemqSettings(BaseSettings):
             raise ValueError(
                 f"pending_max_bytes ({self.pending_max_bytes}) must be >= producer_max_chars "
                 f"({self.producer_max_chars})"
+            )
+        # A hand-off of producer_max_chars characters is at most 4 bytes each in UTF-8.
+        if self.context_max_bytes < max(self.pending_max_bytes, 4 * self.producer_max_chars):
+            raise ValueError(
+                f"context_max_bytes ({self.context_max_bytes}) must be >= pending_max_bytes "
+                f"({self.pending_max_bytes}) and >= 4 x producer_max_chars "
+                f"({4 * self.producer_max_chars})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_shards(self) -> MemqSettings:
+        # One shard is one hash tag, hence one slot: on a cluster every queue key would sit on
+        # one master. The right count depends on the masters, which settings cannot see.
+        if url_kind(self.redis_url) == "cluster" and "shards" not in self.model_fields_set:
+            raise ValueError(
+                "a redis+cluster:// URL needs MEMQ_SHARDS set (about 64 per master, e.g. 192 "
+                "for 3 masters): with the default of 1 every queue key sits on one master"
             )
         return self
 
@@ -334,6 +397,16 @@ class MemqSettings(BaseSettings):
     @property
     def watermark_ttl_ms(self) -> int:
         return self.watermark_ttl_days * 86_400_000
+
+    @property
+    def llm_batch_active(self) -> bool:
+        """The batch lane runs only against a real endpoint (the offline rules have no batches)."""
+        return self.llm_batch_enabled and self.resolved_llm_provider == "openai"
+
+    @property
+    def llm_batch_window_ms(self) -> int:
+        """The completion window in milliseconds ("24h" → 86 400 000)."""
+        return int(self.llm_batch_completion_window.removesuffix("h")) * 3_600_000
 
     @property
     def resolved_llm_provider(self) -> Literal["openai", "rules"]:

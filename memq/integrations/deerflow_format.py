@@ -1,10 +1,10 @@
 """memq documents in the shape DeerFlow's gateway and web UI parse, and DeerFlow's own inputs
-(fact fields, hidden messages) read for memq. Pure functions: no DeerFlow import."""
+(hidden messages) read for memq. Pure functions: no DeerFlow import."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from storage.document import (
@@ -61,8 +61,25 @@ def deerflow_document(document: MemoryDocument, *, facts: bool = True) -> dict[s
         "history": {
             SECTION_KEYS[n]: _section(getattr(document.history, n)) for n in HISTORY_SECTIONS
         },
-        "facts": [deerflow_fact(f) for f in document.facts] if facts else [],
+        "facts": [deerflow_fact(f) for f in newest_first(document.facts)] if facts else [],
     }
+
+
+_UNKNOWN_TIME = datetime.min.replace(tzinfo=UTC)
+
+
+def newest_first(facts: Iterable[Fact]) -> list[Fact]:
+    """Facts as DeerMem returns them and DeerFlow's settings page shows them: newest first (a
+    fact without a time counts as oldest; among equal times, the later-added one first)."""
+    ordered = list(enumerate(facts))
+    ordered.sort(key=lambda item: (_as_utc(item[1].created_at), item[0]), reverse=True)
+    return [fact for _, fact in ordered]
+
+
+def _as_utc(value: datetime | None) -> datetime:
+    if value is None:
+        return _UNKNOWN_TIME
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
 
 
 def with_user_summaries(agent: MemoryDocument, user: MemoryDocument) -> MemoryDocument:

@@ -13,7 +13,7 @@ recorded.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from memq.core.settings import MemqSettings
@@ -22,7 +22,7 @@ from memq.memory.scrub import scrub_document
 from memq.memory.staleness import select_stale_removals
 from memq.memory.update import UpdateAnswer
 from storage.base import Change, ChangeAction
-from storage.cap import cap_fact_length, evict_over_cap
+from storage.cap import cap_fact_length, evict_over_cap, eviction_change
 from storage.document import (
     CORRECTION,
     HISTORY_SECTIONS,
@@ -30,8 +30,11 @@ from storage.document import (
     Fact,
     MemoryDocument,
     Section,
+    SupersededKind,
     copy_document,
 )
+from storage.provenance import RunInfo, add_source, grounded, supersede
+from storage.vocabulary import content_key
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +43,7 @@ log = logging.getLogger(__name__)
 class ApplyResult:
     document: MemoryDocument
     changes: list[Change]
-
-
-def content_key(content: str) -> str:
-    """Two facts are the same fact when they differ only in case or whitespace."""
-    return " ".join(content.split()).casefold()
+    refused: int = 0  # new facts refused as not grounded in the user's words
 
 
 def _apply_sections(
@@ -73,110 +72,132 @@ def _apply_sections(
     return changes
 
 
-def _remove_contradicted(
-    doc: MemoryDocument, answer: UpdateAnswer, now: datetime, thread_id: str | None
-) -> list[Change]:
-    """Removes the contradicted facts other than corrections; those wait for
+@dataclass
+class _Run:
+    """One application of an answer: its inputs, and what it displaced and refused so far."""
+
+    doc: MemoryDocument
+    answer: UpdateAnswer
+    settings: MemqSettings
+    now: datetime
+    thread_id: str | None
+    run: RunInfo | None
+    displaced: list[tuple[Fact, SupersededKind, str]] = field(default_factory=list)
+    refused: int = 0
+
+    def change(self, action: ChangeAction, fact: Fact, reason: str) -> Change:
+        return _fact_change(action, fact, reason, self.now, self.thread_id)
+
+    def take_out(self, doomed: dict[str, str], kind: SupersededKind) -> list[Change]:
+        """Take the facts named in ``doomed`` (id → why) out of the document; they are kept as
+        superseded once the facts replacing them are known (``keep_superseded``)."""
+        action: ChangeAction = "stale" if kind == "stale" else "supersede"
+        out = [f for f in self.doc.facts if f.id in doomed]
+        self.doc.facts = [f for f in self.doc.facts if f.id not in doomed]
+        self.displaced += [(f, kind, doomed[f.id]) for f in out]
+        return [self.change(action, f, doomed[f.id]) for f in out]
+
+
+def _remove_contradicted(run: _Run) -> list[Change]:
+    """Supersedes the contradicted facts other than corrections; those wait for
     ``_remove_replaced_corrections``, once it is known which replacements were really stored."""
-    doomed: set[str] = set()
-    for fact_id in answer.facts_to_remove:
-        fact = doc.fact(fact_id)
+    doomed: dict[str, str] = {}
+    for fact_id in run.answer.facts_to_remove:
+        fact = run.doc.fact(fact_id)
         if fact is None:
             log.debug("removal of %s skipped: not in the latest document", fact_id)
         elif fact.category != CORRECTION:
-            doomed.add(fact_id)
-    return _drop(doc, dict.fromkeys(doomed, "contradicted by the conversation"), now, thread_id)
+            doomed[fact_id] = "contradicted by the conversation"
+    return run.take_out(doomed, "contradicted")
 
 
-def _remove_replaced_corrections(
-    doc: MemoryDocument,
-    answer: UpdateAnswer,
-    replacements: list[Fact],
-    now: datetime,
-    thread_id: str | None,
-) -> list[Change]:
-    """Removes contradicted corrections, at most one per correction this answer stored (and the
-    scrub kept): a duplicate, a scrubbed or a single trivial replacement must not license wiping
-    the user's corrections."""
+def _remove_replaced_corrections(run: _Run, replacements: list[Fact]) -> list[Change]:
+    """Supersedes contradicted corrections, at most one per correction this answer stored (and
+    the scrub kept): a duplicate, a scrubbed or a single trivial replacement must not license
+    wiping the user's corrections."""
+    doc = run.doc
     available = [f for f in replacements if f.category == CORRECTION and doc.fact(f.id) is not None]
-    doomed: dict[str, Fact] = {}
-    for fact_id in answer.facts_to_remove:
+    doomed: dict[str, str] = {}
+    for fact_id in run.answer.facts_to_remove:
         fact = doc.fact(fact_id)
         if fact is None or fact.category != CORRECTION or fact_id in doomed:
             continue
         if not available:
             log.info("removal of correction fact %s refused: no replacement correction", fact_id)
             continue
-        doomed[fact_id] = available.pop(0)
-    reasons = {
-        fact_id: f"contradicted by the conversation, replaced by {replacement.id}"
-        for fact_id, replacement in doomed.items()
-    }
-    return _drop(doc, reasons, now, thread_id)
+        replacement = available.pop(0)
+        doomed[fact_id] = f"contradicted by the conversation, replaced by {replacement.id}"
+    return run.take_out(doomed, "contradicted")
 
 
-def _drop(
-    doc: MemoryDocument, reasons: dict[str, str], now: datetime, thread_id: str | None
-) -> list[Change]:
-    """Remove the facts named in ``reasons`` (fact id → why) and record each removal."""
-    changes = [
-        _fact_change("remove", f, reasons[f.id], now, thread_id)
-        for f in doc.facts
-        if f.id in reasons
-    ]
-    doc.facts = [f for f in doc.facts if f.id not in reasons]
-    return changes
+def _remove_stale(run: _Run) -> list[Change]:
+    removals = select_stale_removals(
+        run.doc, run.answer.stale_facts_to_remove, run.settings, run.now
+    )
+    return run.take_out({fact.id: f"stale: {reason}" for fact, reason in removals}, "stale")
 
 
-def _remove_stale(
-    doc: MemoryDocument,
-    answer: UpdateAnswer,
-    settings: MemqSettings,
-    now: datetime,
-    thread_id: str | None,
-) -> list[Change]:
-    removals = select_stale_removals(doc, answer.stale_facts_to_remove, settings, now)
-    doomed = {fact.id for fact, _ in removals}
-    doc.facts = [f for f in doc.facts if f.id not in doomed]
-    return [
-        _fact_change("stale", fact, f"stale: {reason}", now, thread_id) for fact, reason in removals
-    ]
+def _keep_superseded(run: _Run, added: list[Fact]) -> None:
+    """Keep what the answer displaced as superseded; a contradicted fact is replaced by the facts
+    this answer added (the stale ones by nothing)."""
+    kept = {f.id for f in run.doc.facts}
+    replacements = [f.id for f in added if f.id in kept]
+    for fact, kind, reason in run.displaced:
+        supersede(
+            run.doc,
+            fact,
+            kind=kind,
+            reason=reason,
+            replaced_by=replacements if kind == "contradicted" else [],
+            at=run.now,
+            thread_id=run.thread_id,
+            max_kept=run.settings.superseded_max_facts,
+        )
 
 
-def _add_facts(
-    doc: MemoryDocument,
-    answer: UpdateAnswer,
-    settings: MemqSettings,
-    now: datetime,
-    thread_id: str | None,
-) -> tuple[list[Change], list[Fact]]:
-    seen = {content_key(f.content) for f in doc.facts}
+def _add_facts(run: _Run) -> tuple[list[Change], list[Fact]]:
+    """Store the answer's new facts; one already stored gains a source and a confirmation; one
+    not grounded in the user's words is refused."""
+    settings = run.settings
+    by_key = {content_key(f.content): f for f in run.doc.facts}
     changes = []
     added = []
-    for new in answer.new_facts:
+    for new in run.answer.new_facts:
         if new.confidence < settings.fact_confidence_threshold:
+            continue
+        source = None if run.run is None else run.run.source_for(new.cites)
+        if source is not None and not grounded(
+            source,
+            user_confirmed=run.run is not None and run.run.user_confirmed,
+            require_user=settings.grounding_requires_user,
+        ):
+            run.refused += 1
             continue
         fact, cut = _capped(
             Fact(
                 content=new.content,
                 category=new.category,
                 confidence=new.confidence,
-                created_at=now,
+                created_at=run.now,
                 source="conversation",
-                source_thread_id=thread_id,
+                source_thread_id=run.thread_id,
                 source_error=new.source_error,
+                sources=[] if source is None else [source],
             ),
             settings,
         )
         # Keyed after the cut: the same long fact proposed again matches the stored, cut one.
         key = content_key(fact.content)
-        if key in seen:
+        known = by_key.get(key)
+        if known is not None:
+            if source is not None and add_source(known, source, settings.fact_max_sources):
+                changes.append(run.change("confirm", known, f"learnt again ({source.attribution})"))
             continue
-        seen.add(key)
-        doc.facts.append(fact)
+        by_key[key] = fact
+        run.doc.facts.append(fact)
         added.append(fact)
         reason = f"{fact.category}, confidence {fact.confidence:.2f}" + cut
-        changes.append(_fact_change("add", fact, reason, now, thread_id))
+        changes.append(run.change("add", fact, reason))
     return changes, added
 
 
@@ -247,29 +268,30 @@ def apply_update(
     settings: MemqSettings,
     now: datetime,
     thread_id: str | None = None,
+    run: RunInfo | None = None,
 ) -> ApplyResult:
-    """A new document with ``answer`` applied (the input is not modified), and its changes."""
+    """A new document with ``answer`` applied (the input is not modified), and its changes.
+
+    With ``run`` each new fact keeps its source (the messages it cites, or the whole run) and is
+    held to the grounding rule; without it (hand-made answers) facts only name ``thread_id``.
+    """
     doc = copy_document(document)
+    state = _Run(doc, answer, settings, now, thread_id, run)
     changes = _apply_sections(doc, answer, now, thread_id)
-    changes += _remove_contradicted(doc, answer, now, thread_id)
-    changes += _remove_stale(doc, answer, settings, now, thread_id)
-    added_changes, added = _add_facts(doc, answer, settings, now, thread_id)
+    changes += _remove_contradicted(state)
+    changes += _remove_stale(state)
+    added_changes, added = _add_facts(state)
     changes += added_changes
     # Scrubbed before corrections are removed, so that a replacement the scrub drops replaces
     # nothing; the final scrub below catches what the merges bring in.
-    doc, scrubbed = _scrub(doc, now, thread_id)
+    state.doc, scrubbed = _scrub(state.doc, now, thread_id)
     changes += scrubbed
-    changes += _remove_replaced_corrections(doc, answer, added, now, thread_id)
+    changes += _remove_replaced_corrections(state, added)
+    _keep_superseded(state, added)
+    doc = state.doc
     doc.facts, evicted = evict_over_cap(doc.facts, settings.max_facts)
     changes += [
-        _fact_change(
-            "evict",
-            f,
-            f"over max_facts={settings.max_facts}, lowest confidence ({f.confidence:.2f})",
-            now,
-            thread_id,
-        )
-        for f in evicted
+        eviction_change(f, settings.max_facts, at=now, thread_id=thread_id) for f in evicted
     ]
     # After the cap, so that a merge never names a source the cap just evicted.
     if settings.consolidation_enabled:
@@ -278,4 +300,4 @@ def apply_update(
     changes += scrubbed
     if changes:
         doc.last_updated = now
-    return ApplyResult(doc, changes)
+    return ApplyResult(doc, changes, refused=state.refused)

@@ -16,6 +16,8 @@ from datetime import datetime
 from memq.core.settings import MemqSettings
 from memq.memory.update import ConsolidationProposal
 from storage.document import Fact, MemoryDocument, new_fact_id
+from storage.provenance import merged_sources
+from storage.vocabulary import category_set
 
 
 @dataclass(frozen=True)
@@ -32,10 +34,10 @@ class ConsolidationResult:
 
 def qualifying_groups(document: MemoryDocument, settings: MemqSettings) -> list[Group]:
     """Categories with at least ``consolidation_min_facts`` facts, largest first (then by name)."""
-    protected = {c.casefold() for c in settings.staleness_protected_categories}
+    protected = category_set(settings.staleness_protected_categories)
     groups: dict[str, list[Fact]] = {}
     for fact in document.facts:
-        if fact.category.casefold() not in protected:
+        if fact.category not in protected:
             groups.setdefault(fact.category, []).append(fact)
     qualifying = [
         Group(name, tuple(facts))
@@ -86,6 +88,7 @@ def apply_consolidations(
             consolidated_at=now,
             consolidated_from=list(ids),
             source_error="\n".join(errors) or None,
+            sources=merged_sources(sources, settings.fact_max_sources),
         )
         result.merged.append(merged)
         result.consumed.update(dict.fromkeys(ids, merged.id))

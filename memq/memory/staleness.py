@@ -14,19 +14,18 @@ from datetime import datetime, timedelta
 from memq.core.settings import MemqSettings
 from memq.memory.update import StaleRemoval
 from storage.document import Fact, MemoryDocument
+from storage.vocabulary import category_set
 
 
 def stale_candidates(document: MemoryDocument, settings: MemqSettings, now: datetime) -> list[Fact]:
     """Facts older than the age limit outside protected categories, oldest first, at most as many as
     the prompt may show (the oldest are the likeliest to be obsolete)."""
-    protected = {c.casefold() for c in settings.staleness_protected_categories}
+    protected = category_set(settings.staleness_protected_categories)
     cutoff = now - timedelta(days=settings.staleness_age_days)
     old = [
         f
         for f in document.facts
-        if f.category.casefold() not in protected
-        and f.created_at is not None
-        and f.created_at < cutoff
+        if f.category not in protected and f.created_at is not None and f.created_at < cutoff
     ]
     old.sort(key=lambda f: f.created_at or cutoff)
     return old[: settings.staleness_max_candidates_shown]

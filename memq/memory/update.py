@@ -1,58 +1,317 @@
-"""The update a model proposes for one memory document, once its answer has been read and
-normalised (``prompts.answer`` reads it out of the model's text): section summaries, new facts,
-removals, stale removals and merges. Section keys are ours (``work_context``, …).
+"""The answer the update model gives, as one set of Pydantic models: the single description of
+that answer. The prompt's schema block is rendered from it (``prompts.answer``), the model's JSON
+is validated by it, and the offline extractor and the scripted test server write their answers
+with it. Field names are ours (snake_case); each field's wire name is its camelCase alias, the
+spelling of DeerFlow's prompt, and both spellings are accepted.
+
+Validation is tolerant field by field, because one sloppy value must not cost the whole answer:
+a section that is not an object, a removal id that is not text, a review item without an id are
+skipped; a new fact that is unusable is dropped and counted (``dropped_facts``). The caller
+rejects the whole answer when it removes facts and also dropped a new one (a replacement must
+never degrade into a deletion).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
-from storage.document import DEFAULT_CATEGORY
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from storage.document import DEFAULT_CATEGORY, HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS
+from storage.vocabulary import known_category, parse_confidence
+
+_TRUE_STRINGS = {"true", "yes", "1"}
+_MAX_CITES = 32  # labels read per fact: a fact cannot come from more messages than a prompt holds
+_T = TypeVar("_T", bound=BaseModel)
 
 
-class SectionUpdate(BaseModel):
-    model_config = ConfigDict(frozen=True)
+def _text(value: Any) -> str | None:
+    return value.strip() if isinstance(value, str) and value.strip() else None
 
+
+def _required_text(value: Any) -> str:
+    text = _text(value)
+    if text is None:
+        raise ValueError("non-blank text is required")
+    return text
+
+
+def _flag(value: Any) -> bool:
+    # DeerFlow tested truthiness, so the string "false" meant "update".
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return value.strip().casefold() in _TRUE_STRINGS
+    if isinstance(value, int | float):
+        return value == 1
+    return False
+
+
+def _valid_items(model: type[_T], value: Any) -> tuple[list[_T], int]:
+    """The items of ``value`` (a list) that validate as ``model``, and how many did not."""
+    if not isinstance(value, list):
+        return [], 0
+    kept: list[_T] = []
+    dropped = 0
+    for item in value:
+        try:
+            kept.append(model.model_validate(item))
+        except ValidationError:
+            dropped += 1
+    return kept, dropped
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+
+class SectionUpdate(_Answer):
     summary: str
-    should_update: bool
+    should_update: bool = Field(
+        default=False,
+        validation_alias=AliasChoices("should_update", "shouldUpdate"),
+        serialization_alias="shouldUpdate",
+    )
+
+    @field_validator("summary", mode="before")
+    @classmethod
+    def _summary(cls, value: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError("a summary is text")
+        return value.strip()
+
+    @field_validator("should_update", mode="before")
+    @classmethod
+    def _should_update(cls, value: Any) -> bool:
+        return _flag(value)
 
 
-class NewFact(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class NewFact(_Answer):
     content: str = Field(min_length=1)
     category: str = DEFAULT_CATEGORY
-    confidence: float = Field(ge=0.0, le=1.0)
-    source_error: str | None = None
+    # Absent means "inferred" (0.5); an explicit null, a bool or text that is no number is
+    # malformed and drops the fact.
+    confidence: float = Field(default=0.5, ge=0.0, le=1.0)
+    source_error: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("source_error", "sourceError"),
+        serialization_alias="sourceError",
+    )
+    # Labels of the new messages the fact comes from (``m1``…); empty or wrong labels make the
+    # fact's source the whole run.
+    cites: tuple[str, ...] = ()
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> str:
+        return _required_text(value)
+
+    @field_validator("category", mode="before")
+    @classmethod
+    def _category(cls, value: Any) -> str:
+        return known_category(value) or DEFAULT_CATEGORY
+
+    @field_validator("confidence", mode="before")
+    @classmethod
+    def _confidence(cls, value: Any) -> float:
+        number = parse_confidence(value)
+        if number is None:
+            raise ValueError("a confidence is a finite number")
+        return number
+
+    @field_validator("source_error", mode="before")
+    @classmethod
+    def _source_error(cls, value: Any) -> str | None:
+        return _text(value)
+
+    @field_validator("cites", mode="before")
+    @classmethod
+    def _cites(cls, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):  # one label where a list was asked for
+            value = [value]
+        if not isinstance(value, list | tuple):
+            return ()
+        labels = (_text(item) for item in value[:_MAX_CITES])
+        return tuple(dict.fromkeys(label for label in labels if label is not None))
 
 
-class StaleRemoval(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class StaleRemoval(_Answer):
     id: str
     reason: str = ""
 
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id(cls, value: Any) -> str:
+        return _required_text(value)
 
-class ConsolidationProposal(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    @field_validator("reason", mode="before")
+    @classmethod
+    def _reason(cls, value: Any) -> str:
+        return value.strip() if isinstance(value, str) else ""
 
-    source_ids: tuple[str, ...]
+
+class MergedFact(_Answer):
+    """What a consolidation proposes to store in place of its sources."""
+
+    content: str
+    category: str | None = None
+    confidence: float | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> str:
+        return _required_text(value)
+
+    @field_validator("category", mode="before")
+    @classmethod
+    def _category(cls, value: Any) -> str | None:
+        return known_category(value)
+
+    @field_validator("confidence", mode="before")
+    @classmethod
+    def _confidence(cls, value: Any) -> float | None:
+        return parse_confidence(value)
+
+
+class ConsolidationProposal(_Answer):
+    source_ids: tuple[str, ...] = Field(
+        validation_alias=AliasChoices("source_ids", "sourceIds"), serialization_alias="sourceIds"
+    )
     content: str
     category: str | None = None
     confidence: float | None = None  # None: the merged fact takes its best source's confidence
 
+    @model_validator(mode="before")
+    @classmethod
+    def _from_wire(cls, data: Any) -> Any:
+        """The wire nests the merged fact under ``consolidated``."""
+        if isinstance(data, Mapping) and "consolidated" in data:
+            merged = MergedFact.model_validate(data["consolidated"])
+            alias = cls.model_fields["source_ids"].serialization_alias or "source_ids"
+            return {
+                **merged.model_dump(),
+                "source_ids": data.get(alias, data.get("source_ids")),
+            }
+        return data
 
-class UpdateAnswer(BaseModel):
-    """A parsed, normalised answer; section keys are ours (``work_context``, …)."""
+    @field_validator("source_ids", mode="before")
+    @classmethod
+    def _source_ids(cls, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list | tuple):
+            raise ValueError("sourceIds is a list of fact ids")
+        ids = tuple(dict.fromkeys(i.strip() for i in value if isinstance(i, str) and i.strip()))
+        if len(ids) < 2:
+            raise ValueError("a merge needs two distinct sources")
+        return ids
 
-    model_config = ConfigDict(frozen=True)
+    def to_wire(self) -> dict[str, Any]:
+        merged = MergedFact.model_construct(
+            content=self.content, category=self.category, confidence=self.confidence
+        )
+        alias = type(self).model_fields["source_ids"].serialization_alias or "source_ids"
+        return {alias: list(self.source_ids), "consolidated": merged.model_dump(exclude_none=True)}
+
+
+def _sections_from_wire(data: Mapping[str, Any]) -> dict[str, SectionUpdate]:
+    sections: dict[str, SectionUpdate] = {}
+    for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS)):
+        block = data.get(group)
+        if not isinstance(block, Mapping):
+            continue
+        for name in names:
+            raw = block.get(SECTION_KEYS[name], block.get(name))
+            try:
+                sections[name] = SectionUpdate.model_validate(raw)
+            except ValidationError:
+                continue
+    return sections
+
+
+def _removal_ids(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    ids: list[str] = []
+    for item in value:
+        # Bare ids (the schema we ask for) and DeerFlow HEAD's {"id": …} objects.
+        text = _text(item.get("id") if isinstance(item, Mapping) else item)
+        if text is not None and text not in ids:
+            ids.append(text)
+    return tuple(ids)
+
+
+class UpdateAnswer(_Answer):
+    """A validated answer; section keys are ours (``work_context``, …), grouped on the wire
+    under ``user`` and ``history`` with their camelCase names."""
 
     sections: dict[str, SectionUpdate] = Field(default_factory=dict)
-    new_facts: tuple[NewFact, ...] = ()
-    facts_to_remove: tuple[str, ...] = ()
-    stale_facts_to_remove: tuple[StaleRemoval, ...] = ()
-    facts_to_consolidate: tuple[ConsolidationProposal, ...] = ()
-    dropped_facts: int = 0
+    new_facts: tuple[NewFact, ...] = Field(
+        default=(),
+        validation_alias=AliasChoices("new_facts", "newFacts"),
+        serialization_alias="newFacts",
+    )
+    facts_to_remove: tuple[str, ...] = Field(
+        default=(),
+        validation_alias=AliasChoices("facts_to_remove", "factsToRemove"),
+        serialization_alias="factsToRemove",
+    )
+    stale_facts_to_remove: tuple[StaleRemoval, ...] = Field(
+        default=(),
+        validation_alias=AliasChoices("stale_facts_to_remove", "staleFactsToRemove"),
+        serialization_alias="staleFactsToRemove",
+    )
+    facts_to_consolidate: tuple[ConsolidationProposal, ...] = Field(
+        default=(),
+        validation_alias=AliasChoices("facts_to_consolidate", "factsToConsolidate"),
+        serialization_alias="factsToConsolidate",
+    )
+    # New facts the answer held that did not validate (never sent on the wire).
+    dropped_facts: int = Field(default=0, exclude=True)
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> UpdateAnswer:
+        """Validate a decoded answer item by item; unusable new facts are counted, not fatal.
+        A ``newFacts`` that is not a list counts as one dropped fact."""
+        raw_facts = _field(data, "new_facts")
+        facts, dropped = _valid_items(NewFact, raw_facts)
+        if not isinstance(raw_facts, list):
+            dropped = 1
+        stale, _ = _valid_items(StaleRemoval, _field(data, "stale_facts_to_remove"))
+        merges, _ = _valid_items(ConsolidationProposal, _field(data, "facts_to_consolidate"))
+        return cls(
+            sections=_sections_from_wire(data),
+            new_facts=tuple(facts),
+            facts_to_remove=_removal_ids(_field(data, "facts_to_remove")),
+            stale_facts_to_remove=tuple(stale),
+            facts_to_consolidate=tuple(merges),
+            dropped_facts=dropped,
+        )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The answer as a model writes it (camelCase, sections grouped)."""
+        groups: dict[str, dict[str, Any]] = {"user": {}, "history": {}}
+        for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS)):
+            for name in names:
+                if name in self.sections:
+                    section = self.sections[name].model_dump(by_alias=True)
+                    groups[group][SECTION_KEYS[name]] = section
+        lists: dict[str, Any] = {
+            _alias("new_facts"): [
+                f.model_dump(mode="json", by_alias=True, exclude_none=True) for f in self.new_facts
+            ],
+            _alias("facts_to_remove"): list(self.facts_to_remove),
+            _alias("stale_facts_to_remove"): [s.model_dump() for s in self.stale_facts_to_remove],
+            _alias("facts_to_consolidate"): [c.to_wire() for c in self.facts_to_consolidate],
+        }
+        return {**groups, **lists}
 
     def is_noop(self) -> bool:
         return not (
@@ -62,3 +321,17 @@ class UpdateAnswer(BaseModel):
             or self.stale_facts_to_remove
             or self.facts_to_consolidate
         )
+
+
+def _alias(field: str) -> str:
+    """The wire name of one of :class:`UpdateAnswer`'s fields."""
+    return UpdateAnswer.model_fields[field].serialization_alias or field
+
+
+def _field(data: Mapping[str, Any], field: str) -> Any:
+    """A field of a decoded answer, under its wire name or ours."""
+    return data.get(_alias(field), data.get(field))
+
+
+# The keys every answer must have: what tells an answer apart from any other JSON object.
+REQUIRED_KEYS = ("user", "history", _alias("new_facts"))

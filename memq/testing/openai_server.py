@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import sys
 import threading
 import time
@@ -15,8 +16,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Literal
 
+from memq.memory.update import NewFact, UpdateAnswer
+from memq.testing.openai_batches import ScriptedBatches
 from memq.testing.provider import Provider
 
 
@@ -31,14 +34,90 @@ class Reply:
     completion_tokens: int = 20
 
 
-EMPTY_UPDATE = json.dumps(
-    {
-        "user": {},
-        "history": {},
-        "newFacts": [],
-        "factsToRemove": [],
-    }
-)
+def update_text(answer: UpdateAnswer) -> str:
+    """An update answer as a model would send it, written by the one answer model."""
+    return json.dumps(answer.to_wire(), ensure_ascii=False)
+
+
+EMPTY_UPDATE = update_text(UpdateAnswer())
+
+# A new message of the update prompt: "[m1] User: …" (continuation lines are indented).
+_LABELLED = re.compile(r"^\[(m\d+)\] (User|Assistant): (.*(?:\n    .*)*)", re.MULTILINE)
+_MEMORY = re.compile(r"<current_memory>\n([\s\S]*?)\n</current_memory>")
+
+
+def request_text(request: dict[str, Any]) -> str:
+    return "\n".join(str(m.get("content", "")) for m in request.get("messages", []))
+
+
+def labelled_messages(request: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(label, role, text) of each new message of an update prompt, as the model sees them."""
+    return [
+        (label, role.lower(), text)
+        for label, role, text in _LABELLED.findall(request_text(request))
+    ]
+
+
+def memory_facts(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The facts of the ``<current_memory>`` slot (id, content, …)."""
+    found = _MEMORY.search(request_text(request))
+    if found is None:
+        return []
+    facts = json.loads(found.group(1)).get("facts", [])
+    return [f for f in facts if isinstance(f, dict)]
+
+
+@dataclass(frozen=True)
+class Teach:
+    """One fact a :class:`CitingModel` learns when a new message holds ``said``: cited
+    ``right`` (the labels of those messages), ``wrong`` (a label the prompt does not have) or
+    ``none`` (no citation)."""
+
+    content: str
+    said: str
+    role: str | None = None  # only messages of this role count ("user", "assistant")
+    cite: Literal["right", "wrong", "none"] = "right"
+    category: str = "context"
+    confidence: float = 0.95
+
+
+@dataclass
+class CitingModel:
+    """A responder that answers like a model that cites: the facts of ``teach`` whose phrase a
+    new message holds, each with its citation, and ``factsToRemove`` naming every stored fact
+    whose content holds one of ``contradicts``."""
+
+    teach: list[Teach] = field(default_factory=list)
+    contradicts: list[str] = field(default_factory=list)
+    delay_seconds: float = 0.0
+
+    def __call__(self, request: dict[str, Any]) -> Reply:
+        messages = labelled_messages(request)
+        facts = []
+        for rule in self.teach:
+            labels = tuple(
+                label
+                for label, role, text in messages
+                if rule.said in text and (rule.role is None or role == rule.role)
+            )
+            if not labels:
+                continue
+            cites = {"right": labels, "wrong": ("m999",), "none": ()}[rule.cite]
+            facts.append(
+                NewFact(
+                    content=rule.content,
+                    category=rule.category,
+                    confidence=rule.confidence,
+                    cites=cites,
+                )
+            )
+        removals = tuple(
+            str(f["id"])
+            for f in memory_facts(request)
+            if any(old in str(f.get("content", "")) for old in self.contradicts)
+        )
+        answer = UpdateAnswer(new_facts=tuple(facts), facts_to_remove=removals if facts else ())
+        return Reply(content=update_text(answer), delay_seconds=self.delay_seconds)
 
 
 def completion_body(reply: Reply, model: str) -> dict[str, Any]:
@@ -90,6 +169,7 @@ class ScriptedOpenAI:
         self.auth_headers: list[str | None] = []
         self.refusals: list[int] = []  # the status of each request the provider refused
         self.refusal_times: list[float] = []  # and when (time.monotonic())
+        self.batches = ScriptedBatches(self)  # the files + batches endpoints
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -102,14 +182,28 @@ class ScriptedOpenAI:
                 return
 
             def do_GET(self) -> None:  # /v1/models, used by `memq doctor`
+                if server.batches.serves(self.path):
+                    status, payload, content_type = server.batches.get(self.path)
+                    self._send(status, payload, {}, content_type)
+                    return
                 body = json.dumps(
                     {"object": "list", "data": [{"id": "scripted", "object": "model"}]}
                 )
                 self._send(200, body.encode(), {})
 
+            def do_DELETE(self) -> None:  # /v1/files/{id}
+                status, payload, content_type = server.batches.delete(self.path)
+                self._send(status, payload, {}, content_type)
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 raw = self.rfile.read(length)
+                if server.batches.serves(self.path):
+                    status, payload, content_type = server.batches.post(
+                        self.path, self.headers.get("Content-Type", ""), raw
+                    )
+                    self._send(status, payload, {}, content_type)
+                    return
                 try:
                     request = json.loads(raw or b"{}")
                 except ValueError:
@@ -123,10 +217,6 @@ class ScriptedOpenAI:
                     refusal, limit_headers = server.provider.admit(
                         request, (scripted or Reply()).completion_tokens
                     )
-                    if refusal is None and scripted is not None:
-                        server.replies.popleft()
-                    else:
-                        scripted = None
                     if refusal is not None:
                         server.refusals.append(refusal.status)
                         server.refusal_times.append(server.request_times[-1])
@@ -136,7 +226,7 @@ class ScriptedOpenAI:
                             refusal.status, json.dumps(refusal.body).encode(), refusal.headers
                         )
                     return
-                reply = scripted or server.responder(request)
+                reply = server.reply_for(request)
                 if reply.delay_seconds:
                     time.sleep(reply.delay_seconds)
                 if isinstance(reply.body, bytes):
@@ -155,9 +245,15 @@ class ScriptedOpenAI:
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                     self._send(reply.status, payload, {**limit_headers, **reply.headers})
 
-            def _send(self, status: int, payload: bytes, headers: dict[str, str]) -> None:
+            def _send(
+                self,
+                status: int,
+                payload: bytes,
+                headers: dict[str, str],
+                content_type: str = "application/json",
+            ) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(payload)))
                 for name, value in headers.items():
                     self.send_header(name, value)
@@ -168,6 +264,13 @@ class ScriptedOpenAI:
         self.thread = threading.Thread(
             target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
+
+    def reply_for(self, request: dict[str, Any]) -> Reply:
+        """The next scripted reply, else the responder's for ``request`` (synchronous calls and
+        batch jobs' requests alike)."""
+        with self.lock:
+            reply = self.replies.popleft() if self.replies else None
+        return reply if reply is not None else self.responder(request)
 
     @property
     def port(self) -> int:
@@ -201,3 +304,104 @@ class ScriptedOpenAI:
                 "\n".join(str(m.get("content", "")) for m in r.get("messages", []))
                 for r in self.requests
             ]
+
+
+# --- `memq eval`'s scripted model: extracts, answers and judges deterministically ---------------
+# Kept apart from the server above so that other behaviours can be added without touching it.
+# Extraction: every user line of the update prompt's <conversation> slot that is not a question
+# becomes a fact, word for word (a leading "[date]" and "Name:" dropped). Answer: the remembered
+# fact sharing the most content words with the question (the first such on a tie), else "The
+# information is not available." Judge: an unanswerable question is correct when the answer says
+# "not available"; any other when every content word of the gold answer is in the answer. Usage
+# is the character estimate of what was sent and answered, so token counts are computable.
+
+
+def _eval_conversation(text: str) -> str | None:
+    """The <conversation> slot's body, found by two linear scans (no lazy pattern to rescan)."""
+    start = text.find("<conversation>\n")
+    if start < 0:
+        return None
+    start += len("<conversation>\n")
+    end = text.find("\n</conversation>", start)
+    return text[start:end] if end >= 0 else None
+
+
+_EVAL_DATE = re.compile(r"^\[[^\]]*\]\s*")
+_EVAL_NAME = re.compile(r"^[A-Z][\w-]*:\s+")
+_EVAL_FACT_LINE = re.compile(r"^- \[[^\]]*\] (.*)$", re.MULTILINE)
+_EVAL_FIELD = re.compile(
+    r"^(Question|Gold answer|Correct Answer|Rubric|Explanation|"
+    r"Generated answer|Model Response): (.*)$",
+    re.MULTILINE,
+)
+NOT_AVAILABLE = "The information is not available."
+
+
+def _eval_reply(request: dict[str, Any], content: str) -> Reply:
+    from prompts.tokens import estimate_tokens
+
+    sent = "\n".join(str(m.get("content", "")) for m in request.get("messages", []))
+    return Reply(
+        content=content,
+        prompt_tokens=estimate_tokens(sent),
+        completion_tokens=estimate_tokens(content),
+    )
+
+
+def _eval_fields(text: str) -> dict[str, str]:
+    return {str(name): str(value) for name, value in _EVAL_FIELD.findall(text)}
+
+
+def eval_extracted_facts(conversation: str) -> list[str]:
+    """The facts the scripted extraction finds in a ``<conversation>`` slot."""
+    facts = []
+    for line in conversation.splitlines():
+        if not line.startswith("User: "):
+            continue
+        text = _EVAL_NAME.sub("", _EVAL_DATE.sub("", line.removeprefix("User: ").strip()))
+        if text and not text.endswith("?"):
+            facts.append(text)
+    return facts
+
+
+def evaluation_responder(request: dict[str, Any]) -> Reply:
+    """The responder for `memq eval` tests: extraction, answers and verdicts, all scripted."""
+    from memq.evaluation.prompts import ANSWER_SYSTEM, JUDGE_SYSTEM
+    from memq.evaluation.scoring import content_words
+
+    messages = request.get("messages", [])
+    system = str(messages[0].get("content", "")) if messages else ""
+    user = str(messages[-1].get("content", "")) if messages else ""
+    if system == ANSWER_SYSTEM:
+        question = _eval_fields(user).get("Question", "")
+        wanted = content_words(question)
+        best, answer = 0, NOT_AVAILABLE
+        for fact in _EVAL_FACT_LINE.findall(user):
+            shared = len(wanted & content_words(fact))
+            if shared > best:
+                best, answer = shared, fact
+        return _eval_reply(request, answer)
+    if system == JUDGE_SYSTEM:
+        fields = _eval_fields(user)
+        response = fields.get("Generated answer", fields.get("Model Response", ""))
+        unanswerable = "Explanation" in fields or "cannot be answered" in user
+        if unanswerable:
+            correct = "not available" in response.lower()
+        else:
+            gold = content_words(
+                fields.get("Gold answer", fields.get("Correct Answer", fields.get("Rubric", "")))
+            )
+            correct = bool(gold) and gold <= content_words(response)
+        if "Gold answer" in fields:  # LoCoMo's judge answers JSON
+            label = "CORRECT" if correct else "WRONG"
+            return _eval_reply(request, json.dumps({"reason": "scripted", "label": label}))
+        return _eval_reply(request, "yes" if correct else "no")
+    found = _eval_conversation(user)
+    facts = eval_extracted_facts(found) if found is not None else []
+    update = {
+        "user": {},
+        "history": {},
+        "newFacts": [{"content": f, "category": "context", "confidence": 0.95} for f in facts],
+        "factsToRemove": [],
+    }
+    return _eval_reply(request, json.dumps(update))

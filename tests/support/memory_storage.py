@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 
-from storage.base import Change, Fence, UpdateFn, UpdateResult
+from storage.base import Change, Fence, RewriteFn, UpdateFn, UpdateResult
 from storage.document import MemoryDocument
 
 Key = tuple[str, str | None]
@@ -64,6 +64,19 @@ class InMemoryStorage:
     ) -> list[Change]:
         with self.lock:
             return list(self.histories.get((user_id, agent_name), []))[-limit:]
+
+    def rewrite(self, user_id: str, agent_name: str | None, fn: RewriteFn) -> bool:
+        key = (user_id, agent_name)
+        with self.lock:
+            current = self.documents.get(key)
+            if current is None:
+                return False
+            result = fn(current.model_copy(deep=True), list(self.histories.get(key, [])))
+            if result is None:
+                return False
+            self.documents[key] = result[0].model_copy(deep=True)
+            self.histories[key] = list(result[1])
+            return True
 
     def list_agents(self, user_id: str) -> list[str | None]:
         with self.lock:

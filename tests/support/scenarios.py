@@ -7,7 +7,6 @@ then knows which facts must exist at the end, and can count them for duplicates.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +14,8 @@ from typing import Any
 import pytest
 
 from memq.core.settings import MemqSettings
+from memq.memory.update import NewFact, UpdateAnswer
+from memq.testing.openai_server import update_text
 from producer import MemoryProducer
 from storage import get_storage
 from storage.document import MemoryDocument
@@ -37,15 +38,10 @@ def fact_for(item: str) -> str:
 
 
 def update_answer(*facts: str) -> str:
-    return json.dumps(
-        {
-            "user": {},
-            "history": {},
-            "newFacts": [
-                {"content": fact, "category": "context", "confidence": 0.95} for fact in facts
-            ],
-            "factsToRemove": [],
-        }
+    return update_text(
+        UpdateAnswer(
+            new_facts=tuple(NewFact(content=f, category="context", confidence=0.95) for f in facts)
+        )
     )
 
 

@@ -5,13 +5,16 @@ Re-stated from DeerFlow's call sites, reduced to what the backend can observe.""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from deerflow.agents.memory.manager import (
     MemoryConflictError,
     MemoryCorruptionError,
     MemoryManager,
+    MemoryManagerError,
 )
 
 
@@ -44,11 +47,22 @@ def summarization_flush(
     )
 
 
-def memory_context(manager: MemoryManager, user_id: str, agent_name: str | None) -> str:
-    """``_get_memory_context``: the backend's text wrapped in ``<memory>``; errors become ""."""
+def memory_context(
+    manager: MemoryManager,
+    user_id: str,
+    agent_name: str | None,
+    *,
+    failure_policy: Mapping[str, str] | None = None,
+) -> str:
+    """``_get_memory_context``: the backend's text wrapped in ``<memory>``. Errors become "",
+    except a ``MemoryManagerError`` when the backend config says ``failure_policy.read:
+    fail_closed`` (then the run fails instead of going on without memory)."""
     try:
         content = manager.get_context(user_id, agent_name=agent_name)
-    except Exception:
+    except Exception as exc:
+        closed = (failure_policy or {}).get("read") == "fail_closed"
+        if closed and isinstance(exc, MemoryManagerError):
+            raise
         return ""
     if not content.strip():
         return ""
@@ -99,3 +113,42 @@ def gateway(call: Callable[[], Any]) -> tuple[int, Any]:
             return 409, "Fact was not stored because max_facts evicted it"
         return 200, document
     return 200, result
+
+
+def delete_custom_agent(
+    manager: MemoryManager, agents_root: Path, *, user_id: str, agent_name: str
+) -> int | None:
+    """``DELETE /api/agents/{name}``: the agent's folder goes, then the manager's optional
+    ``discard_pending_updates`` hook (probed with ``getattr``) drops what the backend still holds
+    for that agent. Returns the hook's count, None when the backend has no hook."""
+    folder = agents_root / "users" / user_id / "agents" / agent_name
+    if not (folder / "config.yaml").is_file():
+        raise FileNotFoundError(agent_name)
+    shutil.rmtree(folder)
+    discard = getattr(manager, "discard_pending_updates", None)
+    if not callable(discard):
+        return None
+    count: int = discard(user_id=user_id, agent_name=agent_name)
+    return count
+
+
+def lifespan_startup(manager: MemoryManager) -> str:
+    """The gateway's start: ``warm()``; a failure is logged and the gateway starts anyway.
+    Returns what it would log: "skipped", "warmed", "failed" or "error"."""
+    try:
+        warmed = manager.warm()
+    except Exception:
+        return "error"
+    if warmed is None:
+        return "skipped"
+    return "warmed" if warmed else "failed"
+
+
+def lifespan_shutdown(manager: MemoryManager, timeout: float) -> bool:
+    """The gateway's stop: a bounded ``shutdown_flush``, then ``close()`` whatever happened."""
+    try:
+        return manager.shutdown_flush(timeout)
+    except Exception:
+        return False
+    finally:
+        manager.close()

@@ -4,6 +4,8 @@ from deerflow.agents.memory.manager import (
     MemoryCorruptionError,
     MemoryManager,
     MemoryManagerError,
+    get_memory_manager,
+    reset_memory_manager,
 )
 
 __all__ = [
@@ -12,4 +14,6 @@ __all__ = [
     "MemoryCorruptionError",
     "MemoryManager",
     "MemoryManagerError",
+    "get_memory_manager",
+    "reset_memory_manager",
 ]

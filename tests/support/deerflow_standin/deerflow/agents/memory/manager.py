@@ -5,7 +5,9 @@ contract a backend subclasses, its construction invariants, its errors and the r
 from __future__ import annotations
 
 import importlib
+import threading
 from abc import abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -193,6 +195,47 @@ def resolve_manager_class(manager_class: str) -> type[MemoryManager]:
     if not (isinstance(cls, type) and issubclass(cls, MemoryManager)):
         raise ValueError(f"memory.manager_class={manager_class!r} is not a MemoryManager")
     return cls
+
+
+def _host_storage_path(config: dict[str, Any]) -> str:
+    """DeerFlow's rule for ``storage_path``: none → its state folder; relative → under it."""
+    from deerflow.config.runtime_paths import runtime_home
+
+    given = config.get("storage_path")
+    if not given:
+        return str(runtime_home())
+    if not Path(str(given)).is_absolute():
+        return str((runtime_home() / str(given)).resolve())
+    return str(given)
+
+
+_manager: MemoryManager | None = None
+_manager_lock = threading.Lock()
+
+
+def get_memory_manager() -> MemoryManager:
+    """The process's one manager, built on first use from the current ``MemoryConfig`` (double
+    checked under a lock, as DeerFlow's threads all reach here)."""
+    global _manager
+    if _manager is not None:
+        return _manager
+    with _manager_lock:
+        if _manager is None:
+            from deerflow.config.memory_config import get_memory_config
+
+            config = get_memory_config()
+            backend_config = dict(config.backend_config or {})
+            backend_config["storage_path"] = _host_storage_path(backend_config)
+            cls = resolve_manager_class(config.manager_class)
+            _manager = cls.from_config(backend_config, mode=config.mode)
+        return _manager
+
+
+def reset_memory_manager() -> None:
+    """Forget the cached manager (DeerFlow calls it on config reloads; tests between cases)."""
+    global _manager
+    with _manager_lock:
+        _manager = None
 
 
 def build_memory_manager(

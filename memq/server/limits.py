@@ -1,0 +1,131 @@
+"""The request guard: body-size cap (413 before the body is read whole), a 500 that logs no
+text, and an access log that holds no path parameter, query string or body."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sized
+from http import HTTPStatus
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from memq.server.problems import PROBLEM_JSON, PayloadTooLarge
+
+log = logging.getLogger("memq.server")
+access_log = logging.getLogger("memq.server.access")
+
+
+def check_count(items: Sized, cap: int, what: str) -> None:
+    """A list the caller sent (messages, ids) longer than ``cap``: 413."""
+    if len(items) > cap:
+        raise PayloadTooLarge(f"{len(items)} {what}; at most {cap} per request")
+
+
+def _problem_bytes(status: int, detail: str) -> bytes:
+    body = {
+        "type": "about:blank",
+        "title": HTTPStatus(status).phrase,
+        "status": status,
+        "detail": detail,
+    }
+    return json.dumps(body).encode("utf-8")
+
+
+class RequestGuard:
+    """Outermost middleware of the app (inside Starlette's own error middleware)."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status: list[int] = [0]
+        cap = self.max_body_bytes
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > cap:
+                    await self._send_problem(send, 413, self._too_large())
+                    self._log(scope, 413, started)
+                    return
+        received = [0]
+        over = [False]
+
+        async def counted_receive() -> Message:
+            if over[0]:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received[0] += len(message.get("body", b""))
+                if received[0] > cap:
+                    # The app stops reading as if the client had gone; whatever it answers
+                    # then is replaced by the 413 below.
+                    over[0] = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            if over[0]:
+                if message["type"] == "http.response.start" and not status[0]:
+                    status[0] = 413
+                    await self._send_problem(send, 413, self._too_large())
+                return
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, guarded_send)
+        except Exception as exc:  # the type only: its text may quote the caller's input
+            if not over[0]:
+                log.error("memq serve: unexpected %s on %s", type(exc).__name__, _route(scope))
+            if not status[0]:
+                status[0] = 413 if over[0] else 500
+                detail = self._too_large() if over[0] else "internal error; see the server log"
+                await self._send_problem(send, status[0], detail)
+        if over[0] and not status[0]:
+            status[0] = 413
+            await self._send_problem(send, 413, self._too_large())
+        self._log(scope, status[0], started)
+
+    def _too_large(self) -> str:
+        return f"request body above {self.max_body_bytes} bytes (MEMQ_SERVE_MAX_BODY_BYTES)"
+
+    @staticmethod
+    async def _send_problem(send: Send, status: int, detail: str) -> None:
+        body = _problem_bytes(status, detail)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", PROBLEM_JSON.encode()),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    @staticmethod
+    def _log(scope: Scope, status: int, started: float) -> None:
+        if access_log.isEnabledFor(logging.INFO):
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            access_log.info("%s %s %d %.1fms", scope["method"], _route(scope), status, elapsed_ms)
+
+
+def _route(scope: dict[str, Any] | Scope) -> str:
+    """The route's template (``/v1/users/{user_id}/memory``), never the path itself: a path
+    holds user ids and a query string may hold a user's words."""
+    route = scope.get("route")
+    return str(getattr(route, "path", None) or "(no route)")

@@ -1,0 +1,280 @@
+"""The MCP server: a few tools over the same memq handles as the HTTP routes, served over stdio
+(`memq mcp`, one user per process) and over streamable HTTP at ``/mcp`` (the user comes from the
+``X-Memq-User`` header, checked against the API key like any route).
+
+Few tools, plainly named: each costs the client's context window, and a model should pick the
+right one from its name and first sentence. The user is never a tool argument: a model talked
+into another user id must not reach another user's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+from urllib.parse import unquote
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from memq.core.connection import REDIS_ERRORS
+from memq.core.errors import InvalidIdentifier, MemqError, RedisUnavailable, StorageError
+from memq.core.identity import validate_agent_name
+from memq.core.settings import MemqSettings
+from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal, bearer_token
+from memq.server.auth import Scope as KeyScope
+from memq.server.models import TOKEN_BUDGET
+from memq.server.problems import problem, status_of
+from memq.server.service import MemqService
+
+USER_HEADER = "x-memq-user"
+AGENT_HEADER = "x-memq-agent"
+MCP_PATH = "/mcp"
+# One thread for every `remember`: its messages accumulate until extracted, and the watermark
+# then skips what was extracted, so a fact handed over twice is extracted once.
+REMEMBER_THREAD = "mcp-remember"
+_STATE_KEY = "memq_mcp"
+
+INSTRUCTIONS = (
+    "Long-term memory about the user. Call `recall` with the user's message before answering "
+    "to get what is known about them; call `remember` when they tell you something worth "
+    "keeping (a preference, a fact about their work or life, a correction)."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    principal: Principal
+    user_id: str
+    agent_name: str | None
+
+    def require(self, scope: KeyScope) -> None:
+        self.principal.require_scope(scope)
+
+
+CallerOf = Callable[[Context], Caller]
+
+
+@contextlib.contextmanager
+def _as_tool_error() -> Iterator[None]:
+    """memq's refusals as the one line a model reads (the SDK hides other errors' text)."""
+    unavailable: tuple[type[Exception], ...] = (RedisUnavailable, StorageError, *REDIS_ERRORS)
+    try:
+        yield
+    except unavailable as exc:
+        raise ToolError("memq's store is unavailable; try again shortly") from exc
+    except MemqError as exc:
+        raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+
+
+def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
+    # Warnings only: the SDK logs each tool error at INFO, and a refusal may name what was sent.
+    mcp = MCPServer(name="memq", instructions=INSTRUCTIONS, log_level="WARNING")
+
+    @mcp.tool()
+    def remember(text: str, ctx: Context) -> str:
+        """Remember something the user said about themselves (extracted into facts within
+        seconds). Pass their own words; one topic per call is best."""
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("agent")
+            messages = [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": "I will remember that."},
+            ]
+            outcome = service.hand_off(
+                REMEMBER_THREAD,
+                caller.user_id,
+                caller.agent_name,
+                messages,
+                flush=True,
+                trace_id=None,
+            )
+            if outcome.status == "nothing_to_remember":
+                return "nothing to remember in that text"
+            if outcome.status == "spooled":
+                return "will be remembered (kept by the server until memq's store is back)"
+            return "will be remembered"
+
+    @mcp.tool()
+    def recall(
+        query: str,
+        ctx: Context,
+        max_tokens: Annotated[
+            int | None, Field(ge=TOKEN_BUDGET["ge"], le=TOKEN_BUDGET["le"])
+        ] = None,
+    ) -> str:
+        """What is known about the user that is relevant to `query` (their latest message):
+        a <user_memory> block to read before answering; empty when nothing is known."""
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("agent")
+            return service.block(
+                caller.user_id, caller.agent_name, query=query or None, max_tokens=max_tokens
+            )
+
+    @mcp.tool()
+    def list_facts(ctx: Context, category: str | None = None) -> list[dict[str, Any]]:
+        """Every stored fact about the user (id, content, category, confidence), most confident
+        first; use the ids with edit_fact and delete_fact."""
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("agent")
+            facts = service.manager.list_facts(
+                caller.user_id, agent_name=caller.agent_name, category=category
+            )
+            return [
+                {
+                    "id": f.id,
+                    "content": f.content,
+                    "category": f.category,
+                    "confidence": f.confidence,
+                }
+                for f in facts
+            ]
+
+    @mcp.tool()
+    def edit_fact(
+        fact_id: str,
+        ctx: Context,
+        content: str | None = None,
+        category: str | None = None,
+        confidence: float | None = None,
+    ) -> dict[str, Any]:
+        """Correct a stored fact (only the fields given change), when the user says it is
+        wrong or out of date."""
+        from memq.commands.memory import check_category
+
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("admin")
+            if category is not None:
+                check_category(category)
+            fact = service.manager.edit_fact(
+                caller.user_id,
+                fact_id,
+                agent_name=caller.agent_name,
+                content=content,
+                category=category,
+                confidence=confidence,
+            )
+            return {"id": fact.id, "content": fact.content, "category": fact.category}
+
+    @mcp.tool()
+    def delete_fact(fact_id: str, ctx: Context) -> str:
+        """Delete a stored fact, when the user asks to forget it."""
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("admin")
+            fact = service.manager.delete_fact(
+                caller.user_id, fact_id, agent_name=caller.agent_name
+            )
+            return f"deleted {fact.id}"
+
+    @mcp.resource("memq://users/{user_id}/memory", mime_type="application/json")
+    def memory_document(user_id: str, ctx: Context) -> str:
+        """The user's whole memory document (memq memory.json); only the connection's user."""
+        with _as_tool_error():
+            caller = caller_of(ctx)
+            caller.require("agent")
+            if user_id != caller.user_id:
+                raise Forbidden("this connection reads only its own user's memory")
+            document = service.manager.document(caller.user_id, agent_name=caller.agent_name)
+            return json.dumps(document.to_json(), ensure_ascii=False)
+
+    return mcp
+
+
+# --- stdio: one user per process, the local user's own trust
+async def run_stdio(settings: MemqSettings, user_id: str, agent_name: str | None) -> None:
+    service = MemqService(settings)
+    caller = Caller(OPEN_ACCESS, user_id, agent_name)
+    try:
+        await build_mcp(service, lambda _ctx: caller).run_stdio_async()
+    finally:
+        service.close()
+
+
+# --- streamable HTTP at /mcp
+def _http_caller(ctx: Context) -> Caller:
+    request = ctx.request_context.request
+    state = getattr(request, "scope", {}).get("state", {}) if request is not None else {}
+    caller = state.get(_STATE_KEY)
+    if not isinstance(caller, Caller):  # only the key guard puts it there
+        raise Forbidden("no caller identity on this MCP request")
+    return caller
+
+
+class KeyGuard:
+    """The ``/mcp`` endpoint behind the same keys as every route: resolve the key, require
+    ``agent``, bind the user from ``X-Memq-User`` (checked against the key's prefix)."""
+
+    def __init__(self, app: Any, keyring: Keyring) -> None:
+        self.app = app
+        self.keyring = keyring
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope)
+        try:
+            caller = self.authorize(request)
+        except MemqError as exc:
+            await problem(status_of(exc), str(exc))(scope, receive, send)
+            return
+        scope.setdefault("state", {})[_STATE_KEY] = caller
+        await self.app(scope, receive, send)
+
+    def authorize(self, request: Request) -> Caller:
+        from memq.core.identity import validate_user_id
+
+        principal = self.keyring.resolve(bearer_token(request.headers.get("authorization")))
+        principal.require_scope("agent")
+        user = validate_user_id(_header_id(request, USER_HEADER))
+        principal.require_user(user)
+        agent = validate_agent_name(_header_id(request, AGENT_HEADER))
+        return Caller(principal, user, agent)
+
+
+def _header_id(request: Request, name: str) -> str | None:
+    """An id from a header, percent-decoded (headers carry ASCII; `j%C3%BCrgen`, `a%25b`)."""
+    value = request.headers.get(name)
+    if not value:
+        return None
+    try:
+        return unquote(value, errors="strict")
+    except UnicodeDecodeError:
+        raise InvalidIdentifier(f"{name}: not percent-encoded UTF-8") from None
+
+
+class HttpMcp:
+    """The MCP endpoint of one app: its route and the lifespan its session manager needs."""
+
+    def __init__(self, service: MemqService, settings: MemqSettings) -> None:
+        self.server = build_mcp(service, _http_caller)
+        # Stateless JSON responses: any replica answers any request, no session to pin.
+        starlette_app = self.server.streamable_http_app(
+            streamable_http_path=MCP_PATH,
+            stateless_http=True,
+            json_response=True,
+            max_request_body_size=settings.serve_max_body_bytes,
+            host=settings.serve_host,
+        )
+        self._routes = [r for r in starlette_app.routes if isinstance(r, Route)]
+
+    def route(self, keyring: Keyring) -> Route:
+        (inner,) = [r for r in self._routes if r.path == MCP_PATH]
+        return Route(MCP_PATH, endpoint=KeyGuard(inner.endpoint, keyring))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        async with self.server.session_manager.run():
+            yield
+
+
+def build_http_mcp(service: MemqService, settings: MemqSettings) -> HttpMcp:
+    return HttpMcp(service, settings)

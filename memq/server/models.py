@@ -1,0 +1,50 @@
+"""Response bodies of the HTTP API. Facts and history entries are the storage's own models, so
+the API shows exactly what memq stores (one schema, not a copy)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from memq.core.settings import MemqSettings
+from memq.server.service import HandOffStatus
+from storage.base import Change
+from storage.document import Fact
+
+
+def setting_bounds(name: str) -> dict[str, Any]:
+    """The ``ge``/``le``/``gt``/``lt`` of a setting, for a request field that overrides it per
+    call (the per-call token budget is held to the limits of the setting it overrides)."""
+    bounds: dict[str, Any] = {}
+    for constraint in MemqSettings.model_fields[name].metadata:
+        for kind in ("ge", "le", "gt", "lt"):
+            if hasattr(constraint, kind):
+                bounds[kind] = getattr(constraint, kind)
+    return bounds
+
+
+TOKEN_BUDGET = setting_bounds("injected_memory_max_tokens")
+
+
+class HandOffAccepted(BaseModel):
+    status: HandOffStatus = Field(
+        description="`queued`: Redis took it; `spooled`: Redis is unreachable, the server keeps "
+        "it and sends it when Redis is back; `nothing_to_remember`: no user message with an "
+        "answer in it"
+    )
+    context_id: str | None = None
+    version: int | None = None
+    deadline_ms: int | None = Field(default=None, description="when it is due, epoch ms")
+
+
+class ContextBlock(BaseModel):
+    block: str = Field(description="`<user_memory>…</user_memory>`, or empty")
+
+
+class FactsOut(BaseModel):
+    facts: list[Fact]
+
+
+class HistoryOut(BaseModel):
+    changes: list[Change]

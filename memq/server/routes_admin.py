@@ -1,0 +1,128 @@
+"""Management (scope ``admin``): facts by hand, export and import, forget a user. Every write is
+the memory manager's (serialised with running extractions, recorded in the history) or the
+erasure's, exactly as from the CLI."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from fastapi import Body, Depends, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from memq.commands.memory import check_category
+from memq.server.auth import ADMIN
+from memq.server.routing import AgentName, Service, new_router
+from storage.document import DEFAULT_CATEGORY, Fact
+
+router = new_router()
+# `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
+USER = "/v1/users/{user_id:path}"
+_TAGS: list[str | Enum] = ["admin"]
+
+
+class NewFact(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    content: str = Field(min_length=1)
+    agent_name: str | None = None
+    category: str = DEFAULT_CATEGORY
+    confidence: float = Field(default=0.9, ge=0.0, le=1.0)
+
+
+@router.post(
+    USER + "/facts", tags=_TAGS, dependencies=[Depends(ADMIN)], status_code=201, response_model=Fact
+)
+def add_fact(user_id: str, body: NewFact, svc: Service) -> Fact:
+    """Add a fact by hand, held to the same fact cap as an extraction (409 when the cap
+    evicts the new fact itself)."""
+    check_category(body.category)
+    return svc.manager.add_fact(
+        user_id,
+        body.content,
+        agent_name=body.agent_name,
+        category=body.category,
+        confidence=body.confidence,
+    )
+
+
+class FactEdit(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent_name: str | None = None
+    content: str | None = Field(default=None, min_length=1)
+    category: str | None = None
+    confidence: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+@router.patch(
+    USER + "/facts/{fact_id}", tags=_TAGS, dependencies=[Depends(ADMIN)], response_model=Fact
+)
+def edit_fact(user_id: str, fact_id: str, body: FactEdit, svc: Service) -> Fact:
+    """Change a fact's content, category or confidence (only the fields given)."""
+    if body.category is not None:
+        check_category(body.category)
+    return svc.manager.edit_fact(
+        user_id,
+        fact_id,
+        agent_name=body.agent_name,
+        content=body.content,
+        category=body.category,
+        confidence=body.confidence,
+    )
+
+
+@router.delete(
+    USER + "/facts/{fact_id}", tags=_TAGS, dependencies=[Depends(ADMIN)], response_model=Fact
+)
+def delete_fact(user_id: str, fact_id: str, svc: Service, agent_name: AgentName = None) -> Fact:
+    """Delete a fact; answers the fact deleted."""
+    return svc.manager.delete_fact(user_id, fact_id, agent_name=agent_name)
+
+
+@router.get(
+    USER + "/export",
+    tags=_TAGS,
+    dependencies=[Depends(ADMIN)],
+)
+def export(
+    user_id: str,
+    svc: Service,
+    agent_name: AgentName = None,
+    format: Annotated[Literal["memq", "deerflow"], Query()] = "memq",
+) -> dict[str, Any]:
+    """The memory document as memq or DeerFlow memory.json."""
+    if format == "deerflow":
+        from memq.integrations.deerflow_format import deerflow_document
+
+        return deerflow_document(svc.manager.document(user_id, agent_name=agent_name))
+    return svc.manager.export(user_id, agent_name=agent_name)
+
+
+class Imported(BaseModel):
+    facts: int = Field(description="facts in the memory now")
+
+
+@router.put(USER + "/memory", tags=_TAGS, dependencies=[Depends(ADMIN)], response_model=Imported)
+def import_memory(
+    user_id: str,
+    svc: Service,
+    document: Annotated[dict[str, Any], Body(description="a memq or DeerFlow memory.json")],
+    agent_name: AgentName = None,
+) -> Imported:
+    """Replace the memory with an imported memq or DeerFlow document."""
+    imported = svc.manager.import_document(user_id, document, agent_name=agent_name)
+    return Imported(facts=len(imported.facts))
+
+
+class Forgotten(BaseModel):
+    user_id: str
+    removed: dict[str, int]
+
+
+@router.delete(USER + "", tags=_TAGS, dependencies=[Depends(ADMIN)], response_model=Forgotten)
+def forget(user_id: str, svc: Service) -> Forgotten:
+    """Erase everything held about the user: every agent's memory with its history, pending,
+    in-flight and dead conversations, watermarks (`memq forget`)."""
+    report = svc.forget(user_id)
+    return Forgotten(user_id=user_id, removed=report.as_dict())

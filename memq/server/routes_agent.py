@@ -1,0 +1,158 @@
+"""What an agent calls around each turn (scope ``agent``): hand a conversation over, read the
+memory block, the document, search, the facts and their history.
+
+Query texts travel in request bodies, never in the URL, so no access log or proxy log holds them.
+"""
+
+from __future__ import annotations
+
+import functools
+from enum import Enum
+from typing import Annotated, Any
+
+from fastapi import Depends, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from memq.server.auth import AGENT
+from memq.server.limits import check_count
+from memq.server.models import (
+    TOKEN_BUDGET,
+    ContextBlock,
+    FactsOut,
+    HandOffAccepted,
+    HistoryOut,
+)
+from memq.server.routing import AgentName, Service, new_router
+
+router = new_router()
+# `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
+USER = "/v1/users/{user_id:path}"
+_TAGS: list[str | Enum] = ["agent"]
+
+
+class HandOff(BaseModel):
+    """One turn of a thread, as the agent sees it now (the whole list or the latest messages)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    thread_id: str = Field(description="the conversation's id in your framework")
+    agent_name: str | None = Field(default=None, description="omitted: user-global memory")
+    messages: list[dict[str, Any]] = Field(
+        description="`{role, content}` objects (OpenAI / LangChain shapes accepted)"
+    )
+    flush: bool = Field(
+        default=False, description="due now (before a summary drops messages), skip the debounce"
+    )
+    trace_id: str | None = Field(default=None, description="carried to the worker's log line")
+
+
+@router.post(
+    USER + "/conversations",
+    tags=_TAGS,
+    dependencies=[Depends(AGENT)],
+    status_code=202,
+    response_model=HandOffAccepted,
+)
+async def hand_off(user_id: str, body: HandOff, request: Request, svc: Service) -> HandOffAccepted:
+    """Hand a conversation over for extraction: 202 once Redis took it (`queued`), or once the
+    server spooled it while Redis is unreachable (`spooled`, sent when Redis is back)."""
+    # The producer's own message cap: over HTTP a longer list is refused (413), not cut.
+    check_count(body.messages, request.app.state.settings.producer_max_messages, "messages")
+    # The hot path: one explicit hop to a thread for the (blocking) Redis round trip, and the
+    # answer serialised here; a sync handler costs a second hop for the serialisation.
+    outcome = await run_in_threadpool(
+        functools.partial(
+            svc.hand_off,
+            body.thread_id,
+            user_id,
+            body.agent_name,
+            body.messages,
+            flush=body.flush,
+            trace_id=body.trace_id,
+        )
+    )
+    return HandOffAccepted(
+        status=outcome.status,
+        context_id=outcome.context_id,
+        version=outcome.version,
+        deadline_ms=outcome.deadline_ms,
+    )
+
+
+class ContextQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent_name: str | None = None
+    query: str | None = Field(
+        default=None, description="the user's latest message: relevant facts first"
+    )
+    max_tokens: int | None = Field(
+        default=None,
+        description="token budget (default MEMQ_INJECTED_MEMORY_MAX_TOKENS)",
+        ge=TOKEN_BUDGET["ge"],
+        le=TOKEN_BUDGET["le"],
+    )
+
+
+@router.post(
+    USER + "/context", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=ContextBlock
+)
+def context(user_id: str, body: ContextQuery, svc: Service) -> ContextBlock:
+    """The `<user_memory>` block for the next prompt (empty when there is nothing to inject)."""
+    block = svc.block(user_id, body.agent_name, query=body.query, max_tokens=body.max_tokens)
+    return ContextBlock(block=block)
+
+
+@router.get(
+    USER + "/memory",
+    tags=_TAGS,
+    dependencies=[Depends(AGENT)],
+)
+def memory(user_id: str, svc: Service, agent_name: AgentName = None) -> dict[str, Any]:
+    """The whole memory document (memq memory.json) of the (user, agent)."""
+    return svc.manager.document(user_id, agent_name=agent_name).to_json()
+
+
+@router.get(USER + "/facts", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=FactsOut)
+def list_facts(
+    user_id: str,
+    svc: Service,
+    agent_name: AgentName = None,
+    category: str | None = None,
+) -> FactsOut:
+    """The facts, most confident first."""
+    facts = svc.manager.list_facts(user_id, agent_name=agent_name, category=category)
+    return FactsOut(facts=facts)
+
+
+class SearchQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1)
+    agent_name: str | None = None
+    category: str | None = None
+    limit: int = Field(default=10, ge=1, le=200)
+
+
+@router.post(
+    USER + "/facts/search", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=FactsOut
+)
+def search_facts(user_id: str, body: SearchQuery, svc: Service) -> FactsOut:
+    """The facts most relevant to a query (BM25 over English and Chinese words)."""
+    found = svc.manager.search(
+        user_id, body.query, agent_name=body.agent_name, category=body.category, limit=body.limit
+    )
+    return FactsOut(facts=found)
+
+
+@router.get(USER + "/history", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=HistoryOut)
+def history(
+    user_id: str,
+    svc: Service,
+    agent_name: AgentName = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> HistoryOut:
+    """Recorded changes of the document, newest first."""
+    changes = svc.manager.history(user_id, agent_name=agent_name, limit=limit)
+    return HistoryOut(changes=changes)

@@ -1,0 +1,131 @@
+"""Operations: health probes (public), queue stats and dead letters (scope ``admin``, never a
+key bound to a user-id prefix: these span every user)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from memq.core.connection import REDIS_ERRORS
+from memq.server.auth import ADMIN, PUBLIC
+from memq.server.limits import check_count
+from memq.server.problems import problem
+from memq.server.routing import Service, new_router
+
+router = new_router()
+# Beat is "ticking" while its last tick is younger than this many ticks (and at least 10 s).
+_TICK_GRACE = 10
+
+
+@router.get("/healthz", tags=["ops"], dependencies=[Depends(PUBLIC)])
+def healthz() -> dict[str, str]:
+    """The process answers (liveness)."""
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    tags=["ops"],
+    dependencies=[Depends(PUBLIC)],
+    response_model=None,
+)
+def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
+    """Redis answers and beat ticks (readiness): 200, else 503 naming what is missing."""
+    from worker.metrics import read_metrics
+    from worker.queue import now_ms
+
+    try:
+        svc.redis.ping()
+        snapshot = read_metrics(svc.redis, svc.settings)
+    except REDIS_ERRORS:
+        return problem(503, "Redis does not answer")
+    last = snapshot.last_tick_ms
+    age_ms = None if last is None else max(0, now_ms() - last)
+    limit_ms = max(10_000, int(svc.settings.tick_seconds * 1000 * _TICK_GRACE))
+    if age_ms is None or age_ms > limit_ms:
+        seen = "never" if age_ms is None else f"{age_ms / 1000:.0f} s ago"
+        return problem(503, f"beat is not ticking (last tick {seen})", redis="ok")
+    return {"status": "ready", "redis": "ok", "last_tick_age_ms": age_ms}
+
+
+@router.get("/v1/queue/stats", tags=["ops"], dependencies=[Depends(ADMIN)])
+def queue_stats(svc: Service) -> dict[str, Any]:
+    """Queue depths, lag, extraction outcomes and tokens (what `memq stats --json` prints)."""
+    from memq.commands.queue import stats_summary
+    from worker.metrics import read_metrics, read_shards
+    from worker.queue import now_ms
+
+    now = now_ms()
+    shards = read_shards(svc.redis, svc.settings, now)
+    return stats_summary(shards, read_metrics(svc.redis, svc.settings), now)
+
+
+class DeadLetter(BaseModel):
+    context_id: str
+    dead_at_ms: int
+    attempts: int
+    last_error: str
+    expires_at_ms: int
+
+
+class DeadLetters(BaseModel):
+    dead_letters: list[DeadLetter]
+
+
+@router.get(
+    "/v1/dead-letters", tags=["ops"], dependencies=[Depends(ADMIN)], response_model=DeadLetters
+)
+def dead_letters(svc: Service, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> DeadLetters:
+    """Dead contexts with their attempts and last error (`memq dead list`)."""
+    entries = svc.queue.dead_list(limit)
+    return DeadLetters(
+        dead_letters=[
+            DeadLetter(
+                context_id=e.context_id,
+                dead_at_ms=e.dead_at_ms,
+                attempts=e.attempts,
+                last_error=e.last_error,
+                expires_at_ms=e.expires_at_ms,
+            )
+            for e in entries
+        ]
+    )
+
+
+class DeadAction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[str] | Literal["all"] = Field(description='context ids, or "all"')
+
+
+class DeadActionDone(BaseModel):
+    count: int = Field(description="how many dead letters were retried or purged")
+
+
+@router.post(
+    "/v1/dead-letters/retry",
+    tags=["ops"],
+    dependencies=[Depends(ADMIN)],
+    response_model=DeadActionDone,
+)
+def retry_dead_letters(body: DeadAction, request: Request, svc: Service) -> DeadActionDone:
+    """Put dead letters back in the queue, due now (`memq dead retry`)."""
+    if body.ids != "all":
+        check_count(body.ids, request.app.state.settings.producer_max_messages, "ids")
+    return DeadActionDone(count=svc.queue.dead_retry(body.ids))
+
+
+@router.post(
+    "/v1/dead-letters/purge",
+    tags=["ops"],
+    dependencies=[Depends(ADMIN)],
+    response_model=DeadActionDone,
+)
+def purge_dead_letters(body: DeadAction, request: Request, svc: Service) -> DeadActionDone:
+    """Delete dead letters for good (`memq dead purge`)."""
+    if body.ids != "all":
+        check_count(body.ids, request.app.state.settings.producer_max_messages, "ids")
+    return DeadActionDone(count=svc.queue.dead_purge(body.ids))

@@ -1,0 +1,88 @@
+"""``build_inspector(settings, keyring, service)`` → the inspector's app, mounted at ``/ui``.
+
+Its own small app, so its errors are pages rather than ``problem+json`` and its route table can
+be swept on its own; it shares the server's keyring and memq handles.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from http import HTTPStatus
+from importlib.resources import files
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from memq.core.connection import REDIS_ERRORS
+from memq.core.errors import MemqError, RedisUnavailable, StorageError
+from memq.core.settings import MemqSettings
+from memq.server.auth import Keyring
+from memq.server.problems import status_of
+from memq.server.service import MemqService
+from memq.server.ui.render import SecurityHeaders, render
+from memq.server.ui.session import LoginRequired, SessionCodec
+
+log = logging.getLogger("memq.server.ui")
+
+
+def build_inspector(settings: MemqSettings, keyring: Keyring, service: MemqService) -> FastAPI:
+    from memq.server.ui import routes_correct, routes_memory, routes_queue, routes_session
+
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    secret = (
+        settings.serve_session_secret.get_secret_value()
+        if settings.serve_session_secret is not None
+        else secrets.token_urlsafe(32)
+    )
+    app.state.session_codec = SessionCodec(secret, settings.serve_session_max_age_seconds)
+    app.state.keyring = keyring
+    app.state.service = service
+    for module in (routes_session, routes_memory, routes_correct, routes_queue):
+        app.router.routes.extend(module.router.routes)
+    static = files("memq.server.ui").joinpath("static")
+    app.mount("/static", StaticFiles(directory=str(static)), name="ui_static")
+    app.add_exception_handler(MemqError, on_error)
+    app.add_exception_handler(RequestValidationError, on_invalid)
+    for kind in REDIS_ERRORS:
+        app.add_exception_handler(kind, on_error)
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+def error_page(request: Request, status: int, message: str) -> HTMLResponse:
+    body = render(
+        "error.html",
+        {
+            "base": str(request.scope.get("root_path", "")),
+            "status": status,
+            "title": HTTPStatus(status).phrase,
+            "message": message,
+            "who": None,
+            "sees_queue": False,
+        },
+    )
+    return HTMLResponse(body, status_code=status)
+
+
+async def on_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, LoginRequired):
+        return RedirectResponse(str(request.scope.get("root_path", "")) + "/login", 303)
+    status = status_of(exc)
+    if status == 503 or isinstance(exc, RedisUnavailable | StorageError):
+        log.warning("inspector: storage error %s", type(exc).__name__)
+        return error_page(request, 503, "storage unavailable; retry later")
+    if status >= 500:
+        log.error("inspector: %s", type(exc).__name__)
+        return error_page(request, status, "internal error; see the server log")
+    text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:500]
+    return error_page(request, status, text)
+
+
+async def on_invalid(request: Request, exc: Exception) -> Response:
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    first = errors[0] if errors else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query"))
+    return error_page(request, 422, f"{where or 'form'}: {first.get('msg', 'invalid')}")

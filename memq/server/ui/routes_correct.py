@@ -1,0 +1,123 @@
+"""Corrections by hand: add, edit and delete a fact, forget a thread, forget the user.
+
+Each handler parses its form and calls the memory manager or the erasure exactly as the HTTP API
+and the CLI do (serialised with running extractions, recorded in the history as by hand); then it
+redirects to the page that shows the result, naming what was done from a fixed vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from memq.commands.memory import check_category
+from memq.core.errors import InvalidMemoryData
+from memq.server.ui.access import Changer, Page
+from memq.server.ui.render import path_segment, query
+
+router = APIRouter()
+USER = "/users/{user_id:path}"  # a user id may hold `/`, as in the HTTP API
+# No length limits of their own: the request body cap bounds a form, and the memory manager checks
+# agent names, contents and categories as everywhere else in memq.
+AgentField = Annotated[str, Form()]
+Content = Annotated[str, Form()]
+Short = Annotated[str, Form()]
+
+
+def _agent(value: str) -> str | None:
+    return value or None
+
+
+def _confidence(value: str) -> float | None:
+    """A typed confidence; blank: not given."""
+    if not value.strip():
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidMemoryData("confidence must be a number between 0 and 1") from None
+
+
+def _given(confidence: float | None) -> float:
+    if confidence is None:
+        raise InvalidMemoryData("confidence must be a number between 0 and 1")
+    return confidence
+
+
+def _back(page: Page, user_id: str, path: str, **params: Any) -> RedirectResponse:
+    url = f"{page.base}/users/{path_segment(user_id)}{path}{query(params)}"
+    return RedirectResponse(url, status_code=303)
+
+
+@router.post(USER + "/facts", name="ui_add_fact")
+def add_fact(
+    user_id: str,
+    page: Changer,
+    content: Content,
+    agent: AgentField = "",
+    category: Short = "context",
+    confidence: Short = "0.9",
+) -> RedirectResponse:
+    check_category(category)
+    fact = page.svc.manager.add_fact(
+        user_id,
+        content,
+        agent_name=_agent(agent),
+        category=category,
+        confidence=_given(_confidence(confidence)),
+    )
+    return _back(page, user_id, f"/facts/{path_segment(fact.id)}", agent=agent, done="added")
+
+
+@router.post(USER + "/facts/{fact_id}/edit", name="ui_edit_fact")
+def edit_fact(
+    user_id: str,
+    fact_id: str,
+    page: Changer,
+    content: Content = "",
+    agent: AgentField = "",
+    category: Short = "",
+    confidence: Short = "",
+) -> RedirectResponse:
+    if category:
+        check_category(category)
+    page.svc.manager.edit_fact(
+        user_id,
+        fact_id,
+        agent_name=_agent(agent),
+        content=content or None,
+        category=category or None,
+        confidence=_confidence(confidence),
+    )
+    return _back(page, user_id, f"/facts/{path_segment(fact_id)}", agent=agent, done="edited")
+
+
+@router.post(USER + "/facts/{fact_id}/delete", name="ui_delete_fact")
+def delete_fact(
+    user_id: str, fact_id: str, page: Changer, agent: AgentField = ""
+) -> RedirectResponse:
+    page.svc.manager.delete_fact(user_id, fact_id, agent_name=_agent(agent))
+    return _back(page, user_id, "/memory", agent=agent, done="deleted")
+
+
+@router.post(USER + "/threads/forget", name="ui_forget_thread")
+def forget_thread(
+    user_id: str, page: Changer, thread_id: Short, agent: AgentField = ""
+) -> RedirectResponse:
+    """Forget what one thread taught, where this memq's management API can."""
+    manager: Any = page.svc.manager
+    if not hasattr(manager, "forget_thread"):
+        raise InvalidMemoryData("forgetting one thread is not available in this memq version")
+    manager.forget_thread(user_id, thread_id)
+    return _back(page, user_id, "/memory", agent=agent, done="thread-forgotten")
+
+
+@router.post(USER + "/forget", name="ui_forget_user")
+def forget_user(user_id: str, page: Changer, confirm: Short = "") -> HTMLResponse:
+    """Erase everything held about the user, once the user id is typed back exactly."""
+    if confirm != user_id:
+        raise InvalidMemoryData("not forgotten: type the user id exactly to confirm")
+    report = page.svc.forget(user_id)
+    return page.html("forgotten.html", user_id=user_id, removed=report.as_dict())

@@ -1,0 +1,81 @@
+"""The queue: the figures `memq stats` prints (refreshed live by a small script), and the dead
+letters with their reasons, to retry or purge."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Form, Query
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from memq.core.errors import InvalidMemoryData
+from memq.server.ui.access import Page, QueueChanger, QueueViewer
+from memq.server.ui.render import query
+
+router = APIRouter()
+# Dead letters shown on the page; `memq dead list` and the API list more.
+MAX_LISTED_DEAD = 500
+DONE = {"retried": "retried (due now)", "purged": "purged"}
+
+
+def _stats(page: Page) -> dict[str, Any]:
+    from memq.commands.queue import stats_rows, stats_summary
+    from worker.metrics import read_metrics, read_shards
+    from worker.queue import now_ms
+
+    svc = page.svc
+    now = now_ms()
+    shards = read_shards(svc.redis, svc.settings, now)
+    summary = stats_summary(shards, read_metrics(svc.redis, svc.settings), now)
+    return {
+        "now_ms": now,
+        "rows": [[label, str(value)] for label, value in stats_rows(summary)],
+        "extractions": sum(summary["extractions"].values()),
+        "tokens": summary["prompt_tokens"] + summary["completion_tokens"],
+        "dead": summary["dead"],
+    }
+
+
+@router.get("/queue", name="ui_queue")
+def queue(
+    page: QueueViewer,
+    done: Annotated[str, Query(max_length=20)] = "",
+    count: Annotated[int, Query(ge=0)] = 0,
+) -> HTMLResponse:
+    from memq.core.identity import ContextKey
+
+    dead = []
+    for entry in page.svc.queue.dead_list(MAX_LISTED_DEAD):
+        try:
+            key: ContextKey | None = ContextKey.from_id(entry.context_id)
+        except ValueError:
+            key = None
+        dead.append((entry, key))
+    notice = f"{count} dead letter(s) {DONE[done]}" if done in DONE else ""
+    return page.html("queue.html", stats=_stats(page), dead=dead, notice=notice)
+
+
+@router.get("/queue/stats.json", name="ui_queue_stats")
+def queue_stats(page: QueueViewer) -> dict[str, Any]:
+    """What the page's script polls: the same figures, and the totals it turns into rates."""
+    return _stats(page)
+
+
+def _ids(context_id: str) -> list[str] | Literal["all"]:
+    if context_id == "all":
+        return "all"
+    if not context_id:
+        raise InvalidMemoryData("no dead letter chosen")
+    return [context_id]
+
+
+@router.post("/queue/dead/retry", name="ui_dead_retry")
+def retry(page: QueueChanger, context_id: Annotated[str, Form()]) -> RedirectResponse:
+    count = page.svc.queue.dead_retry(_ids(context_id))
+    return RedirectResponse(page.base + "/queue" + query({"done": "retried", "count": count}), 303)
+
+
+@router.post("/queue/dead/purge", name="ui_dead_purge")
+def purge(page: QueueChanger, context_id: Annotated[str, Form()]) -> RedirectResponse:
+    count = page.svc.queue.dead_purge(_ids(context_id))
+    return RedirectResponse(page.base + "/queue" + query({"done": "purged", "count": count}), 303)

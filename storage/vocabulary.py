@@ -1,0 +1,90 @@
+"""The rules every path applies to a fact's fields: when two facts are the same fact, what a
+category name means, how a confidence is read.
+
+One definition each, beside the document model, so an extraction, a hand edit, an import and the
+DeerFlow backend cannot disagree (they did: one ignored whitespace when detecting duplicates and
+another did not; ``category="Correction"`` was an unknown category on one path and a correction on
+another).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+DEFAULT_CATEGORY = "context"
+# What the user said the agent got wrong: kept before any other category (cap, injection budget).
+CORRECTION = "correction"
+CATEGORIES = ("preference", "knowledge", "context", "behavior", "goal", CORRECTION)
+
+
+def content_key(content: str) -> str:
+    """Two facts are the same fact when their contents differ only in case or whitespace."""
+    return " ".join(content.split()).casefold()
+
+
+def known_category(value: Any) -> str | None:
+    """One of the six category names, or None: ``Preferences`` and `` preference `` are
+    ``preference``; blank, non-text and unknown names are None."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    name = value.strip().casefold()
+    if name in CATEGORIES:
+        return name
+    if name.endswith("s") and name[:-1] in CATEGORIES:
+        return name[:-1]
+    return None
+
+
+def normalise_category(value: Any) -> str:
+    """A stored fact's category: a known name in its one spelling, other text kept as it is
+    (DeerFlow files hold free categories), blank or non-text → the default category."""
+    known = known_category(value)
+    if known is not None:
+        return known
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    return DEFAULT_CATEGORY
+
+
+def category_set(names: Iterable[str]) -> frozenset[str]:
+    """Configured category names (protected, guaranteed) as stored facts spell them."""
+    return frozenset(
+        normalise_category(name) for name in names if isinstance(name, str) and name.strip()
+    )
+
+
+def parse_confidence(value: Any, *, clamp: bool = True) -> float | None:
+    """A confidence from a number or a numeric string; None when unusable (missing, a bool,
+    not a number, not finite, or — without ``clamp`` — outside [0, 1]). With ``clamp`` a number
+    outside [0, 1] is brought to the nearest bound (a model's 1.5 means "very sure")."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    number = float(value)
+    if clamp:
+        return min(1.0, max(0.0, number))
+    return number if 0.0 <= number <= 1.0 else None
+
+
+def parse_timestamp(value: Any) -> datetime | None:
+    """ISO-8601 (``Z`` accepted, naive read as UTC) → aware datetime; blank/invalid → None."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

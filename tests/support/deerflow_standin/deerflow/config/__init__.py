@@ -1,0 +1,1 @@
+"""Stand-in for DeerFlow's configuration package (see ../../README.md)."""

@@ -1,0 +1,210 @@
+"""The batch lane's settlement, in process against a real Redis and the scripted server's files
+and batches endpoints (the real `openai` client): the extract task parks, the lane gathers and
+polls on a clock the test moves.
+
+What the end-to-end tests cannot time: a flush that arrives while the run is parked supersedes
+the batch (its answer is fenced off, the flush's run extracts everything once); a worker killed
+between its fenced save and its settlement leaves an answer the next poll settles without
+applying again; and an output file's hostile lines are skipped, never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from memq.core.models import ConversationContext
+from memq.core.settings import MemqSettings
+from storage.base import Fence
+from tests.support.openai_server import ScriptedOpenAI
+from tests.support.scenarios import fact_for, facts_of, learn_items, stack_settings, turn
+from worker.batch import BatchLane, run_from_json
+from worker.batch_api import OpenAIBatchEndpoint
+from worker.batch_jobs import custom_id, read_results
+from worker.model import ModelAnswer
+from worker.queue import now_ms
+from worker.tasks import WorkerRuntime, extract
+
+pytestmark = [pytest.mark.integration]
+
+USER = "auth0|abc"
+
+
+class Clock:
+    """Real time, moved ahead by the test (the lane polls a job once its poll time has come)."""
+
+    def __init__(self) -> None:
+        self.offset_ms = 0
+
+    def __call__(self) -> int:
+        return now_ms() + self.offset_ms
+
+    def advance(self, seconds: float) -> None:
+        self.offset_ms += int(seconds * 1000)
+
+
+@pytest.fixture
+def lane_parts(
+    make_settings: Any, openai_server: ScriptedOpenAI
+) -> Iterator[tuple[MemqSettings, WorkerRuntime, BatchLane, Clock]]:
+    openai_server.responder = learn_items
+    settings = stack_settings(
+        make_settings,
+        openai_server,
+        llm_batch_enabled=True,
+        llm_batch_gather_seconds=0.0,
+        llm_batch_poll_seconds=1.0,
+    )
+    runtime = WorkerRuntime(settings)
+    clock = Clock()
+    lane = BatchLane(
+        settings,
+        runtime.queue,
+        runtime.batches,
+        runtime.pipeline,
+        OpenAIBatchEndpoint(settings),
+        clock=clock,
+    )
+    yield settings, runtime, lane, clock
+
+
+def run_due(runtime: WorkerRuntime, clock: Clock) -> list[str]:
+    """Claim what is due and run it as the extract task would; each run's outcome."""
+    batch = runtime.queue.claim(clock())
+    return [
+        str(extract(runtime, c.context_id, c.token, c.version, clock=clock)["outcome"])
+        for c in batch.claims
+    ]
+
+
+def test_a_flush_while_parked_supersedes_the_batch_and_extracts_everything_once(
+    lane_parts: Any, openai_server: ScriptedOpenAI, producer_for: Any
+) -> None:
+    settings, runtime, lane, clock = lane_parts
+    producer = producer_for(settings)
+    assert producer.after_agent("t1", USER, None, turn("item-1"))
+    assert run_due(runtime, clock) == ["batched"]
+    assert producer.after_agent("t1", USER, None, turn("item-1") + turn("item-2"))
+    assert run_due(runtime, clock) == []  # parked: not claimed again for a plain turn
+    assert producer.flush("t1", USER, None, turn("item-1") + turn("item-2"))
+    assert run_due(runtime, clock) == ["updated"]  # the flush runs at once, synchronously
+    assert openai_server.call_count == 1
+    assert sorted(facts_of(settings, USER)) == [fact_for("item-1"), fact_for("item-2")]
+
+    report = lane.cycle()  # the parked request is stale: no job, and it leaves the lane
+    assert report.jobs_created == 0
+    assert openai_server.batches.jobs == {}
+    assert runtime.batches.depths() == {"batch_pending": 0, "batch_out": 0, "batch_jobs": 0}
+    assert not runtime.batches.has_work(clock())
+
+
+def test_an_answer_saved_before_a_kill_is_settled_without_being_applied_again(
+    lane_parts: Any, openai_server: ScriptedOpenAI, producer_for: Any
+) -> None:
+    settings, runtime, lane, clock = lane_parts
+    producer = producer_for(settings)
+    assert producer.after_agent("t2", USER, None, turn("item-4"))
+    assert run_due(runtime, clock) == ["batched"]
+    assert lane.cycle().jobs_created == 1
+    openai_server.batches.complete()
+
+    # A worker saved this answer under the job's fence and died before settling it.
+    (request,) = runtime.batches.job_requests(
+        runtime.batches.keys.shard(0), next(iter(openai_server.batches.jobs))
+    )
+    data = runtime.queue.load(request.context_id)
+    saved = ModelAnswer(
+        json.dumps(
+            {
+                "user": {},
+                "history": {},
+                "newFacts": [
+                    {"content": "saved before the kill", "category": "context", "confidence": 0.9}
+                ],
+                "factsToRemove": [],
+            }
+        )
+    )
+    runtime.pipeline.apply_answer(
+        ConversationContext.from_hash(data),
+        saved,
+        run_from_json(data["batch_run"], "scripted"),
+        watermark=data["batch_watermark"],
+        fence=Fence(request.context_id, request.token),
+    )
+
+    clock.advance(2)
+    report = lane.cycle()
+    assert report.applied == 1
+    assert facts_of(settings, USER) == ["saved before the kill"]  # the job's answer not again
+    assert runtime.queue.load(request.context_id) == {}  # settled
+    assert openai_server.call_count == 0
+
+
+def test_hostile_output_lines_are_skipped_and_only_our_requests_are_read() -> None:
+    good = {
+        "custom_id": custom_id("42"),
+        "response": {
+            "status_code": 200,
+            "body": {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "m",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "{}"},
+                    }
+                ],
+                "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10},
+            },
+        },
+        "error": None,
+    }
+    lines = [
+        "{not json",
+        "[" * 5000,
+        json.dumps({"custom_id": "memq-../../etc", "response": good["response"]}),
+        json.dumps({"custom_id": "someone-else-1", "response": good["response"]}),
+        json.dumps({"custom_id": custom_id("43"), "response": {"status_code": 200, "body": "x"}}),
+        json.dumps({"custom_id": custom_id("44"), "error": {"code": "batch_expired" * 100}}),
+        json.dumps({"custom_id": custom_id("45"), "response": {"status_code": 500, "body": {}}}),
+        "\u202e\x00" * 1000,
+        json.dumps(good),
+    ]
+    results = read_results("\n".join(lines), "m")
+    assert set(results) == {"42", "43", "44", "45"}
+    answer = results["42"].answer
+    assert answer is not None and (answer.prompt_tokens, answer.completion_tokens) == (7, 3)
+    assert results["43"].answer is None and results["43"].error == "unreadable response"
+    assert results["44"].answer is None and len(results["44"].error) < 100
+    assert results["45"].error == "request answered 500"
+
+
+@pytest.mark.parametrize("overrides", ["prompt budget", "pending bytes"])
+def test_over_size_contexts_stay_synchronous(
+    overrides: str, make_settings: Any, openai_server: ScriptedOpenAI, producer_for: Any
+) -> None:
+    openai_server.responder = learn_items
+    values: dict[str, Any] = {"llm_batch_enabled": True, "llm_batch_gather_seconds": 0.0}
+    if overrides == "prompt budget":  # the new messages need more than one prompt
+        values.update(conversation_max_tokens=200)
+    else:  # more pending text than a context may hold before it is due at once
+        values.update(producer_max_chars=10_000, pending_max_bytes=10_000)
+    settings = stack_settings(make_settings, openai_server, **values)
+    runtime = WorkerRuntime(settings)
+    clock = Clock()
+    producer = producer_for(settings)
+    long = "x" * 6_000
+    turns = turn("item-1", long) + turn("item-2", long)
+    assert producer.after_agent("t3", USER, None, turns[:2])
+    assert producer.after_agent("t3", USER, None, turns)
+    outcomes = run_due(runtime, clock)
+    assert outcomes and "batched" not in outcomes
+    assert openai_server.call_count >= 1
+    assert runtime.batches.depths()["batch_pending"] == 0

@@ -1,0 +1,256 @@
+"""The inspector in a real headless Chromium against a real `memq serve`, Redis, Celery worker and
+beat, extracting with the real `openai` client from the scripted server: what an operator does,
+click by click, and what a hostile fact can do to the page (nothing)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from selenium.common.exceptions import NoAlertPresentException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
+
+from memq.core.settings import MemqSettings
+from memq.server.ui.render import path_segment
+from memq.testing.waiting import wait_for
+from producer import MemoryProducer
+from storage import get_storage
+from storage.management import MemoryManager
+from tests.support.celery_procs import CeleryProcs, memq_env
+from tests.support.inspector import HOSTILE_FACTS
+from tests.support.openai_server import Reply, ScriptedOpenAI
+from tests.support.scenarios import conversation_of, fact_for, learn_items, stack_settings, turn
+from tests.support.serve import Keys
+from worker.queue import QueueClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+POISON = "item-99"
+GUS = "app1-gus@example.com"  # real ids: an e-mail, a provider subject with a tenant path
+EVE = "app1-eve|auth0/x"
+
+
+class PoisonModel:
+    """Learns every item, but answers garbage for a conversation about ``POISON`` until healed."""
+
+    def __init__(self) -> None:
+        self.healthy = threading.Event()
+
+    def __call__(self, request: dict[str, Any]) -> Reply:
+        if POISON in conversation_of(request) and not self.healthy.is_set():
+            return Reply(content="I think the user likes cats, probably.")
+        return learn_items(request)
+
+
+def by_id(driver: WebDriver, element_id: str) -> WebElement:
+    return driver.find_element(By.ID, element_id)
+
+
+def text_of(element: WebElement) -> str:
+    """What the DOM holds (``textContent``), not Selenium's whitespace-normalised rendering."""
+    return str(element.get_property("textContent"))
+
+
+def no_alert(driver: WebDriver) -> bool:
+    try:
+        driver.switch_to.alert  # noqa: B018 (the lookup itself is the check)
+    except NoAlertPresentException:
+        return True
+    return False
+
+
+def navigate(driver: WebDriver, action: Callable[[], object], *, alert: bool = False) -> None:
+    """Do what loads a new page (a click, a submit) and wait until the old page is gone, so
+    the next lookup never finds an element of the page being left."""
+    old = driver.find_element(By.TAG_NAME, "html")
+    action()
+    if alert:
+        WebDriverWait(driver, 10).until(expected_conditions.alert_is_present()).accept()
+    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(old))
+
+
+def log_in(driver: WebDriver, url: str, key: str) -> None:
+    driver.get(url + "/ui/users")
+    wait_for(lambda: driver.current_url.endswith("/ui/login"), timeout=10, what="the login page")
+    by_id(driver, "key").send_keys(key)
+    navigate(driver, by_id(driver, "login").click)
+    wait_for(lambda: driver.current_url.endswith("/ui/users"), timeout=10, what="the users page")
+
+
+def console_errors(driver: WebDriver) -> list[str]:
+    """Errors the page logged: a CSP violation or a script error shows up here."""
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browser(
+    make_settings: Any,
+    openai_server: ScriptedOpenAI,
+    celery_procs: CeleryProcs,
+    serve_for: Any,
+    redis_client: Any,
+    browser: WebDriver,
+) -> None:
+    model = PoisonModel()
+    openai_server.responder = model
+    settings: MemqSettings = stack_settings(make_settings, openai_server, max_attempts=1)
+    env = memq_env(settings)
+    celery_procs.start_worker(env, concurrency=2)
+    celery_procs.start_beat(env)
+    server = serve_for(settings)
+    manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
+    queue = QueueClient(settings, redis_client)
+    with MemoryProducer(settings) as producer:
+        producer.enqueue("trip-1", GUS, None, turn("item-1", "I sail."), flush=True)
+        producer.enqueue("trip-2", GUS, None, turn("item-2"), flush=True)
+        producer.enqueue("poison-1", GUS, None, turn(POISON), flush=True)
+    wait_for(
+        lambda: len(manager.list_facts(GUS)) == 2 and queue.dead_list(),
+        timeout=60,
+        what="two facts learnt and the poisoned thread dead",
+    )
+
+    # Log in; find the user by a prefix of their id.
+    log_in(browser, server.url, Keys().admin)
+    by_id(browser, "prefix").send_keys("app1-g")
+    navigate(browser, by_id(browser, "find-user").submit)
+    assert [a.text for a in browser.find_elements(By.CSS_SELECTOR, "#users a")] == [GUS]
+    navigate(browser, browser.find_element(By.LINK_TEXT, GUS).click)
+    facts_cell = browser.find_element(By.CSS_SELECTOR, "#agents [data-facts]")
+    assert text_of(facts_cell) == "2"
+    navigate(browser, browser.find_element(By.CSS_SELECTOR, "#agents a").click)
+
+    # Open a fact: it says where it came from.
+    rows = browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr")
+    assert sorted(text_of(r.find_element(By.CLASS_NAME, "fact-content")) for r in rows) == [
+        fact_for("item-1"),
+        fact_for("item-2"),
+    ]
+    navigate(browser, browser.find_element(By.LINK_TEXT, fact_for("item-1")).click)
+    assert text_of(by_id(browser, "fact-content")) == fact_for("item-1")
+    threads = [text_of(c) for c in browser.find_elements(By.CSS_SELECTOR, "#provenance .ut")]
+    assert "trip-1" in threads
+    history = browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")
+    assert [r.find_elements(By.TAG_NAME, "td")[1].text for r in history] == ["add"]
+
+    # Edit it: the change shows in its history, marked as by hand.
+    content = by_id(browser, "edit-content")
+    content.clear()
+    content.send_keys("The user owns item-1, a red dinghy")
+    navigate(browser, by_id(browser, "save-fact").click)
+    assert "edited" in by_id(browser, "notice").text
+    assert text_of(by_id(browser, "fact-content")) == "The user owns item-1, a red dinghy"
+    first = browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")[0]
+    cells = first.find_elements(By.TAG_NAME, "td")
+    assert cells[1].text == "edit" and "red dinghy" in cells[2].text and cells[4].text == "by hand"
+
+    # Delete it (the browser asks first).
+    navigate(browser, by_id(browser, "delete-fact-button").click, alert=True)
+    assert "deleted" in by_id(browser, "notice").text
+    rows = browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr .fact-content")
+    assert [text_of(r) for r in rows] == [fact_for("item-2")]
+    assert [f.content for f in manager.list_facts(GUS)] == [fact_for("item-2")]
+
+    # Preview the block an agent would get for a query.
+    navigate(browser, by_id(browser, "tab-preview").click)
+    by_id(browser, "query").send_keys("what do I own?")
+    budget = by_id(browser, "budget")
+    budget.clear()
+    budget.send_keys("300")
+    navigate(browser, by_id(browser, "preview-button").click)
+    block = text_of(by_id(browser, "block"))
+    assert block.startswith("<user_memory>") and fact_for("item-2") in block
+    assert int(text_of(by_id(browser, "token-count")).split()[0]) > 0
+
+    # Forget a thread, where this memq's management API offers it.
+    navigate(browser, browser.find_element(By.LINK_TEXT, "user-global").click)
+    offered = browser.find_elements(By.ID, "forget-thread")
+    assert bool(offered) == hasattr(manager, "forget_thread")
+    if offered:
+        by_id(browser, "thread-id").send_keys("trip-2")
+        navigate(browser, by_id(browser, "forget-thread-button").click, alert=True)
+        wait_for(lambda: manager.list_facts(GUS) == [], timeout=10, what="forgotten")
+
+    # The queue: the dead letter with its reason; retry it once the model is healthy.
+    navigate(browser, browser.find_element(By.LINK_TEXT, "Queue").click)
+    dead = browser.find_elements(By.CSS_SELECTOR, "#dead tbody tr[data-context]")
+    assert len(dead) == 1
+    cells = dead[0].find_elements(By.TAG_NAME, "td")
+    assert [cells[0].text, cells[1].text] == [GUS, "poison-1"]
+    assert dead[0].find_element(By.CLASS_NAME, "reason").text.strip()
+    wait_for(
+        lambda: by_id(browser, "live").text.startswith("(live"),
+        timeout=10,
+        what="the queue figures refreshed by the page's script",
+    )
+    model.healthy.set()
+    navigate(browser, dead[0].find_element(By.CLASS_NAME, "retry").click)
+    assert "1 dead letter(s) retried" in by_id(browser, "notice").text
+    wait_for(
+        lambda: fact_for(POISON) in [f.content for f in manager.list_facts(GUS)],
+        timeout=60,
+        what="the retried thread extracted",
+    )
+    browser.get(server.url + "/ui/queue")
+    assert browser.find_elements(By.CSS_SELECTOR, "#dead tbody tr[data-context]") == []
+
+    # Log out: the pages want a login again.
+    navigate(browser, by_id(browser, "logout").click)
+    assert browser.current_url.endswith("/ui/login")
+    browser.get(f"{server.url}/ui/users/{path_segment(GUS)}/memory")
+    assert browser.current_url.endswith("/ui/login")
+    assert console_errors(browser) == []
+
+
+def test_a_hostile_fact_renders_as_text_and_runs_nothing(
+    make_settings: Any, serve_for: Any, browser: WebDriver
+) -> None:
+    settings: MemqSettings = make_settings()
+    server = serve_for(settings)
+    manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
+    stored = {manager.add_fact(EVE, t, confidence=0.7).id: t for t in HOSTILE_FACTS}
+    log_in(browser, server.url, Keys().admin)
+    browser.get(f"{server.url}/ui/users/{path_segment(EVE)}/memory")
+    assert no_alert(browser)
+    shown = {
+        row.get_attribute("data-fact-id"): text_of(row.find_element(By.CLASS_NAME, "fact-content"))
+        for row in browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr")
+    }
+    assert shown == stored
+    assert browser.find_elements(By.CSS_SELECTOR, "#facts img, #facts svg, #facts script") == []
+    for fact_id, text in stored.items():
+        browser.get(f"{server.url}/ui/users/{path_segment(EVE)}/facts/{fact_id}")
+        assert no_alert(browser)
+        assert text_of(browser.find_element(By.CSS_SELECTOR, "#fact-content .ut")) == text
+        assert by_id(browser, "edit-content").get_property("value") == text
+    browser.get(f"{server.url}/ui/users/{path_segment(EVE)}/preview")
+    navigate(browser, by_id(browser, "preview-button").click)
+    assert no_alert(browser)
+    block = text_of(by_id(browser, "block"))
+    assert block.startswith("<user_memory>") and block.count("</user_memory>") == 1
+    assert browser.execute_script("return typeof window.xss") == "undefined"
+    assert console_errors(browser) == []
+
+
+def test_a_change_without_the_csrf_token_is_refused_in_the_browser(
+    make_settings: Any, serve_for: Any, browser: WebDriver
+) -> None:
+    settings: MemqSettings = make_settings()
+    server = serve_for(settings)
+    manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
+    fact = manager.add_fact("app1-ivy", "The user reads maps", confidence=0.8)
+    log_in(browser, server.url, Keys().admin)
+    browser.get(f"{server.url}/ui/users/app1-ivy/facts/{fact.id}")
+    # A forged form: the same fields, no token (what another site's page could post).
+    browser.execute_script("document.querySelector('#edit-fact input[name=csrf_token]').remove();")
+    content = by_id(browser, "edit-content")
+    content.clear()
+    content.send_keys("The user burns maps")
+    navigate(browser, by_id(browser, "save-fact").click)
+    assert "CSRF" in by_id(browser, "error-message").text
+    assert [f.content for f in manager.list_facts("app1-ivy")] == ["The user reads maps"]
+    assert [c.action for c in manager.history("app1-ivy")] == ["add"]

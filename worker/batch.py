@@ -1,0 +1,333 @@
+"""The batch lane: work that can wait goes out in a provider's batch job, at batch prices.
+
+A claimed run that is not urgent (no flush, not over the prompt's budget, not sent back by a
+failed job) builds its prompt as a synchronous run would and *parks* it (:func:`park`) instead of
+calling the model. :class:`BatchLane` — the ``memq.batch`` task the ticker sends when there is
+batch work — gathers each shard's parked runs into a job, polls the jobs out, and hands every
+answer to the pipeline's fenced apply (:meth:`ExtractionPipeline.apply_answer`), covering the
+watermark the request was built for: messages that arrived meanwhile stay pending. A job that
+failed, expired or was cancelled, a request answered with an error or not at all, and a job we
+lost track of send their contexts back to a synchronous run. Nothing here sleeps.
+
+Applied once: the save is fenced by the claim token the context was parked with, and stores the
+request's watermark with the document; a poll that finds that watermark already stored (a worker
+killed between the save and the settlement) settles without applying again. One process at a time
+gathers and polls a shard (its batch lock); a cycle starts no new step once its time is up, so it
+ends before the lock can expire.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import cast
+
+from memq.core.errors import LLMError, MemqError
+from memq.core.keys import QueueKeys
+from memq.core.models import ConversationContext
+from memq.core.settings import MemqSettings
+from storage.base import Fence
+from storage.provenance import RunInfo, RunMessage
+from storage.sources import Role
+from worker.batch_api import BatchEndpoint
+from worker.batch_jobs import FINISHED, RequestResult, read_results, request_lines
+from worker.batch_queue import BATCH_CYCLE_SECONDS, BATCH_LOCK_MS, BatchQueue, OutRequest
+from worker.llm import chat_request
+from worker.metrics import MetricsRecorder
+from worker.model import ModelAnswer
+from worker.pipeline import ExtractionPipeline, Prepared
+from worker.queue import QueueClient, now_ms
+
+log = logging.getLogger("memq.batch")
+
+
+# Fields of the metrics hash the lane adds to (beside extractions:<outcome>): batch tokens have
+# their own names, so a price table can apply the batch discount to them.
+BATCH_PROMPT_TOKENS = "batch_prompt_tokens"
+BATCH_COMPLETION_TOKENS = "batch_completion_tokens"
+BATCH_JOBS_CREATED = "batch_jobs_created"
+BATCH_REQUESTS_SENT = "batch_requests_sent"
+BATCH_APPLIED = "batch_applied"
+BATCH_FALLBACKS = "batch_fallbacks"
+BATCH_STALE = "batch_stale"
+
+
+def request_body(settings: MemqSettings, prepared: Prepared) -> str:
+    """The request a parked run sends, exactly the body of a synchronous call."""
+    body = chat_request(
+        prepared.prompt,
+        model=settings.llm_model,
+        temperature=settings.llm_temperature,
+        json_mode=settings.llm_json_mode,
+    )
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+
+
+def run_to_json(run: RunInfo) -> str:
+    """What a parked run's facts will cite (no text: labels, digests, roles), kept with it."""
+    return json.dumps(
+        {
+            "thread_id": run.thread_id,
+            "run_id": run.run_id,
+            "at": run.at.isoformat(),
+            "messages": [[m.label, m.digest, m.role] for m in run.messages],
+            "prompt_version": run.prompt_version,
+            "user_confirmed": run.user_confirmed,
+        }
+    )
+
+
+def run_from_json(text: str, model: str) -> RunInfo:
+    """The run a parked request was built for, answered by ``model``; ValueError when unreadable."""
+    try:
+        raw = json.loads(text)
+        return RunInfo(
+            thread_id=raw["thread_id"],
+            run_id=str(raw["run_id"]),
+            at=datetime.fromisoformat(raw["at"]),
+            messages=tuple(
+                RunMessage(str(label), str(digest), cast("Role", role))
+                for label, digest, role in raw["messages"]
+            ),
+            model=model or None,
+            prompt_version=raw["prompt_version"],
+            user_confirmed=bool(raw["user_confirmed"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError("unreadable parked run") from exc
+
+
+def park(
+    settings: MemqSettings,
+    batches: BatchQueue,
+    pipeline: ExtractionPipeline,
+    context: ConversationContext,
+    token: str,
+    prepared: Prepared,
+    now: int,
+) -> bool:
+    """Hand a prepared run to the batch lane; False when its claim was already gone."""
+    run = pipeline.run_info(context, prepared, settings.llm_model)
+    return batches.park(
+        context.key.id,
+        token,
+        request_body(settings, prepared),
+        prepared.selection.watermark,
+        run_to_json(run),
+        now,
+    )
+
+
+@dataclass
+class CycleReport:
+    jobs_created: int = 0
+    sent: int = 0
+    applied: int = 0
+    fallbacks: int = 0
+    stale: int = 0
+    polled: int = 0
+
+
+class BatchLane:
+    """Gather, poll and settle the batch jobs of every shard (one ``memq.batch`` task)."""
+
+    def __init__(
+        self,
+        settings: MemqSettings,
+        queue: QueueClient,
+        batches: BatchQueue,
+        pipeline: ExtractionPipeline,
+        endpoint: BatchEndpoint,
+        *,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self.settings = settings
+        self.queue = queue
+        self.batches = batches
+        self.pipeline = pipeline
+        self.endpoint = endpoint
+        self.clock = clock
+        self._metrics = MetricsRecorder(queue.redis, queue.keys.metrics())
+
+    def cycle(self) -> CycleReport:
+        report = CycleReport()
+        started = time.monotonic()
+        for index, shard in enumerate(self.batches.keys.all_shards()):
+            lock = self.batches.lock(shard, BATCH_LOCK_MS)
+            if lock is None:
+                continue  # another process is on this shard
+            try:
+                self._sweep_lost(shard, report)
+                for batch_id in self.batches.jobs_due(shard, self.clock()):
+                    if time.monotonic() - started > BATCH_CYCLE_SECONDS:
+                        break
+                    self._poll(shard, batch_id, report)
+                if time.monotonic() - started <= BATCH_CYCLE_SECONDS:
+                    self._gather(shard, index, report)
+            finally:
+                self.batches.unlock(shard, lock)
+        self.queue.add_metrics(
+            **{
+                BATCH_JOBS_CREATED: report.jobs_created,
+                BATCH_REQUESTS_SENT: report.sent,
+                BATCH_APPLIED: report.applied,
+                BATCH_FALLBACKS: report.fallbacks,
+                BATCH_STALE: report.stale,
+            }
+        )
+        return report
+
+    # --- gathering
+    def _gather(self, shard: QueueKeys, index: int, report: CycleReport) -> None:
+        parked = self.batches.gather(shard, self.clock())
+        if not parked:
+            return
+        lines = request_lines((item.token, item.request) for item in parked)
+        try:
+            batch_id = self.endpoint.create(lines, metadata={"memq_shard": str(index)})
+        except LLMError as exc:
+            # A job that cannot be created is a failed job: the work goes on synchronously.
+            log.warning(
+                "batch job not created (%s): %d contexts run synchronously", exc, len(parked)
+            )
+            self._fall_back([OutRequest(p.context_id, p.token) for p in parked], "", report)
+            return
+        moved = self.batches.submit(shard, batch_id, parked, self.clock())
+        report.jobs_created += 1
+        report.sent += moved
+        log.info("batch job %s created: %d requests", batch_id, moved)
+        if moved == 0:
+            self._cancel(batch_id)
+
+    # --- polling
+    def _poll(self, shard: QueueKeys, batch_id: str, report: CycleReport) -> None:
+        report.polled += 1
+        try:
+            status = self.endpoint.status(batch_id)
+        except LLMError as exc:
+            log.warning("batch job %s: status unknown (%s); asked again later", batch_id, exc)
+            self.batches.poll_later(shard, batch_id, self.clock())
+            return
+        if status.status not in FINISHED:
+            self.batches.poll_later(shard, batch_id, self.clock())
+            return
+        results: dict[str, RequestResult] = {}
+        try:
+            for file_id in (status.error_file_id, status.output_file_id):
+                if file_id:
+                    results.update(
+                        read_results(self.endpoint.content(file_id), self.settings.llm_model)
+                    )
+        except LLMError as exc:
+            log.warning("batch job %s: files unreadable (%s); asked again later", batch_id, exc)
+            self.batches.poll_later(shard, batch_id, self.clock())
+            return
+        requests = self.batches.job_requests(shard, batch_id)
+        log.info(
+            "batch job %s %s: %d answers for %d requests",
+            batch_id,
+            status.status,
+            sum(1 for r in results.values() if r.answer is not None),
+            len(requests),
+        )
+        for request in requests:
+            result = results.get(request.token)
+            if result is not None and result.answer is not None:
+                self._settle(request, batch_id, result.answer, report)
+            else:
+                reason = result.error if result is not None else f"job {status.status}"
+                log.info("batch request of %s: %s; run synchronously", request.context_id, reason)
+                self._fall_back([request], batch_id, report)
+        self.batches.drop_job(shard, batch_id)
+        # The prompts and answers at the provider are of no use any more: delete them (best effort;
+        # the provider's own retention removes what a failure here leaves).
+        for file_id in (status.input_file_id, status.output_file_id, status.error_file_id):
+            if file_id:
+                try:
+                    self.endpoint.delete_file(file_id)
+                except LLMError as exc:
+                    log.info("batch job %s: file not deleted (%s)", batch_id, exc)
+
+    def _sweep_lost(self, shard: QueueKeys, report: CycleReport) -> None:
+        """Contexts out past their job's window and slack: that job is lost to us."""
+        for request, batch_id in self.batches.lost(shard, self.clock()):
+            log.warning(
+                "batch job %s of %s is past its window: run synchronously",
+                batch_id or "-",
+                request.context_id,
+            )
+            self._fall_back([request], batch_id, report)
+
+    # --- settling
+    def _settle(
+        self, request: OutRequest, batch_id: str, answer: ModelAnswer, report: CycleReport
+    ) -> None:
+        data, stored = self.queue.load_run(request.context_id)
+        current = data.get("claim_token") == request.token == data.get("batch_token")
+        covered = data.get("batch_watermark") or None
+        outcome = "stale"
+        if current and not (covered is not None and stored == covered):
+            try:
+                context = ConversationContext.from_hash(data)
+                applied = self.pipeline.apply_answer(
+                    context,
+                    answer,
+                    run_from_json(data.get("batch_run", ""), answer.model),
+                    watermark=covered,
+                    fence=Fence(request.context_id, request.token),
+                )
+            except (MemqError, ValueError) as exc:  # e.g. an answer that does not parse
+                log.info(
+                    "batch answer of %s unusable (%s); run synchronously",
+                    request.context_id,
+                    type(exc).__name__,
+                )
+                self._fall_back_one(request, batch_id, report)
+                return
+            outcome = applied.outcome
+        elif current:
+            outcome = "unchanged"  # saved before a crash; only the settlement was missing
+        settled = self.batches.complete(request, batch_id, covered, self.clock())
+        self.queue.add_metrics(
+            **{
+                BATCH_PROMPT_TOKENS: answer.prompt_tokens,
+                BATCH_COMPLETION_TOKENS: answer.completion_tokens,
+            }
+        )
+        if outcome == "stale" or settled.name == "STALE":
+            report.stale += 1
+            log.info("batch answer of %s discarded: its claim moved on", request.context_id)
+            return
+        report.applied += 1
+        self.queue.add_metrics(extractions=1)
+        self._metrics.extraction(outcome)
+        log.info(
+            "extraction key=%s outcome=%s lane=batch batch=%s prompt_tokens=%d "
+            "completion_tokens=%d queue=%s",
+            request.context_id,
+            outcome,
+            batch_id,
+            answer.prompt_tokens,
+            answer.completion_tokens,
+            settled.name.lower(),
+        )
+
+    def _fall_back(self, requests: list[OutRequest], batch_id: str, report: CycleReport) -> None:
+        for request in requests:
+            self._fall_back_one(request, batch_id, report)
+
+    def _fall_back_one(self, request: OutRequest, batch_id: str, report: CycleReport) -> None:
+        if self.batches.fallback(request, batch_id, self.clock()):
+            report.fallbacks += 1
+        else:
+            report.stale += 1
+
+    def _cancel(self, batch_id: str) -> None:
+        try:
+            self.endpoint.cancel(batch_id)
+        except LLMError as exc:
+            log.warning("batch job %s not cancelled: %s", batch_id, exc)
