@@ -15,10 +15,10 @@ Example (illustration only; the people and projects in it are not the user's).
 Memory before: a fact {"id": "f1", "content": "Uses Python 3.10 for the billing service", \
 "category": "context", "confidence": 0.9} and a workContext summary about a backend role.
 Conversation:
-User: We moved billing to Python 3.12 last week. Also, your last answer used asyncio.run inside \
+[m1] User: We moved billing to Python 3.12 last week. Also, your last answer used asyncio.run inside \
 a running loop again; that crashes under our FastAPI app, please await the coroutine instead.
-Assistant: Sorry about that. Awaiting it directly inside the endpoint works. Noted on 3.12.
-User: Thanks. I'm presenting the migration at the team offsite in March.
+[m2] Assistant: Sorry about that. Awaiting it directly inside the endpoint works. Noted on 3.12.
+[m3] User: Thanks. I'm presenting the migration at the team offsite in March.
 Answer:
 {
   "user": {
@@ -36,15 +36,16 @@ talk about it for the team offsite in March.", "shouldUpdate": true}
   },
   "newFacts": [
     {"content": "The billing service runs on Python 3.12", "category": "context", \
-"confidence": 0.95},
+"confidence": 0.95, "cites": ["m1"]},
     {"content": "Inside the user's FastAPI app, await coroutines directly; asyncio.run in a \
 running event loop crashes it", "category": "correction", "confidence": 0.97, \
-"sourceError": "Called asyncio.run inside a running event loop"},
+"sourceError": "Called asyncio.run inside a running event loop", "cites": ["m1"]},
     {"content": "Presents the billing migration at the team offsite in March", \
-"category": "goal", "confidence": 0.9}
+"category": "goal", "confidence": 0.9, "cites": ["m3"]}
   ],
   "factsToRemove": ["f1"]
 }
 Why: the version change contradicts f1, so f1 is removed and the new version added; the \
 user's correction becomes a "correction" fact with the mistake as "sourceError"; the thanks and \
-the apology teach nothing lasting and are not recorded."""
+the apology teach nothing lasting and are not recorded; each fact cites the messages it comes \
+from."""

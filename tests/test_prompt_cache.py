@@ -72,6 +72,7 @@ def test_the_worked_example_answers_in_the_schema() -> None:
     answer = parse_update_response(answer_text)
     assert len(answer.new_facts) == 3 and answer.facts_to_remove == ("f1",)
     assert {f.category for f in answer.new_facts} == {"context", "correction", "goal"}
+    assert [f.cites for f in answer.new_facts] == [("m1",), ("m1",), ("m3",)]
 
 
 def test_memory_is_shown_old_facts_first_new_after() -> None:
