@@ -15,8 +15,8 @@ Example (illustration only; the people and projects in it are not the user's).
 Memory before: a fact {"id": "f1", "content": "Uses Python 3.10 for the billing service", \
 "category": "context", "confidence": 0.9} and a workContext summary about a backend role.
 Conversation:
-[m1] User: We moved billing to Python 3.12 last week. Also, your last answer used asyncio.run inside \
-a running loop again; that crashes under our FastAPI app, please await the coroutine instead.
+[m1] User: We moved billing to Python 3.12 last week. Also, your last answer used asyncio.run \
+inside a running loop again; that crashes under our FastAPI app, please await the coroutine instead.
 [m2] Assistant: Sorry about that. Awaiting it directly inside the endpoint works. Noted on 3.12.
 [m3] User: Thanks. I'm presenting the migration at the team offsite in March.
 Answer:
