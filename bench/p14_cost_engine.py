@@ -9,8 +9,8 @@ Side by side, in one run:
       facts, no `prompt_cache_key`;
   (b) cache-friendly: the static part with its worked example first (byte-identical, ~1,470
       tokens), memory in a stable order, the hashed cache key per (user, agent);
-  (c) (b) at the flex tier (batch prices, synchronous) — the batch lane itself is not built yet,
-      so this is the discount it would give, not a measurement of it.
+  (c) (b) at the flex tier (batch prices, synchronous) — the batch lane (merged beside this
+      bench) is not wired into it yet, so this is the discount it would give, not a measurement.
 Prompt tokens, cached share, LLM calls and $ per 1,000 turns at the example price table below;
 the facts each variant extracted are compared with (a)'s (the scripted answers are the same).
 
@@ -181,5 +181,5 @@ def run(env: BenchEnv) -> Result:
         goal="(b) >= 50 % cached and <= 70 % of (a); (c) <= 45 % of (a); same facts",
         met=met,
         details=rows,
-        note="(c) is the flex tier's discount; the batch lane is not built yet",
+        note="(c) is the flex tier's discount; the batch lane is not wired into COST yet",
     )
