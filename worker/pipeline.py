@@ -35,6 +35,8 @@ from prompts.update_prompt import PROMPT_VERSION, UpdatePrompt, build_update_pro
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import MemoryDocument, utc_now
 from storage.provenance import RunInfo, RunMessage
+from worker.cost import prompt_cache_key
+from worker.gates import Gate
 from worker.model import ModelAnswer, UpdateModel
 from worker.watermark import ChunkBudget, Selection, message_identity, split_at_watermark
 
@@ -50,6 +52,8 @@ class Usage:
     completion_tokens: int = 0
     model: str = ""
     attempts: int = 0
+    cached_tokens: int = 0
+    service_tier: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class ExtractionReport:
     facts_refused: int = 0  # new facts refused as not grounded in the user's words
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt tokens, read from the provider's prompt cache
+    service_tier: str = ""
     duration_ms: int = 0
     changes: list[Change] = field(default_factory=list)
     model: str = ""
@@ -113,7 +119,14 @@ class Prepared:
 
 
 def usage_of(answer: ModelAnswer) -> Usage:
-    return Usage(answer.prompt_tokens, answer.completion_tokens, answer.model, answer.attempts)
+    return Usage(
+        answer.prompt_tokens,
+        answer.completion_tokens,
+        answer.model,
+        answer.attempts,
+        answer.cached_tokens,
+        answer.service_tier,
+    )
 
 
 class ExtractionPipeline:
@@ -138,6 +151,7 @@ class ExtractionPipeline:
         *,
         watermark: str | None = None,
         fence: Fence | None = None,
+        gate: Gate | None = None,
     ) -> ExtractionReport:
         """Extract the messages of one context after ``watermark`` into its (user, agent) memory.
 
@@ -153,7 +167,8 @@ class ExtractionPipeline:
         step = self.prepare(context, watermark=watermark, fence=fence)
         if isinstance(step, ExtractionReport):
             return step
-        return replace(self.finish(context, step, fence=fence), duration_ms=elapsed_ms())
+        report = self.finish(context, step, fence=fence, gate=gate)
+        return replace(report, duration_ms=elapsed_ms())
 
     def prepare(
         self,
@@ -205,10 +220,25 @@ class ExtractionPipeline:
         return run_info(context, step.selection, step.prompt, Usage(model=model), self._clock())
 
     def finish(
-        self, context: ConversationContext, step: Prepared, *, fence: Fence | None = None
+        self,
+        context: ConversationContext,
+        step: Prepared,
+        *,
+        fence: Fence | None = None,
+        gate: Gate | None = None,
     ) -> ExtractionReport:
-        """The model call for a prepared run, then its fenced apply."""
-        answer = self._model.propose(step.prompt)
+        """The model call for a prepared run, then its fenced apply. ``gate`` is told the
+        prompt's tokens before the call and may raise RunDeferred (a budget, the shared rate
+        limit): the memory is then untouched."""
+        prompt = step.prompt
+        if gate is not None:
+            gate(self._count_tokens(prompt.system) + self._count_tokens(prompt.user))
+        answer = self._model.propose(
+            prompt,
+            cache_key=prompt_cache_key(
+                self._settings.key_prefix, context.user_id, context.agent_name
+            ),
+        )
         return self.apply_answer(
             context,
             answer,
@@ -335,6 +365,8 @@ def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionRepo
         "stale",
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        service_tier=usage.service_tier,
         duration_ms=duration_ms,
         model=usage.model,
         reason=reason,
@@ -356,6 +388,8 @@ def _saved_report(
         facts_removed=_count(changes, "remove", "supersede", "stale", "evict"),
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        service_tier=usage.service_tier,
         duration_ms=duration_ms,
         changes=changes,
         model=usage.model,

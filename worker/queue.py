@@ -33,6 +33,7 @@ _SCRIPTS = (
     "fail",
     "renew",
     "release",
+    "defer",
     "dead_retry",
     "dead_purge",
 )
@@ -182,6 +183,19 @@ class QueueClient:
         raw = self._scripts["release"](
             keys=[q.context(context_id), q.inflight, q.due, self.user_inflight_key(q, context_id)],
             args=[context_id, token, now],
+        )
+        return int(raw) == 1
+
+    def defer(
+        self, context_id: str, token: str, run_at_ms: int, slot_ms: int | None = None
+    ) -> bool:
+        """Hand a claim back to run at ``run_at_ms``, without counting an attempt (the run may
+        not call the model before then), with the rate-limit slot reserved for that run, if any;
+        False when the claim is no longer ours."""
+        q = self._q(context_id)
+        raw = self._scripts["defer"](
+            keys=[q.context(context_id), q.inflight, q.due, self.user_inflight_key(q, context_id)],
+            args=[context_id, token, max(0, int(run_at_ms)), "" if slot_ms is None else slot_ms],
         )
         return int(raw) == 1
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 import traceback
 from collections.abc import Callable
@@ -16,12 +17,15 @@ from memq.core.connection import RedisClient, redis_client
 from memq.core.errors import (
     LLMError,
     MemqError,
+    RunDeferred,
 )
 from memq.core.identity import ContextKey
 from memq.core.metrics import MetricsRecorder
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from storage.base import Fence
+from worker.cost import CallUsage, PriceTable, cost_nano_usd
+from worker.gates import RunGates
 from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient, now_ms
 from worker.retry import retry_delay_ms
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
     from worker.pipeline import ExtractionPipeline, ExtractionReport
 
 log = logging.getLogger("memq.extract")
+
+_DEFER_SPREAD_MS = 100  # spread of runs deferred together without a slot of their own
 
 
 class WorkerRuntime:
@@ -56,6 +62,8 @@ class WorkerRuntime:
         self._queue: QueueClient | None = None
         self._metrics: MetricsRecorder | None = None
         self._pipeline: ExtractionPipeline | None = None
+        self._gates: RunGates | None = None
+        self.prices = PriceTable.from_settings(settings)
         self._batches: BatchQueue | None = None
         self._lane: BatchLane | None = None
 
@@ -78,6 +86,15 @@ class WorkerRuntime:
             if self._pipeline is None:
                 self._pipeline = self._pipeline_factory(self.settings, self._base_locked()[0])
             return self._pipeline
+
+    @property
+    def gates(self) -> RunGates:
+        """The token budgets and the shared rate limit, asked before each model call."""
+        with self._lock:
+            self._check_fork()
+            if self._gates is None:
+                self._gates = RunGates(self.settings, self._base_locked()[0])
+            return self._gates
 
     @property
     def batches(self) -> BatchQueue:
@@ -124,7 +141,7 @@ class WorkerRuntime:
 
     def _check_fork(self) -> None:
         if self._pid is not None and self._pid != os.getpid():
-            self._redis = self._queue = self._pipeline = self._metrics = None
+            self._redis = self._queue = self._pipeline = self._metrics = self._gates = None
             self._batches = self._lane = None
             self._pid = None
 
@@ -135,12 +152,16 @@ def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPip
     from storage import get_storage
     from worker.llm import build_update_model
     from worker.pipeline import ExtractionPipeline
+    from worker.ratelimit import SharedRateLimit
 
+    limiter = SharedRateLimit.for_settings(settings, client)
     return ExtractionPipeline(
         settings,
         get_storage(settings, redis=client),
         build_update_model(
-            settings, observe=MetricsRecorder.for_settings(settings, client).llm_request
+            settings,
+            observe=MetricsRecorder.for_settings(settings, client).llm_request,
+            on_limits=None if limiter is None else limiter.observe,
         ),
     )
 
@@ -165,6 +186,24 @@ class _Run:
     version: int
     started: int  # epoch ms
     clock: Callable[[], int]
+    prices: PriceTable | None = None
+
+    def usage(self, report: ExtractionReport, turns: int) -> dict[str, int]:
+        """The metrics fields this run's usage adds to, its bill included."""
+        call = CallUsage(
+            report.prompt_tokens,
+            report.cached_tokens,
+            report.completion_tokens,
+            report.service_tier,
+        )
+        return {
+            "prompt_tokens": report.prompt_tokens,
+            "completion_tokens": report.completion_tokens,
+            "cached_tokens": report.cached_tokens,
+            "cost_nano_usd": cost_nano_usd(self.prices, call),
+            "billed_runs": int(report.prompt_tokens > 0),
+            "turns_extracted": turns,
+        }
 
     def log_extra(self, outcome: str) -> dict[str, Any]:
         return {"memq_key": self.context_id, "memq_version": self.version, "memq_outcome": outcome}
@@ -179,7 +218,9 @@ def extract(
     clock: Callable[[], int] = now_ms,
 ) -> dict[str, Any]:
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
-    run = _Run(runtime.queue, runtime.metrics, context_id, token, version, clock(), clock)
+    run = _Run(
+        runtime.queue, runtime.metrics, context_id, token, version, clock(), clock, runtime.prices
+    )
     data, watermark = run.queue.load_run(context_id)
     if not _start(run, data):
         return {"outcome": "stale"}
@@ -190,7 +231,9 @@ def extract(
         return _failed(run, exc, None)
     may_batch = runtime.settings.llm_batch_active and data.get("claimed_sync") != "1"
     try:
-        report = _run_pipeline(runtime, run, context, watermark, may_batch=may_batch)
+        report = _run_pipeline(runtime, run, context, watermark, _slot(data), may_batch=may_batch)
+    except RunDeferred as exc:
+        return _deferred(run, exc)
     except Exception as exc:
         delay = retry_delay_ms(exc, attempts, runtime.settings)
         return _failed(run, exc, None if delay is None else clock() + delay)
@@ -202,6 +245,9 @@ def extract(
             extra=run.log_extra("batched"),
         )
         return {"outcome": "batched", "queue": "batched"}
+    budget = runtime.gates.budget
+    if budget is not None:
+        budget.spend(context.user_id, report.prompt_tokens + report.completion_tokens)
     if report.outcome == "stale":
         return _discarded(run, report)
     return _completed(run, context, report)
@@ -227,16 +273,26 @@ def _start(run: _Run, data: dict[str, Any]) -> bool:
     return False
 
 
+def _slot(data: dict[str, Any]) -> int | None:
+    """The rate-limit slot an earlier deferral reserved for this run, if any."""
+    try:
+        return int(data["rate_slot_ms"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _run_pipeline(
     runtime: WorkerRuntime,
     run: _Run,
     context: ConversationContext,
     watermark: str | None,
+    slot_ms: int | None = None,
     *,
     may_batch: bool = False,
 ) -> ExtractionReport | None:
     """The pipeline, with the lease renewed in the background while it runs. With ``may_batch``
-    a run that fits one prompt is parked for the batch lane instead (None)."""
+    a run that fits one prompt is parked for the batch lane instead (None); a synchronous run
+    asks the budgets and the shared rate limit first (``slot_ms``: a slot reserved for it)."""
     settings = runtime.settings
     fence = Fence(run.context_id, run.token)
     with LeaseKeeper(
@@ -247,8 +303,9 @@ def _run_pipeline(
         renew_until_ms=run.started + int(settings.run_hard_limit_seconds * 1000),
         clock=run.clock,
     ):
+        gate = runtime.gates.gate_for(context.user_id, slot_ms)
         if not may_batch:
-            return runtime.pipeline.run(context, watermark=watermark, fence=fence)
+            return runtime.pipeline.run(context, watermark=watermark, fence=fence, gate=gate)
         from worker.batch import park
         from worker.pipeline import ExtractionReport
 
@@ -256,7 +313,7 @@ def _run_pipeline(
         if isinstance(step, ExtractionReport):
             return step
         if step.selection.more:  # over one prompt's budget: chunks go synchronously
-            return runtime.pipeline.finish(context, step, fence=fence)
+            return runtime.pipeline.finish(context, step, fence=fence, gate=gate)
         if park(settings, runtime.batches, runtime.pipeline, context, run.token, step, run.clock()):
             return None
         return ExtractionReport("stale", reason="claim gone before the run was parked")
@@ -274,15 +331,15 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
     run.metrics.extraction(
         report.outcome,
         {
-            **_usage(report),
+            **run.usage(report, report.messages_sent),
             "facts_invalid": report.facts_invalid,
             "facts_refused": report.facts_refused,
         },
     )
     log.info(
         "extraction key=%s version=%d outcome=%s facts_added=%d facts_removed=%d "
-        "facts_invalid=%d facts_refused=%d prompt_tokens=%d completion_tokens=%d duration_ms=%d "
-        "queue=%s",
+        "facts_invalid=%d facts_refused=%d prompt_tokens=%d cached_tokens=%d "
+        "completion_tokens=%d duration_ms=%d queue=%s",
         run.context_id,
         run.version,
         report.outcome,
@@ -291,6 +348,7 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
         report.facts_invalid,
         report.facts_refused,
         report.prompt_tokens,
+        report.cached_tokens,
         report.completion_tokens,
         duration,
         settled.name.lower(),
@@ -307,14 +365,15 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
 def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
     """A run whose claim was lost before it could save: its answer is dropped (the current claim
     extracts the same messages), its tokens were spent all the same."""
-    run.metrics.stale_run(_usage(report))
+    run.metrics.stale_run(run.usage(report, 0))
     log.warning(
         "extraction key=%s version=%d outcome=stale answer discarded: %s prompt_tokens=%d "
-        "completion_tokens=%d duration_ms=%d",
+        "cached_tokens=%d completion_tokens=%d duration_ms=%d",
         run.context_id,
         run.version,
         report.reason,
         report.prompt_tokens,
+        report.cached_tokens,
         report.completion_tokens,
         run.clock() - run.started,
         extra=run.log_extra("stale"),
@@ -322,9 +381,25 @@ def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
     return {"outcome": "stale", "queue": "stale"}
 
 
-def _usage(report: ExtractionReport) -> dict[str, int]:
-    """What a run spent, for the counters of the same names."""
-    return {"prompt_tokens": report.prompt_tokens, "completion_tokens": report.completion_tokens}
+def _deferred(run: _Run, exc: RunDeferred) -> dict[str, Any]:
+    """The run may not call the model yet: back to `due` at the next free slot, no attempt."""
+    at = exc.retry_at_ms
+    if exc.slot_ms is None:
+        # No slot of its own: a little spread, so runs refused together come back apart.
+        at += random.randrange(0, _DEFER_SPREAD_MS)
+    deferred = run.queue.defer(run.context_id, run.token, at, exc.slot_ms)
+    if deferred:
+        run.metrics.deferral(exc.reason)
+    log.info(
+        "extraction key=%s version=%d outcome=deferred reason=%s run_at_ms=%d queue=%s",
+        run.context_id,
+        run.version,
+        exc.reason,
+        at,
+        "due" if deferred else "stale",
+        extra=run.log_extra("deferred"),
+    )
+    return {"outcome": "deferred", "queue": "due" if deferred else "stale"}
 
 
 def _failed(run: _Run, exc: BaseException, retry_at_ms: int | None) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from memq.memory.update import NewFact, UpdateAnswer
 from memq.testing.openai_batches import ScriptedBatches
+from memq.testing.provider import Provider
 
 
 @dataclass
@@ -152,13 +153,22 @@ class _QuietServer(ThreadingHTTPServer):
 
 
 class ScriptedOpenAI:
-    def __init__(self, responder: Callable[[dict[str, Any]], Reply] | None = None) -> None:
+    def __init__(
+        self,
+        responder: Callable[[dict[str, Any]], Reply] | None = None,
+        *,
+        provider: Provider | None = None,
+    ) -> None:
+        # Prefix caching, rate limits, flex refusals (memq.testing.provider); off by default.
+        self.provider = provider or Provider()
         self.responder = responder or (lambda request: Reply(content=EMPTY_UPDATE))
         self.replies: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []
         self.request_times: list[float] = []
         self.lock = threading.Lock()
         self.auth_headers: list[str | None] = []
+        self.refusals: list[int] = []  # the status of each request the provider refused
+        self.refusal_times: list[float] = []  # and when (time.monotonic())
         self.batches = ScriptedBatches(self)  # the files + batches endpoints
         server = self
 
@@ -202,6 +212,20 @@ class ScriptedOpenAI:
                     server.requests.append(request)
                     server.request_times.append(time.monotonic())
                     server.auth_headers.append(self.headers.get("Authorization"))
+                    scripted = server.replies[0] if server.replies else None
+                    # A refused request does not use up the scripted reply.
+                    refusal, limit_headers = server.provider.admit(
+                        request, (scripted or Reply()).completion_tokens
+                    )
+                    if refusal is not None:
+                        server.refusals.append(refusal.status)
+                        server.refusal_times.append(server.request_times[-1])
+                if refusal is not None:
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        self._send(
+                            refusal.status, json.dumps(refusal.body).encode(), refusal.headers
+                        )
+                    return
                 reply = server.reply_for(request)
                 if reply.delay_seconds:
                     time.sleep(reply.delay_seconds)
@@ -210,16 +234,16 @@ class ScriptedOpenAI:
                 elif reply.body is not None:
                     payload = json.dumps(reply.body).encode()
                 elif reply.status == 200:
-                    payload = json.dumps(
-                        completion_body(reply, str(request.get("model", "scripted")))
-                    ).encode()
+                    body = completion_body(reply, str(request.get("model", "scripted")))
+                    server.provider.finish(request, body)
+                    payload = json.dumps(body).encode()
                 else:
                     payload = json.dumps(
                         {"error": {"message": f"scripted {reply.status}", "type": "scripted"}}
                     ).encode()
                 # the client may have given up already (timeout tests)
                 with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    self._send(reply.status, payload, reply.headers)
+                    self._send(reply.status, payload, {**limit_headers, **reply.headers})
 
             def _send(
                 self,
