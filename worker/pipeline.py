@@ -18,9 +18,8 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Literal
 
 from memq.core.errors import StaleClaim
 from memq.core.models import ConversationContext
@@ -38,44 +37,15 @@ from storage.provenance import RunInfo, RunMessage
 from worker.cost import prompt_cache_key
 from worker.gates import Gate
 from worker.model import ModelAnswer, UpdateModel
+from worker.report import ExtractionReport as ExtractionReport
+from worker.report import Outcome as Outcome
+from worker.report import Usage as Usage
+from worker.report import usage_of as usage_of
 from worker.watermark import ChunkBudget, Selection, message_identity, split_at_watermark
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["updated", "unchanged", "skipped", "stale"]
 Clock = Callable[[], datetime]
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    model: str = ""
-    attempts: int = 0
-    cached_tokens: int = 0
-    service_tier: str = ""
-
-
-@dataclass(frozen=True)
-class ExtractionReport:
-    outcome: Outcome
-    facts_added: int = 0
-    facts_removed: int = 0
-    facts_invalid: int = 0  # new facts of the answer that did not validate (dropped)
-    facts_refused: int = 0  # new facts refused as not grounded in the user's words
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0  # of the prompt tokens, read from the provider's prompt cache
-    service_tier: str = ""
-    duration_ms: int = 0
-    changes: list[Change] = field(default_factory=list)
-    model: str = ""
-    messages_sent: int = 0
-    messages_dropped: int = 0
-    earlier_shown: int = 0
-    reason: str = ""
-    watermark: str | None = None  # store it on completion (None: leave the stored one)
-    more: bool = False  # only the oldest chunk of the new messages was extracted: run again now
 
 
 def _count(changes: list[Change], *actions: str) -> int:
@@ -116,17 +86,6 @@ class Prepared:
 
     prompt: UpdatePrompt
     selection: Selection
-
-
-def usage_of(answer: ModelAnswer) -> Usage:
-    return Usage(
-        answer.prompt_tokens,
-        answer.completion_tokens,
-        answer.model,
-        answer.attempts,
-        answer.cached_tokens,
-        answer.service_tier,
-    )
 
 
 class ExtractionPipeline:
