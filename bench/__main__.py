@@ -36,6 +36,8 @@ BENCHMARKS = {
     "P3": "bench.p3_flush",
     "BURST": "bench.p8_burst",
     "P4": "bench.p4_throughput",
+    "RATE": "bench.p13_rate",
+    "COST": "bench.p14_cost_engine",
     "SERVE": "bench.p15_serve",
     # The inspector's memory page over 200 facts and its queue page, against the API's JSON.
     "INSPECTOR": "bench.p16_inspector",

@@ -32,7 +32,7 @@ class InstantModel:
     def __init__(self) -> None:
         self.calls = 0
 
-    def propose(self, prompt: object) -> ModelAnswer:
+    def propose(self, prompt: object, *, cache_key: str | None = None) -> ModelAnswer:
         self.calls += 1
         n = self.calls
         summary = SectionUpdate(summary=f"Billing, step {n}.", should_update=True)

@@ -3,7 +3,8 @@
 A custom collector rather than metric objects updated in this process: the figures belong to
 Redis (the queue's sorted sets, the metrics hash every worker adds to), so any number of exporters
 report the same numbers and a restarted exporter loses nothing. Labels are the shard, the
-extraction outcome and the LLM request result — never a user or thread id.
+extraction outcome, the LLM request result and the reason a run was deferred — never a user or
+thread id.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from memq.core.metrics import COUNTERS, EXTRACTION_OUTCOMES, MetricsSnapshot, read_snapshot
+from memq.core.metrics import (
+    COUNTERS,
+    DEFERRAL_REASONS,
+    EXTRACTION_OUTCOMES,
+    MetricsSnapshot,
+    read_snapshot,
+)
 from memq.core.settings import MemqSettings
 from worker.queue import now_ms
 
@@ -95,6 +102,15 @@ class MemqCollector(Collector):
         for result in sorted({"ok", *snapshot.llm_requests}):
             requests.add_metric([result], snapshot.llm_requests.get(result, 0))
         yield requests
+        deferred = CounterMetricFamily(
+            "memq_runs_deferred",
+            "Runs sent back to `due` before their model call, no attempt counted, by reason "
+            "(rate_limit: the shared rate limit; budget: a token budget)",
+            labels=["reason"],
+        )
+        for reason in sorted({*DEFERRAL_REASONS, *snapshot.deferred}):
+            deferred.add_metric([reason], snapshot.deferred.get(reason, 0))
+        yield deferred
         latency = HistogramMetricFamily(
             "memq_llm_latency_seconds", "Duration of one request to the model"
         )
@@ -114,8 +130,8 @@ class MemqCollector(Collector):
         dead_lettered.add_metric([], snapshot.dead_lettered)
         yield dead_lettered
         for entry in COUNTERS:
-            counter = CounterMetricFamily(f"memq_{entry.field}", entry.text)
-            counter.add_metric([], snapshot[entry.field])
+            counter = CounterMetricFamily(entry.exported, entry.text)
+            counter.add_metric([], snapshot[entry.field] * entry.scale)
             yield counter
 
 

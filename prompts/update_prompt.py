@@ -22,8 +22,10 @@ from memq.memory.staleness import should_review, stale_candidates
 from prompts.answer import render_answer_schema
 from prompts.conversation import budget_conversation, citation_labels
 from prompts.escaping import prompt_json
+from prompts.memory_slice import sliced_memory
 from prompts.review import render_consolidation_section, render_staleness_section
 from prompts.tokens import TokenCounter
+from prompts.worked_example import WORKED_EXAMPLE
 from storage.document import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS, MemoryDocument
 
 SYSTEM_PROMPT = (
@@ -93,6 +95,10 @@ Answer with one JSON object and nothing else (no prose, no markdown), exactly in
 # changes whenever the system prompt does.
 PROMPT_VERSION = "update-" + hashlib.blake2b(SYSTEM_PROMPT.encode(), digest_size=4).hexdigest()
 
+# What every extraction of a deployment starts with, byte for byte: the instructions, then the
+# worked example. Nothing per user goes in here, so the provider's prompt cache serves it.
+STATIC_SYSTEM_PROMPT = f"{SYSTEM_PROMPT}\n\n{WORKED_EXAMPLE}"
+
 CORRECTION_HINT = """\
 Signal: the user explicitly corrected the assistant in this conversation. Record the right \
 approach as a "correction" fact with confidence 0.95 or more, and "sourceError" when the \
@@ -124,8 +130,12 @@ class UpdatePrompt:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
 
 
-def memory_for_prompt(memory: MemoryDocument) -> dict[str, Any]:
-    """The memory in the answer's camelCase vocabulary, with fact ids so removals can name them."""
+def memory_for_prompt(memory: MemoryDocument, *, facts_first: bool = True) -> dict[str, Any]:
+    """The memory in the answer's camelCase vocabulary, with fact ids so removals can name them.
+
+    ``facts_first``: facts (append-only: old ones first, new after) before the summaries (which
+    the model rewrites often), so two consecutive extractions of a user share the longest prefix.
+    """
     groups: dict[str, Any] = {"user": {}, "history": {}}
     for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS)):
         for name in names:
@@ -149,7 +159,7 @@ def memory_for_prompt(memory: MemoryDocument) -> dict[str, Any]:
         if fact.source == "manual":
             item["manual"] = True
         facts.append(item)
-    return {**groups, "facts": facts}
+    return {"facts": facts, **groups} if facts_first else {**groups, "facts": facts}
 
 
 def build_update_prompt(
@@ -185,15 +195,24 @@ def build_update_prompt(
         shrink=False,
     )
     reviews = review_sections(memory, settings, now)
+    cache_friendly = settings.llm_prompt_layout == "cache_friendly"
+    shown, _ = sliced_memory(
+        memory,
+        conversation.text,
+        max_tokens=settings.memory_slice_max_tokens,
+        protected=settings.staleness_protected_categories,
+        count_tokens=count_tokens,
+    )
     labels = citation_labels(len(conversation.messages))
     user = render_user_message(
-        memory,
+        shown,
         conversation.labelled_text(labels),
+        facts_first=cache_friendly,
         earlier=shown_before.text if shown_before.messages else "",
         sections=[*signal_hints(correction, reinforcement), *reviews],
     )
     return UpdatePrompt(
-        system=SYSTEM_PROMPT,
+        system=STATIC_SYSTEM_PROMPT if cache_friendly else SYSTEM_PROMPT,
         user=user,
         conversation=conversation.messages,
         correction=correction,
@@ -228,11 +247,17 @@ def review_sections(memory: MemoryDocument, settings: MemqSettings, now: datetim
 
 
 def render_user_message(
-    memory: MemoryDocument, conversation: str, *, earlier: str, sections: Sequence[str]
+    memory: MemoryDocument,
+    conversation: str,
+    *,
+    earlier: str,
+    sections: Sequence[str],
+    facts_first: bool = True,
 ) -> str:
     """Memory, earlier messages (if any), the conversation, then ``sections``, then the closing
     instruction; ``conversation`` and ``earlier`` are already rendered and escaped."""
-    parts = [f"<current_memory>\n{prompt_json(memory_for_prompt(memory))}\n</current_memory>"]
+    shown = memory_for_prompt(memory, facts_first=facts_first)
+    parts = [f"<current_memory>\n{prompt_json(shown)}\n</current_memory>"]
     if earlier:
         parts.append(f"{EARLIER_NOTE}\n<earlier_messages>\n{earlier}\n</earlier_messages>")
     parts.append(f"<conversation>\n{conversation}\n</conversation>")

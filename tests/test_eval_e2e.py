@@ -1,7 +1,7 @@
 """`memq eval` end to end: the real command (a subprocess, as a user runs it) replays the small
 synthetic data sets in tests/data/eval through the producer, a real Celery worker and beat, the
 real `openai` client against the scripted model (which extracts, answers and judges
-deterministically: memq.testing.openai_server.evaluation_responder), and writes its results.
+deterministically: memq.testing.eval_responder.evaluation_responder), and writes its results.
 
 Every expected figure below is worked out by hand from the data files and the scripted rules; the
 comments say how.
@@ -22,7 +22,8 @@ import pytest
 from memq.core.settings import MemqSettings
 from memq.evaluation.prompts import ANSWER_SYSTEM, JUDGE_SYSTEM
 from memq.testing.celery_procs import REPO_ROOT, CeleryProcs, memq_env
-from memq.testing.openai_server import ScriptedOpenAI, evaluation_responder
+from memq.testing.eval_responder import evaluation_responder
+from memq.testing.openai_server import ScriptedOpenAI
 from memq.testing.waiting import wait_for
 from storage import get_storage
 from tests.support.scenarios import stack_settings
@@ -258,7 +259,7 @@ def _conversation_slot(request: dict[str, Any]) -> str:
 
 
 def _usages(server: ScriptedOpenAI, wanted: str) -> list[dict[str, int]]:
-    from memq.testing.openai_server import evaluation_responder as respond
+    from memq.testing.eval_responder import evaluation_responder as respond
     from prompts.tokens import estimate_tokens
 
     found = []

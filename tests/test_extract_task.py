@@ -40,6 +40,9 @@ class Report:
     changes: list[Any] = field(default_factory=list)
     watermark: str | None = None
     more: bool = False
+    cached_tokens: int = 0
+    service_tier: str = ""
+    messages_sent: int = 1
 
 
 class ScriptedPipeline:
@@ -51,7 +54,12 @@ class ScriptedPipeline:
         self.fences: list[Any] = []
 
     def run(
-        self, context: ConversationContext, *, watermark: str | None = None, fence: Any = None
+        self,
+        context: ConversationContext,
+        *,
+        watermark: str | None = None,
+        fence: Any = None,
+        gate: Any = None,
     ) -> Report:
         self.seen.append(context)
         self.fences.append(fence)
@@ -125,6 +133,8 @@ def test_a_successful_run_deletes_the_context_and_counts_tokens(h: Harness) -> N
         "extractions:updated": "1",
         "prompt_tokens": "120",
         "completion_tokens": "30",
+        "billed_runs": "1",
+        "turns_extracted": "1",
     }
 
 
@@ -215,6 +225,8 @@ def test_only_a_run_that_started_counts_an_attempt_when_its_lease_expires(h: Har
         "extractions:updated": "1",
         "prompt_tokens": "120",
         "completion_tokens": "30",
+        "billed_runs": "1",
+        "turns_extracted": "1",
     }
 
 
@@ -237,6 +249,8 @@ def test_each_way_a_run_ends_is_counted_once_under_its_name(h: Harness) -> None:
         "extractions:dead": "1",
         "prompt_tokens": "120",
         "completion_tokens": "30",
+        "billed_runs": "1",
+        "turns_extracted": "1",
         "stale_runs": "1",
     }
 

@@ -584,7 +584,14 @@ def test_a_parse_failure_is_dead_lettered_without_the_models_answer(
     answer = "Sure! The user told me their passport number is X1234567 and lives at 5 Elm St."
 
     class Parrot:  # a pipeline whose model answered prose instead of the update object
-        def run(self, context: Any, *, watermark: str | None = None, fence: Any = None) -> Any:
+        def run(
+            self,
+            context: Any,
+            *,
+            watermark: str | None = None,
+            fence: Any = None,
+            gate: Any = None,
+        ) -> Any:
             return parse_update_response(answer)
 
     runtime = WorkerRuntime(settings, pipeline_factory=lambda s, r: Parrot())  # type: ignore[arg-type,return-value]

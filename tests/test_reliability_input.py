@@ -186,7 +186,7 @@ class FixedModel:
         self.text = text
         self.prompts: list[Any] = []
 
-    def propose(self, prompt: Any) -> ModelAnswer:
+    def propose(self, prompt: Any, *, cache_key: str | None = None) -> ModelAnswer:
         self.prompts.append(prompt)
         return ModelAnswer(self.text)
 

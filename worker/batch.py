@@ -37,6 +37,7 @@ from storage.sources import Role
 from worker.batch_api import BatchEndpoint
 from worker.batch_jobs import FINISHED, RequestResult, read_results, request_lines
 from worker.batch_queue import BATCH_CYCLE_SECONDS, BATCH_LOCK_MS, BatchQueue, OutRequest
+from worker.cost import CallUsage, PriceTable, cost_nano_usd
 from worker.llm import chat_request
 from worker.model import ModelAnswer
 from worker.pipeline import ExtractionPipeline, Prepared
@@ -145,6 +146,7 @@ class BatchLane:
         self.endpoint = endpoint
         self.clock = clock
         self._metrics = MetricsRecorder(queue.redis, queue.keys.metrics())
+        self._prices = PriceTable.from_settings(settings)
 
     def cycle(self) -> CycleReport:
         report = CycleReport()
@@ -283,9 +285,14 @@ class BatchLane:
         elif current:
             outcome = "unchanged"  # saved before a crash; only the settlement was missing
         settled = self.batches.complete(request, batch_id, covered, self.clock())
+        # Priced at the batch discount; the bill (cost_nano_usd) is one figure for both lanes.
+        batch_call = CallUsage(
+            answer.prompt_tokens, answer.cached_tokens, answer.completion_tokens, "batch"
+        )
         self._metrics.count(
             batch_prompt_tokens=answer.prompt_tokens,
             batch_completion_tokens=answer.completion_tokens,
+            cost_nano_usd=cost_nano_usd(self._prices, batch_call),
         )
         if outcome == "stale" or settled.name == "STALE":
             report.stale += 1

@@ -19,7 +19,7 @@ import email.utils
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import openai
@@ -39,6 +39,9 @@ _PLACEHOLDER_KEY = "not-needed"  # local OpenAI-compatible servers often want no
 
 # Called once per HTTP request to the model: its result label and how long it took, in seconds.
 RequestObserver = Callable[[str, float], None]
+# Called with each reply's status, headers and Retry-After (seconds, if any): the rate limiter
+# tightens its budget from them.
+LimitObserver = Callable[[int, Mapping[str, str], float | None], None]
 
 
 def request_result(exc: openai.OpenAIError | None) -> str:
@@ -113,6 +116,29 @@ def _rejects_json_mode(exc: openai.OpenAIError) -> bool:
     return isinstance(exc, openai.BadRequestError) and "response_format" in str(exc).lower()
 
 
+def _count(value: Any) -> int:
+    """A token count from a usage field: a whole number >= 0, else 0 (a provider sent junk)."""
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _rate_limited(exc: openai.OpenAIError) -> bool:
+    """A 429 that says we send too fast (a refused flex call says the flex pool is busy)."""
+    return (
+        isinstance(exc, openai.APIStatusError)
+        and exc.status_code == 429
+        and exc.code != "resource_unavailable"
+    )
+
+
+def _fall_back(tier: str | None, allowed: bool, exc: openai.OpenAIError) -> bool:
+    """A flex call refused until its retries ran out moves to the default tier, when allowed."""
+    refused = isinstance(exc, openai.APIStatusError) and exc.status_code == 429
+    return allowed and tier == "flex" and refused
+
+
 def chat_request(
     prompt: UpdatePrompt, *, model: str, temperature: float, json_mode: bool
 ) -> dict[str, Any]:
@@ -128,17 +154,22 @@ def chat_request(
     return body
 
 
-def answer_of(response: Any, model: str, *, attempts: int = 1) -> ModelAnswer:
+def answer_of(
+    response: Any, model: str, *, attempts: int = 1, tier: str | None = None
+) -> ModelAnswer:
     """The answer text and usage of a chat completion (the SDK's object, synchronous or parsed
-    from a batch job's output line)."""
+    from a batch job's output line), cached prompt tokens and the serving tier included."""
     choice = response.choices[0] if response.choices else None
     usage = response.usage
+    details = getattr(usage, "prompt_tokens_details", None)
     return ModelAnswer(
         text=response_text(choice.message.content if choice is not None else None),
-        prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-        model=str(response.model or model),
+        prompt_tokens=_count(getattr(usage, "prompt_tokens", 0)),
+        completion_tokens=_count(getattr(usage, "completion_tokens", 0)),
+        model=str(getattr(response, "model", None) or model),
         attempts=attempts,
+        cached_tokens=_count(getattr(details, "cached_tokens", 0)),
+        service_tier=str(getattr(response, "service_tier", None) or tier or ""),
     )
 
 
@@ -154,6 +185,7 @@ class OpenAIUpdateModel:
         backoff_base_seconds: float = 0.5,
         max_inline_wait_seconds: float = INLINE_RETRY_WAIT_SECONDS,
         observe: RequestObserver | None = None,
+        on_limits: LimitObserver | None = None,
     ) -> None:
         key = settings.llm_api_key.get_secret_value() if settings.llm_api_key else None
         self._client = client or openai.OpenAI(
@@ -171,29 +203,54 @@ class OpenAIUpdateModel:
         self._backoff_base = backoff_base_seconds
         self._max_inline_wait = max_inline_wait_seconds
         self._observe = observe or _no_observer
+        self._on_limits = on_limits
+        # The SDK loads its resources on first use (a few hundred ms): done here, not between the
+        # rate limiter's admission and the request reaching the provider.
+        _ = self._client.chat.completions.with_raw_response
+        self._send_cache_key = settings.llm_prompt_cache_key
+        self._service_tier = settings.llm_service_tier
+        self._flex_fallback = settings.llm_flex_fallback
 
-    def _call(self, prompt: UpdatePrompt) -> Any:
+    def _call(self, prompt: UpdatePrompt, cache_key: str | None, tier: str | None) -> Any:
         body = chat_request(
             prompt, model=self._model, temperature=self._temperature, json_mode=self._json_mode
         )
-        return self._client.chat.completions.create(**body)
+        if cache_key and self._send_cache_key:
+            body["prompt_cache_key"] = cache_key
+        if tier:
+            body["service_tier"] = tier
+        raw = self._client.chat.completions.with_raw_response.create(**body)
+        self._limits_seen(raw.status_code, raw.headers, None)
+        return raw.parse()
+
+    def _limits_seen(
+        self, status: int, headers: Mapping[str, str], retry_after: float | None
+    ) -> None:
+        if self._on_limits is not None:
+            self._on_limits(status, headers, retry_after)
 
     def _wait_before_retry(self, error: TransientLLMError, attempt: int) -> float:
         if error.retry_after_seconds is not None:
             return error.retry_after_seconds
         return float(min(self._backoff_base * (2**attempt), self._backoff_max))
 
-    def propose(self, prompt: UpdatePrompt) -> ModelAnswer:
+    def propose(self, prompt: UpdatePrompt, *, cache_key: str | None = None) -> ModelAnswer:
         attempt = 0
+        tier = self._service_tier
         while True:
             attempt += 1
             started = time.monotonic()
             try:
-                response = self._call(prompt)
+                response = self._call(prompt, cache_key, tier)
                 self._observe("ok", time.monotonic() - started)
                 break
             except openai.OpenAIError as exc:
                 self._observe(request_result(exc), time.monotonic() - started)
+                if isinstance(exc, openai.APIStatusError) and exc.code != "resource_unavailable":
+                    # (a refused flex call says the flex pool is busy, not that we send too fast)
+                    self._limits_seen(
+                        exc.status_code, exc.response.headers, retry_after_seconds(exc.response)
+                    )
                 if self._json_mode and _rejects_json_mode(exc):
                     log.warning("LLM endpoint rejects JSON mode; continuing without it")
                     self._json_mode = False
@@ -201,6 +258,14 @@ class OpenAIUpdateModel:
                     continue
                 error = classify(exc)
                 if isinstance(error, PermanentLLMError):
+                    raise error from exc
+                if attempt > self._max_retries and _fall_back(tier, self._flex_fallback, exc):
+                    log.warning("flex capacity refused %d times; trying the default tier", attempt)
+                    tier = None
+                    continue
+                if self._on_limits is not None and _rate_limited(exc):
+                    # A shared rate limit is in force: a retry sent from here would pass it by
+                    # and take another run's slot. The queue retries the run instead.
                     raise error from exc
                 if attempt > self._max_retries:
                     raise TransientLLMError(
@@ -219,7 +284,7 @@ class OpenAIUpdateModel:
                     error,
                 )
                 self._sleep(wait)
-        return answer_of(response, self._model, attempts=attempt)
+        return answer_of(response, self._model, attempts=attempt, tier=tier)
 
     def close(self) -> None:
         self._client.close()
@@ -230,9 +295,11 @@ def build_update_model(
     *,
     count_tokens: TokenCounter | None = None,
     observe: RequestObserver | None = None,
+    on_limits: LimitObserver | None = None,
 ) -> UpdateModel:
     """The model the settings ask for: a real endpoint, or the offline rules when none is set.
-    ``observe`` is told the result and duration of every request to a real endpoint."""
+    ``observe`` is told the result and duration of every request to a real endpoint,
+    ``on_limits`` its status and rate-limit headers."""
     if settings.resolved_llm_provider == "rules":
         from worker.offline import RulesUpdateModel
 
@@ -240,4 +307,4 @@ def build_update_model(
     log.info(
         "update model: %s at %s", settings.llm_model, settings.llm_base_url or "api.openai.com"
     )
-    return OpenAIUpdateModel(settings, observe=observe)
+    return OpenAIUpdateModel(settings, observe=observe, on_limits=on_limits)

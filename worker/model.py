@@ -20,9 +20,14 @@ class ModelAnswer:
     completion_tokens: int = 0
     model: str = ""
     attempts: int = 1
+    cached_tokens: int = 0  # of the prompt tokens, served from the provider's prompt cache
+    service_tier: str = ""  # the tier that served the call, when the provider says
 
 
 class UpdateModel(Protocol):
-    def propose(self, prompt: UpdatePrompt) -> ModelAnswer: ...
+    def propose(self, prompt: UpdatePrompt, *, cache_key: str | None = None) -> ModelAnswer:
+        """``cache_key``: a stable, opaque key per (user, agent) the endpoint may route its
+        prompt cache by (implementations without a cache ignore it)."""
+        ...
 
     def close(self) -> None: ...

@@ -129,7 +129,7 @@ class RulesUpdateModel:
         self._count = count_tokens
         _announce()
 
-    def propose(self, prompt: UpdatePrompt) -> ModelAnswer:
+    def propose(self, prompt: UpdatePrompt, *, cache_key: str | None = None) -> ModelAnswer:
         facts = [
             fact
             for message in prompt.conversation

@@ -18,9 +18,8 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Literal
 
 from memq.core.errors import StaleClaim
 from memq.core.models import ConversationContext
@@ -35,41 +34,18 @@ from prompts.update_prompt import PROMPT_VERSION, UpdatePrompt, build_update_pro
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import MemoryDocument, utc_now
 from storage.provenance import RunInfo, RunMessage
+from worker.cost import prompt_cache_key
+from worker.gates import Gate
 from worker.model import ModelAnswer, UpdateModel
+from worker.report import ExtractionReport as ExtractionReport
+from worker.report import Outcome as Outcome
+from worker.report import Usage as Usage
+from worker.report import usage_of as usage_of
 from worker.watermark import ChunkBudget, Selection, message_identity, split_at_watermark
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["updated", "unchanged", "skipped", "stale"]
 Clock = Callable[[], datetime]
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    model: str = ""
-    attempts: int = 0
-
-
-@dataclass(frozen=True)
-class ExtractionReport:
-    outcome: Outcome
-    facts_added: int = 0
-    facts_removed: int = 0
-    facts_invalid: int = 0  # new facts of the answer that did not validate (dropped)
-    facts_refused: int = 0  # new facts refused as not grounded in the user's words
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    duration_ms: int = 0
-    changes: list[Change] = field(default_factory=list)
-    model: str = ""
-    messages_sent: int = 0
-    messages_dropped: int = 0
-    earlier_shown: int = 0
-    reason: str = ""
-    watermark: str | None = None  # store it on completion (None: leave the stored one)
-    more: bool = False  # only the oldest chunk of the new messages was extracted: run again now
 
 
 def _count(changes: list[Change], *actions: str) -> int:
@@ -112,10 +88,6 @@ class Prepared:
     selection: Selection
 
 
-def usage_of(answer: ModelAnswer) -> Usage:
-    return Usage(answer.prompt_tokens, answer.completion_tokens, answer.model, answer.attempts)
-
-
 class ExtractionPipeline:
     def __init__(
         self,
@@ -138,6 +110,7 @@ class ExtractionPipeline:
         *,
         watermark: str | None = None,
         fence: Fence | None = None,
+        gate: Gate | None = None,
     ) -> ExtractionReport:
         """Extract the messages of one context after ``watermark`` into its (user, agent) memory.
 
@@ -153,7 +126,8 @@ class ExtractionPipeline:
         step = self.prepare(context, watermark=watermark, fence=fence)
         if isinstance(step, ExtractionReport):
             return step
-        return replace(self.finish(context, step, fence=fence), duration_ms=elapsed_ms())
+        report = self.finish(context, step, fence=fence, gate=gate)
+        return replace(report, duration_ms=elapsed_ms())
 
     def prepare(
         self,
@@ -205,10 +179,25 @@ class ExtractionPipeline:
         return run_info(context, step.selection, step.prompt, Usage(model=model), self._clock())
 
     def finish(
-        self, context: ConversationContext, step: Prepared, *, fence: Fence | None = None
+        self,
+        context: ConversationContext,
+        step: Prepared,
+        *,
+        fence: Fence | None = None,
+        gate: Gate | None = None,
     ) -> ExtractionReport:
-        """The model call for a prepared run, then its fenced apply."""
-        answer = self._model.propose(step.prompt)
+        """The model call for a prepared run, then its fenced apply. ``gate`` is told the
+        prompt's tokens before the call and may raise RunDeferred (a budget, the shared rate
+        limit): the memory is then untouched."""
+        prompt = step.prompt
+        if gate is not None:
+            gate(self._count_tokens(prompt.system) + self._count_tokens(prompt.user))
+        answer = self._model.propose(
+            prompt,
+            cache_key=prompt_cache_key(
+                self._settings.key_prefix, context.user_id, context.agent_name
+            ),
+        )
         return self.apply_answer(
             context,
             answer,
@@ -335,6 +324,8 @@ def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionRepo
         "stale",
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        service_tier=usage.service_tier,
         duration_ms=duration_ms,
         model=usage.model,
         reason=reason,
@@ -356,6 +347,8 @@ def _saved_report(
         facts_removed=_count(changes, "remove", "supersede", "stale", "evict"),
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        service_tier=usage.service_tier,
         duration_ms=duration_ms,
         changes=changes,
         model=usage.model,

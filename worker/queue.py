@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, cast
@@ -22,7 +22,7 @@ from memq.core.keys import KeySchema, QueueKeys
 from memq.core.metrics import MetricsRecorder, read_snapshot, summarise
 from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
-from worker.shard_reads import due_members
+from worker.shard_reads import dead_batches, due_members
 
 log = logging.getLogger("memq.queue")
 
@@ -33,6 +33,7 @@ _SCRIPTS = (
     "fail",
     "renew",
     "release",
+    "defer",
     "dead_retry",
     "dead_purge",
 )
@@ -182,6 +183,19 @@ class QueueClient:
         raw = self._scripts["release"](
             keys=[q.context(context_id), q.inflight, q.due, self.user_inflight_key(q, context_id)],
             args=[context_id, token, now],
+        )
+        return int(raw) == 1
+
+    def defer(
+        self, context_id: str, token: str, run_at_ms: int, slot_ms: int | None = None
+    ) -> bool:
+        """Hand a claim back to run at ``run_at_ms``, without counting an attempt (the run may
+        not call the model before then), with the rate-limit slot reserved for that run, if any;
+        False when the claim is no longer ours."""
+        q = self._q(context_id)
+        raw = self._scripts["defer"](
+            keys=[q.context(context_id), q.inflight, q.due, self.user_inflight_key(q, context_id)],
+            args=[context_id, token, max(0, int(run_at_ms)), "" if slot_ms is None else slot_ms],
         )
         return int(raw) == 1
 
@@ -336,7 +350,7 @@ class QueueClient:
         """Move dead contexts back to ``due`` now with attempts reset; returns how many."""
         now = now_ms() if now is None else now
         total = 0
-        for shard, batch in self._dead_batches(ids):
+        for shard, batch in dead_batches(self.redis, self.keys, ids, _DEAD_BATCH):
             total += int(
                 self._scripts["dead_retry"](
                     keys=[shard.dead, shard.due, *(shard.context(i) for i in batch)],
@@ -348,7 +362,7 @@ class QueueClient:
     def dead_purge(self, ids: Iterable[str] | Literal["all"]) -> int:
         """Delete dead contexts for good; returns how many."""
         total = 0
-        for shard, batch in self._dead_batches(ids):
+        for shard, batch in dead_batches(self.redis, self.keys, ids, _DEAD_BATCH):
             total += int(
                 self._scripts["dead_purge"](
                     keys=[shard.dead, *(shard.context(i) for i in batch)], args=list(batch)
@@ -375,19 +389,3 @@ class QueueClient:
             # malformed member can still be claimed, dropped or reaped, never crash the batch.
             user_id = ""
         return q.user_inflight(user_id)
-
-    def _dead_batches(
-        self, ids: Iterable[str] | Literal["all"]
-    ) -> Iterable[tuple[QueueKeys, Sequence[str]]]:
-        if ids == "all":
-            for shard in self.keys.all_shards():
-                members = [str(m) for m in self.redis.zrange(shard.dead, 0, -1)]
-                for start in range(0, len(members), _DEAD_BATCH):
-                    yield shard, members[start : start + _DEAD_BATCH]
-            return
-        by_shard: dict[int, list[str]] = {}
-        for context_id in ids:
-            by_shard.setdefault(self.keys.shard_of(context_id), []).append(context_id)
-        for index, members in by_shard.items():
-            for start in range(0, len(members), _DEAD_BATCH):
-                yield self.keys.shard(index), members[start : start + _DEAD_BATCH]

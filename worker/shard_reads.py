@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal
 
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
 
 from memq.core.connection import UNREACHABLE_ERRORS, RedisClient
+from memq.core.keys import KeySchema, QueueKeys
 
 log = logging.getLogger("memq.tick")
 
@@ -65,3 +66,22 @@ def due_members(
         for position, index in enumerate(indexes):
             found[index] = [str(member) for member in replies[position * step]]
     return found
+
+
+def dead_batches(
+    client: RedisClient, keys: KeySchema, ids: Iterable[str] | Literal["all"], size: int
+) -> Iterable[tuple[QueueKeys, Sequence[str]]]:
+    """Dead letters to act on, grouped by shard in batches of ``size`` ids (one script call
+    each): every dead letter of every shard, or the given ids."""
+    if ids == "all":
+        for shard in keys.all_shards():
+            members = [str(m) for m in client.zrange(shard.dead, 0, -1)]
+            for start in range(0, len(members), size):
+                yield shard, members[start : start + size]
+        return
+    by_shard: dict[int, list[str]] = {}
+    for context_id in ids:
+        by_shard.setdefault(keys.shard_of(context_id), []).append(context_id)
+    for index, members in by_shard.items():
+        for start in range(0, len(members), size):
+            yield keys.shard(index), members[start : start + size]

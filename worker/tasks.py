@@ -1,148 +1,35 @@
 """The bodies of the two Celery tasks, free of Celery: `extract` runs one claimed context through
-the pipeline and settles it in the queue; `WorkerRuntime` holds their dependencies per process.
+the pipeline and settles it in the queue (their per-process dependencies: `worker/runtime.py`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
-import traceback
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from memq.core.connection import RedisClient, redis_client
 from memq.core.errors import (
-    LLMError,
     MemqError,
+    RunDeferred,
 )
 from memq.core.identity import ContextKey
 from memq.core.metrics import MetricsRecorder
 from memq.core.models import ConversationContext
-from memq.core.settings import MemqSettings
 from storage.base import Fence
+from worker.cost import CallUsage, PriceTable, cost_nano_usd
 from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient, now_ms
-from worker.retry import retry_delay_ms
+from worker.retry import content_free_traceback, public_reason, retry_delay_ms
+from worker.runtime import WorkerRuntime as WorkerRuntime
 
 if TYPE_CHECKING:
-    from worker.batch import BatchLane
-    from worker.batch_queue import BatchQueue
-    from worker.pipeline import ExtractionPipeline, ExtractionReport
+    from worker.pipeline import ExtractionReport
 
 log = logging.getLogger("memq.extract")
 
-
-class WorkerRuntime:
-    """Redis client, queue client, metrics recorder and extraction pipeline, built lazily once
-    per process.
-
-    Lazy because a prefork worker forks after the app is built: connections and the LLM client
-    must be created in the child that uses them (the pid check rebuilds after a fork).
-    """
-
-    def __init__(
-        self,
-        settings: MemqSettings,
-        *,
-        pipeline_factory: Callable[[MemqSettings, RedisClient], ExtractionPipeline] | None = None,
-    ) -> None:
-        self.settings = settings
-        self._pipeline_factory = pipeline_factory or build_pipeline
-        self._lock = threading.Lock()
-        self._pid: int | None = None
-        self._redis: RedisClient | None = None
-        self._queue: QueueClient | None = None
-        self._metrics: MetricsRecorder | None = None
-        self._pipeline: ExtractionPipeline | None = None
-        self._batches: BatchQueue | None = None
-        self._lane: BatchLane | None = None
-
-    @property
-    def client(self) -> RedisClient:
-        return self._base()[0]
-
-    @property
-    def queue(self) -> QueueClient:
-        return self._base()[1]
-
-    @property
-    def metrics(self) -> MetricsRecorder:
-        return self._base()[2]
-
-    @property
-    def pipeline(self) -> ExtractionPipeline:
-        with self._lock:
-            self._check_fork()
-            if self._pipeline is None:
-                self._pipeline = self._pipeline_factory(self.settings, self._base_locked()[0])
-            return self._pipeline
-
-    @property
-    def batches(self) -> BatchQueue:
-        """The batch lane's queue operations (its scripts registered once per process)."""
-        from worker.batch_queue import BatchQueue
-
-        with self._lock:
-            self._check_fork()
-            if self._batches is None:
-                self._batches = BatchQueue(self.settings, self._base_locked()[0])
-            return self._batches
-
-    def batch_lane(self) -> BatchLane:
-        """The gatherer and poller of batch jobs (the ``memq.batch`` task)."""
-        from worker.batch import BatchLane
-        from worker.batch_api import OpenAIBatchEndpoint
-
-        pipeline, batches = self.pipeline, self.batches
-        with self._lock:
-            if self._lane is None:
-                self._lane = BatchLane(
-                    self.settings,
-                    self._base_locked()[1],
-                    batches,
-                    pipeline,
-                    OpenAIBatchEndpoint(self.settings),
-                )
-            return self._lane
-
-    def _base(self) -> tuple[RedisClient, QueueClient, MetricsRecorder]:
-        with self._lock:
-            self._check_fork()
-            return self._base_locked()
-
-    def _base_locked(self) -> tuple[RedisClient, QueueClient, MetricsRecorder]:
-        if self._redis is None or self._queue is None or self._metrics is None:
-            # Worker-side calls ride out a short Redis restart (a few seconds) instead of failing
-            # the run's settlement and leaving its context to wait for its lease.
-            self._redis = redis_client(self.settings, outage_retries=8)
-            self._queue = QueueClient(self.settings, self._redis)
-            self._metrics = MetricsRecorder.for_settings(self.settings, self._redis)
-            self._pid = os.getpid()
-        return self._redis, self._queue, self._metrics
-
-    def _check_fork(self) -> None:
-        if self._pid is not None and self._pid != os.getpid():
-            self._redis = self._queue = self._pipeline = self._metrics = None
-            self._batches = self._lane = None
-            self._pid = None
-
-
-def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPipeline:
-    """The production pipeline: configured storage and LLM (imported here, not at module load,
-    so the ticker and the app factory never load the LLM client)."""
-    from storage import get_storage
-    from worker.llm import build_update_model
-    from worker.pipeline import ExtractionPipeline
-
-    return ExtractionPipeline(
-        settings,
-        get_storage(settings, redis=client),
-        build_update_model(
-            settings, observe=MetricsRecorder.for_settings(settings, client).llm_request
-        ),
-    )
+_DEFER_SPREAD_MS = 100  # spread of runs deferred together without a slot of their own
 
 
 def describe_args(context_id: str, version: int) -> str:
@@ -165,6 +52,24 @@ class _Run:
     version: int
     started: int  # epoch ms
     clock: Callable[[], int]
+    prices: PriceTable | None = None
+
+    def usage(self, report: ExtractionReport, turns: int) -> dict[str, int]:
+        """The metrics fields this run's usage adds to, its bill included."""
+        call = CallUsage(
+            report.prompt_tokens,
+            report.cached_tokens,
+            report.completion_tokens,
+            report.service_tier,
+        )
+        return {
+            "prompt_tokens": report.prompt_tokens,
+            "completion_tokens": report.completion_tokens,
+            "cached_tokens": report.cached_tokens,
+            "cost_nano_usd": cost_nano_usd(self.prices, call),
+            "billed_runs": int(report.prompt_tokens > 0),
+            "turns_extracted": turns,
+        }
 
     def log_extra(self, outcome: str) -> dict[str, Any]:
         return {"memq_key": self.context_id, "memq_version": self.version, "memq_outcome": outcome}
@@ -179,7 +84,9 @@ def extract(
     clock: Callable[[], int] = now_ms,
 ) -> dict[str, Any]:
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
-    run = _Run(runtime.queue, runtime.metrics, context_id, token, version, clock(), clock)
+    run = _Run(
+        runtime.queue, runtime.metrics, context_id, token, version, clock(), clock, runtime.prices
+    )
     data, watermark = run.queue.load_run(context_id)
     if not _start(run, data):
         return {"outcome": "stale"}
@@ -190,7 +97,9 @@ def extract(
         return _failed(run, exc, None)
     may_batch = runtime.settings.llm_batch_active and data.get("claimed_sync") != "1"
     try:
-        report = _run_pipeline(runtime, run, context, watermark, may_batch=may_batch)
+        report = _run_pipeline(runtime, run, context, watermark, _slot(data), may_batch=may_batch)
+    except RunDeferred as exc:
+        return _deferred(run, exc)
     except Exception as exc:
         delay = retry_delay_ms(exc, attempts, runtime.settings)
         return _failed(run, exc, None if delay is None else clock() + delay)
@@ -202,6 +111,9 @@ def extract(
             extra=run.log_extra("batched"),
         )
         return {"outcome": "batched", "queue": "batched"}
+    budget = runtime.gates.budget
+    if budget is not None:
+        budget.spend(context.user_id, report.prompt_tokens + report.completion_tokens)
     if report.outcome == "stale":
         return _discarded(run, report)
     return _completed(run, context, report)
@@ -227,16 +139,26 @@ def _start(run: _Run, data: dict[str, Any]) -> bool:
     return False
 
 
+def _slot(data: dict[str, Any]) -> int | None:
+    """The rate-limit slot an earlier deferral reserved for this run, if any."""
+    try:
+        return int(data["rate_slot_ms"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _run_pipeline(
     runtime: WorkerRuntime,
     run: _Run,
     context: ConversationContext,
     watermark: str | None,
+    slot_ms: int | None = None,
     *,
     may_batch: bool = False,
 ) -> ExtractionReport | None:
     """The pipeline, with the lease renewed in the background while it runs. With ``may_batch``
-    a run that fits one prompt is parked for the batch lane instead (None)."""
+    a run that fits one prompt is parked for the batch lane instead (None); a synchronous run
+    asks the budgets and the shared rate limit first (``slot_ms``: a slot reserved for it)."""
     settings = runtime.settings
     fence = Fence(run.context_id, run.token)
     with LeaseKeeper(
@@ -247,8 +169,9 @@ def _run_pipeline(
         renew_until_ms=run.started + int(settings.run_hard_limit_seconds * 1000),
         clock=run.clock,
     ):
+        gate = runtime.gates.gate_for(context.user_id, slot_ms)
         if not may_batch:
-            return runtime.pipeline.run(context, watermark=watermark, fence=fence)
+            return runtime.pipeline.run(context, watermark=watermark, fence=fence, gate=gate)
         from worker.batch import park
         from worker.pipeline import ExtractionReport
 
@@ -256,7 +179,7 @@ def _run_pipeline(
         if isinstance(step, ExtractionReport):
             return step
         if step.selection.more:  # over one prompt's budget: chunks go synchronously
-            return runtime.pipeline.finish(context, step, fence=fence)
+            return runtime.pipeline.finish(context, step, fence=fence, gate=gate)
         if park(settings, runtime.batches, runtime.pipeline, context, run.token, step, run.clock()):
             return None
         return ExtractionReport("stale", reason="claim gone before the run was parked")
@@ -274,15 +197,15 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
     run.metrics.extraction(
         report.outcome,
         {
-            **_usage(report),
+            **run.usage(report, report.messages_sent),
             "facts_invalid": report.facts_invalid,
             "facts_refused": report.facts_refused,
         },
     )
     log.info(
         "extraction key=%s version=%d outcome=%s facts_added=%d facts_removed=%d "
-        "facts_invalid=%d facts_refused=%d prompt_tokens=%d completion_tokens=%d duration_ms=%d "
-        "queue=%s",
+        "facts_invalid=%d facts_refused=%d prompt_tokens=%d cached_tokens=%d "
+        "completion_tokens=%d duration_ms=%d queue=%s",
         run.context_id,
         run.version,
         report.outcome,
@@ -291,6 +214,7 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
         report.facts_invalid,
         report.facts_refused,
         report.prompt_tokens,
+        report.cached_tokens,
         report.completion_tokens,
         duration,
         settled.name.lower(),
@@ -307,14 +231,15 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
 def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
     """A run whose claim was lost before it could save: its answer is dropped (the current claim
     extracts the same messages), its tokens were spent all the same."""
-    run.metrics.stale_run(_usage(report))
+    run.metrics.stale_run(run.usage(report, 0))
     log.warning(
         "extraction key=%s version=%d outcome=stale answer discarded: %s prompt_tokens=%d "
-        "completion_tokens=%d duration_ms=%d",
+        "cached_tokens=%d completion_tokens=%d duration_ms=%d",
         run.context_id,
         run.version,
         report.reason,
         report.prompt_tokens,
+        report.cached_tokens,
         report.completion_tokens,
         run.clock() - run.started,
         extra=run.log_extra("stale"),
@@ -322,9 +247,25 @@ def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
     return {"outcome": "stale", "queue": "stale"}
 
 
-def _usage(report: ExtractionReport) -> dict[str, int]:
-    """What a run spent, for the counters of the same names."""
-    return {"prompt_tokens": report.prompt_tokens, "completion_tokens": report.completion_tokens}
+def _deferred(run: _Run, exc: RunDeferred) -> dict[str, Any]:
+    """The run may not call the model yet: back to `due` at the next free slot, no attempt."""
+    at = exc.retry_at_ms
+    if exc.slot_ms is None:
+        # No slot of its own: a little spread, so runs refused together come back apart.
+        at += random.randrange(0, _DEFER_SPREAD_MS)
+    deferred = run.queue.defer(run.context_id, run.token, at, exc.slot_ms)
+    if deferred:
+        run.metrics.deferral(exc.reason)
+    log.info(
+        "extraction key=%s version=%d outcome=deferred reason=%s run_at_ms=%d queue=%s",
+        run.context_id,
+        run.version,
+        exc.reason,
+        at,
+        "due" if deferred else "stale",
+        extra=run.log_extra("deferred"),
+    )
+    return {"outcome": "deferred", "queue": "due" if deferred else "stale"}
 
 
 def _failed(run: _Run, exc: BaseException, retry_at_ms: int | None) -> dict[str, Any]:
@@ -347,30 +288,3 @@ def _failed(run: _Run, exc: BaseException, retry_at_ms: int | None) -> dict[str,
     )
     log.debug("extraction key=%s failed", run.context_id, exc_info=exc)
     return {"outcome": "failed", "queue": settled.name.lower(), "error": type(exc).__name__}
-
-
-def public_reason(exc: BaseException) -> str:
-    """What a failure is stored and shown as (dead letters, Flower): the error's type, and for
-    the LLM errors, which memq words from the type, HTTP status and answer shape alone, their
-    message. Never any other exception's text, which can quote the conversation (an endpoint's
-    error body, pydantic's input in its message)."""
-    if isinstance(exc, LLMError):
-        return f"{type(exc).__name__}: {exc}"[:500]
-    return type(exc).__name__
-
-
-def content_free_traceback(exc: BaseException) -> str:
-    """The traceback of an unexpected failure with each exception's message left out: where it
-    broke is the operator's to see, the text it broke on may be the user's."""
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and all(current is not seen for seen in chain):
-        chain.append(current)
-        current = current.__cause__ or (
-            None if current.__suppress_context__ else current.__context__
-        )
-    parts = []
-    for error in reversed(chain):
-        frames = "".join(traceback.format_tb(error.__traceback__))
-        parts.append(f"{frames}{type(error).__module__}.{type(error).__qualname__}: (hidden)")
-    return "\n-- then --\n".join(parts)

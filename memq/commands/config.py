@@ -79,6 +79,52 @@ DESCRIPTIONS: dict[str, str] = {
     "llm_max_retries": "retries inside the openai client before the task retries",
     "llm_json_mode": "ask for `response_format: json_object`",
     "llm_temperature": "sampling temperature of the extraction call",
+    "llm_prompt_cache_key": (
+        "send a stable, hashed `prompt_cache_key` per (user, agent) so the provider's prompt "
+        "cache serves a user's consecutive extractions; off for endpoints that reject the field"
+    ),
+    "memory_slice_max_tokens": (
+        "past this many tokens of facts, an extraction shows only the protected categories and "
+        "the facts most relevant to the new messages, within this budget (unset: all facts)"
+    ),
+    "llm_prompt_layout": (
+        "`cache_friendly`: the update prompt's static part ends with a worked example (1,024+ "
+        "tokens, what a provider caches) and the memory shows facts (append-only) before the "
+        "summaries (rewritten often); `compact`: the layout before the cost engine, ~500 "
+        "tokens shorter, summaries first"
+    ),
+    "llm_service_tier": (
+        "`service_tier` sent with each call (unset: none sent); `flex` is billed at batch prices "
+        "and may be refused with a 429"
+    ),
+    "llm_flex_fallback": (
+        "after the retries of a refused `flex` call, try once more at the default tier"
+    ),
+    "llm_price_input_per_million": (
+        "price table, $ per million input tokens (unset: no bill is kept)"
+    ),
+    "llm_price_cached_input_per_million": (
+        "$ per million cached input tokens (unset: the input price)"
+    ),
+    "llm_price_output_per_million": "$ per million output tokens",
+    "llm_batch_discount": "share of the price taken off flex and batch calls (0.5 = half price)",
+    "llm_rate_limit_rpm": (
+        "requests per minute to the model, shared by every worker process (unset: no limit); a "
+        "run over it goes back to `due` at the next free slot"
+    ),
+    "llm_rate_limit_tpm": "tokens per minute to the model, shared likewise (unset: no limit)",
+    "llm_budget_tokens_per_user": (
+        "LLM tokens (prompt + completion) one user may spend per budget window; over it, that "
+        "user's contexts wait in `due` for the next window (unset: no budget)"
+    ),
+    "llm_budget_tokens_total": (
+        "LLM tokens the whole deployment may spend per budget window; over it, every context "
+        "waits for the next window (unset: no budget)"
+    ),
+    "llm_budget_window_seconds": "the budget window (default a day, aligned to UTC midnight)",
+    "llm_rate_limit_burst_seconds": (
+        "the limit is enforced over this period (providers quantize: 60 RPM as 1 per second)"
+    ),
     "llm_batch_enabled": (
         "batch lane: due contexts that were not flushed go out in OpenAI Batch API jobs "
         "(batch prices, results within the completion window); flushes stay synchronous"

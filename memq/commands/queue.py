@@ -140,10 +140,31 @@ def stats_rows(stats: dict[str, Any]) -> list[tuple[str, object]]:
         ("dead-lettered in total (failed runs + expired leases)", stats["dead_lettered_total"])
     )
     rows += [(f"LLM requests: {result}", n) for result, n in stats["llm_requests"].items()]
+    rows += [
+        (f"runs deferred before the call: {reason.replace('_', ' ')}", n)
+        for reason, n in stats["deferred"].items()
+    ]
     if stats["llm_latency_mean_seconds"] is not None:
         rows.append(("LLM latency, mean", f"{stats['llm_latency_mean_seconds']:.2f} s"))
-    rows += [(counter.text, stats[counter.field]) for counter in COUNTERS]
+    shown = {
+        "cached_tokens": _with_share(stats["cached_tokens"], stats["cached_share"]),
+        "cost_nano_usd": _dollars(stats["llm_cost_usd"]),
+    }
+    rows += [(counter.text, shown.get(counter.field, stats[counter.field])) for counter in COUNTERS]
+    rows += [
+        ("LLM cost per extraction", _dollars(stats["cost_per_extraction_usd"])),
+        ("LLM cost per 1,000 turns", _dollars(stats["cost_per_1000_turns_usd"])),
+    ]
     return rows
+
+
+def _with_share(count: int, share: float | None) -> str:
+    return str(count) if share is None else f"{count} ({share:.0%})"
+
+
+def _dollars(amount: float | None) -> str:
+    """Dollars to a tenth of a micro-dollar, enough for one cheap call; "-" before any."""
+    return "-" if amount is None else f"${amount:.6f}"
 
 
 def run_dead_list(args: argparse.Namespace, context: CommandContext) -> int:

@@ -91,3 +91,16 @@ class ExtractionDeadLettered(MemqError):
 class ExtractionRetryScheduled(MemqError):
     """An extraction failed and the queue holds its context for a later try (what Flower shows as
     the reason of a RETRY; the retry itself is the ticker's, never Celery's)."""
+
+
+class RunDeferred(MemqError):
+    """The run may not call the model before ``retry_at_ms`` (epoch ms): the shared rate limit
+    or a token budget is spent. The context goes back to `due` then, with no attempt counted."""
+
+    def __init__(
+        self, message: str, *, retry_at_ms: int, reason: str, slot_ms: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.retry_at_ms = retry_at_ms
+        self.reason = reason  # "rate_limit" or "budget": the counter it adds to
+        self.slot_ms = slot_ms  # a rate-limit slot reserved for the next run (None: none)

@@ -188,6 +188,16 @@ class KeySchema:
         """Global counters (extractions, tokens) for `memq stats`."""
         return f"{self.prefix}:metrics"
 
+    def token_budget(self, window: int, tenant: str) -> str:
+        """Tokens spent in budget window ``window`` by ``tenant`` (an opaque hash of a user id, or
+        ``*`` for the whole deployment)."""
+        return f"{self.prefix}:budget:{window}:{tenant}"
+
+    def rate_limit(self, scope: str) -> str:
+        """Hash of the shared LLM rate limit of one (endpoint, model) ``scope`` (an opaque hash):
+        its request and token schedules and any pause the provider asked for."""
+        return f"{self.prefix}:rate:{{{self.prefix}:{scope}}}"
+
     def storage_location(self) -> str:
         """Where the workers of this prefix store memory documents (backend and folder), written
         by each worker at start, so a reader configured for another place can say so."""

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # --- field names of the metrics hash that carry a label (one field per value of the label)
 EXTRACTIONS = "extractions:"  # + outcome: updated, unchanged, skipped, retry, dead
 LLM_REQUESTS = "llm_requests:"  # + result: ok, timeout, unreachable, rate_limited, ...
+DEFERRED = "deferred:"  # + reason: rate_limit, budget (runs sent back to due before their call)
 LLM_LATENCY_BUCKET = "llm_latency_le:"  # + upper bound in seconds, or +Inf
 LLM_LATENCY_COUNT = "llm_latency_count"
 LLM_LATENCY_SUM_MS = "llm_latency_sum_ms"
@@ -36,16 +37,26 @@ LAST_TICK_MS = "last_tick_ms"
 
 # updated/unchanged: saved; skipped: nothing new since the last run; retry/dead: failed.
 EXTRACTION_OUTCOMES = ("updated", "unchanged", "skipped", "retry", "dead")
+# rate_limit: the shared rate limit had no slot; budget: a token budget was spent.
+DEFERRAL_REASONS = ("rate_limit", "budget")
+NANO_USD_PER_USD: Final = 1_000_000_000
 LATENCY_BUCKETS_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
 @dataclass(frozen=True, slots=True)
 class Counter:
     """One plain counter: its field in the hash (the exporter serves it as
-    ``memq_<field>_total``) and what it counts (the exporter's help, the `memq stats` row)."""
+    ``memq_<metric or field>_total``, its value times ``scale``) and what it counts (the
+    exporter's help, the `memq stats` row)."""
 
     field: str
     text: str
+    metric: str = ""
+    scale: float = 1.0
+
+    @property
+    def exported(self) -> str:
+        return f"memq_{self.metric or self.field}"
 
 
 # Every plain counter. Adding one is one line here: the recorder accepts it (in ``usage`` or
@@ -53,7 +64,17 @@ class Counter:
 # show it. A name not listed here is never written.
 COUNTERS: Final[tuple[Counter, ...]] = (
     Counter("prompt_tokens", "prompt tokens"),
+    Counter("cached_tokens", "prompt tokens: cached"),  # served from the provider's cache
     Counter("completion_tokens", "completion tokens"),
+    # Integer nano-dollars so that HINCRBY adds exactly; the exporter serves dollars.
+    Counter(
+        "cost_nano_usd",
+        "LLM cost at the configured price table (dollars; 0 without one)",
+        metric="llm_cost_usd",
+        scale=1 / NANO_USD_PER_USD,
+    ),
+    Counter("billed_runs", "runs that called the model (the bill's extractions)"),
+    Counter("turns_extracted", "conversation messages sent for extraction (the bill's turns)"),
     Counter("stale_runs", "stale runs discarded (lost their claim)"),
     Counter("facts_invalid", "new facts of saved answers dropped: they did not validate"),
     Counter("facts_refused", "new facts refused: only assistant messages said them"),
@@ -117,6 +138,10 @@ class MetricsRecorder:
         """A run that had lost its claim: nothing of it is kept, what it spent still counts."""
         self._add({"stale_runs": 1}, usage)
 
+    def deferral(self, reason: str) -> None:
+        """A run went back to `due` before its model call (``reason``: of DEFERRAL_REASONS)."""
+        self._add({f"{DEFERRED}{reason}": 1})
+
     def forget(self) -> None:
         self._add({"forgets": 1})
 
@@ -179,6 +204,7 @@ class MetricsSnapshot:
 
     extractions: dict[str, int] = field(default_factory=dict)
     llm_requests: dict[str, int] = field(default_factory=dict)
+    deferred: dict[str, int] = field(default_factory=dict)  # by reason
     # (upper bound in seconds, cumulative count), ending with +Inf
     llm_latency_buckets: list[tuple[float, int]] = field(default_factory=list)
     llm_latency_count: int = 0
@@ -196,6 +222,26 @@ class MetricsSnapshot:
         return sum(self.extractions.get(o, 0) for o in ("updated", "unchanged", "skipped"))
 
     @property
+    def cost_usd(self) -> float:
+        return self["cost_nano_usd"] / NANO_USD_PER_USD
+
+    @property
+    def cached_share(self) -> float | None:
+        """Cached tokens over prompt tokens (None before any)."""
+        prompt = self["prompt_tokens"]
+        return self["cached_tokens"] / prompt if prompt else None
+
+    @property
+    def cost_per_extraction_usd(self) -> float | None:
+        runs = self["billed_runs"]
+        return self.cost_usd / runs if runs else None
+
+    @property
+    def cost_per_1000_turns_usd(self) -> float | None:
+        turns = self["turns_extracted"]
+        return self.cost_usd * 1000 / turns if turns else None
+
+    @property
     def dead_lettered(self) -> int:
         """Contexts ever moved to the dead letters (by a failed run or by the lease reaper)."""
         return self.extractions.get("dead", 0) + self["leases_dead"]
@@ -211,7 +257,7 @@ def _int(value: Any) -> int:
 def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
     """Pure: the hash's fields into a snapshot; unknown fields are ignored."""
     values = {str(k): _int(v) for k, v in raw.items()}
-    by_prefix: dict[str, dict[str, int]] = {EXTRACTIONS: {}, LLM_REQUESTS: {}}
+    by_prefix: dict[str, dict[str, int]] = {EXTRACTIONS: {}, LLM_REQUESTS: {}, DEFERRED: {}}
     for name, value in values.items():
         for prefix, found in by_prefix.items():
             if name.startswith(prefix):
@@ -226,6 +272,7 @@ def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
     return MetricsSnapshot(
         extractions=by_prefix[EXTRACTIONS],
         llm_requests=by_prefix[LLM_REQUESTS],
+        deferred=by_prefix[DEFERRED],
         llm_latency_buckets=buckets,
         llm_latency_count=values.get(LLM_LATENCY_COUNT, 0),
         llm_latency_sum_seconds=values.get(LLM_LATENCY_SUM_MS, 0) / 1000,
@@ -321,10 +368,15 @@ def summarise(snapshot: Snapshot) -> dict[str, Any]:
         "completed_total": metrics.completed,
         "dead_lettered_total": metrics.dead_lettered,
         "llm_requests": dict(sorted(metrics.llm_requests.items())),
+        "deferred": dict(sorted(metrics.deferred.items())),
         "llm_latency_mean_seconds": (
             metrics.llm_latency_sum_seconds / metrics.llm_latency_count
             if metrics.llm_latency_count
             else None
         ),
         **{c.field: metrics[c.field] for c in COUNTERS},
+        "cached_share": metrics.cached_share,
+        "llm_cost_usd": metrics.cost_usd,
+        "cost_per_extraction_usd": metrics.cost_per_extraction_usd,
+        "cost_per_1000_turns_usd": metrics.cost_per_1000_turns_usd,
     }

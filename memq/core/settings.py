@@ -141,6 +141,21 @@ class MemqSettings(BaseSettings):
     llm_max_retries: int = Field(default=2, ge=0, le=10)
     llm_json_mode: bool = True
     llm_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    # --- LLM cost: cache routing, service tier, price table, shared rate limit
+    llm_prompt_cache_key: bool = True
+    llm_prompt_layout: Literal["cache_friendly", "compact"] = "cache_friendly"
+    llm_service_tier: Literal["auto", "default", "flex", "priority"] | None = None
+    llm_flex_fallback: bool = True
+    llm_price_input_per_million: float | None = Field(default=None, ge=0.0)
+    llm_price_cached_input_per_million: float | None = Field(default=None, ge=0.0)
+    llm_price_output_per_million: float | None = Field(default=None, ge=0.0)
+    llm_batch_discount: float = Field(default=0.5, ge=0.0, le=1.0)
+    llm_rate_limit_rpm: float | None = Field(default=None, gt=0.0)
+    llm_rate_limit_tpm: float | None = Field(default=None, gt=0.0)
+    llm_rate_limit_burst_seconds: float = Field(default=1.0, gt=0.0, le=60.0)
+    llm_budget_tokens_per_user: int | None = Field(default=None, ge=1)
+    llm_budget_tokens_total: int | None = Field(default=None, ge=1)
+    llm_budget_window_seconds: float = Field(default=86_400.0, ge=1.0, le=31 * 86_400.0)
     # The batch lane: work that can wait goes out in OpenAI Batch API jobs at batch prices.
     llm_batch_enabled: bool = False
     llm_batch_completion_window: str = Field(default="24h", pattern=r"^[1-9][0-9]{0,2}h$")
@@ -153,6 +168,7 @@ class MemqSettings(BaseSettings):
     fact_max_chars: int = Field(default=1000, ge=50, le=100_000)
     fact_confidence_threshold: float = Field(default=0.7, ge=0.0, le=1.0)
     conversation_max_tokens: int = Field(default=6000, ge=200)
+    memory_slice_max_tokens: int | None = Field(default=None, ge=200)
     message_max_chars: int = Field(default=2000, ge=100)
     context_messages: int = Field(default=2, ge=0, le=50)
     watermark_ttl_days: int = Field(default=30, ge=1, le=3650)

@@ -1,0 +1,51 @@
+"""A worked example of one extraction, appended to the update prompt's static instructions.
+
+Two reasons: a model answers the schema more reliably after one complete example, and providers
+cache prompt prefixes only from 1,024 tokens on — with the example, the static part of every
+extraction prompt (identical for every user of a deployment, and first in the prompt) reaches
+that length, so the provider serves it from its cache instead of billing it in full each time.
+Pure data; the example's answer is checked against the answer parser by the tests, so it cannot
+drift from the schema.
+"""
+
+from __future__ import annotations
+
+WORKED_EXAMPLE = """\
+Example (illustration only; the people and projects in it are not the user's).
+Memory before: a fact {"id": "f1", "content": "Uses Python 3.10 for the billing service", \
+"category": "context", "confidence": 0.9} and a workContext summary about a backend role.
+Conversation:
+[m1] User: We moved billing to Python 3.12 last week. Also, your last answer used asyncio.run \
+inside a running loop again; that crashes under our FastAPI app, please await the coroutine instead.
+[m2] Assistant: Sorry about that. Awaiting it directly inside the endpoint works. Noted on 3.12.
+[m3] User: Thanks. I'm presenting the migration at the team offsite in March.
+Answer:
+{
+  "user": {
+    "workContext": {"summary": "Backend engineer who runs the billing service (Python 3.12, \
+FastAPI).", "shouldUpdate": true},
+    "personalContext": {"summary": "", "shouldUpdate": false},
+    "topOfMind": {"summary": "Finishing the billing migration to Python 3.12 and preparing a \
+talk about it for the team offsite in March.", "shouldUpdate": true}
+  },
+  "history": {
+    "recentMonths": {"summary": "Migrated the billing service from Python 3.10 to 3.12.", \
+"shouldUpdate": true},
+    "earlierContext": {"summary": "", "shouldUpdate": false},
+    "longTermBackground": {"summary": "", "shouldUpdate": false}
+  },
+  "newFacts": [
+    {"content": "The billing service runs on Python 3.12", "category": "context", \
+"confidence": 0.95, "cites": ["m1"]},
+    {"content": "Inside the user's FastAPI app, await coroutines directly; asyncio.run in a \
+running event loop crashes it", "category": "correction", "confidence": 0.97, \
+"sourceError": "Called asyncio.run inside a running event loop", "cites": ["m1"]},
+    {"content": "Presents the billing migration at the team offsite in March", \
+"category": "goal", "confidence": 0.9, "cites": ["m3"]}
+  ],
+  "factsToRemove": ["f1"]
+}
+Why: the version change contradicts f1, so f1 is removed and the new version added; the \
+user's correction becomes a "correction" fact with the mistake as "sourceError"; the thanks and \
+the apology teach nothing lasting and are not recorded; each fact cites the messages it comes \
+from."""
