@@ -389,3 +389,16 @@ def test_a_blank_turn_is_left_out_and_a_photo_alone_is_kept() -> None:
     turns = read_locomo([sample]).conversations[0].sessions[1].turns
     assert [t.id for t in turns] == ["D2:1", "D2:8", "D2:2"]
     assert turns[1].text == "[shares a photo: a cello]"
+
+
+def test_message_level_sources_are_read_back_as_turn_ids_and_run_level_ones_cite_nothing() -> None:
+    from memq.evaluation.runner import cited_ids, turn_digests
+
+    turn_of = turn_digests(["D1:1", "D1:2", "D2:7"])
+    (d1, d2, d3) = turn_of
+    message_level = {"sources": [{"attribution": "message", "messages": [d1, d3, "id:unknown"]}]}
+    run_level = {"sources": [{"attribution": "run", "messages": [d1, d2, d3]}]}
+    assert cited_ids(message_level, turn_of) == ("D1:1", "D2:7")
+    assert cited_ids(run_level, turn_of) is None  # a run, not a turn: never a guessed citation
+    assert cited_ids(message_level) is None  # without the turns, digests name nothing
+    assert all(d.startswith("id:") and len(d) == 19 for d in turn_of)  # never the raw id

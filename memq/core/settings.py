@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AliasChoices,
     Field,
@@ -31,14 +30,8 @@ from pydantic_settings import (
 
 from memq.core.errors import ConfigError
 from memq.core.redis_urls import BrokerTarget, broker_target, parse_redis_url, url_kind
-
-# DeerFlow's `memory:` field names that differ from ours; values converted where the type differs.
-_DEERFLOW_RENAMES: dict[str, str] = {
-    "max_injection_tokens": "injected_memory_max_tokens",
-    "model_name": "llm_model",
-    "storage_path": "storage_dir",
-}
-
+from memq.core.settings_errors import describe_setting_error
+from memq.core.settings_sources import split_csv, yaml_memory_section
 
 # The LLM client sleeps through a Retry-After up to this long between attempts (longer waits go
 # back to the queue); the run budget counts one such wait per retry.
@@ -50,35 +43,6 @@ HARD_LIMIT_GRACE_SECONDS = 5.0
 
 # Cluster and Sentinel schemes are accepted now so configurations written for them stay valid.
 REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "unix")
-
-# Settings whose values may be secrets: an error about them never repeats the value.
-_SECRET_FIELDS = frozenset(
-    {
-        "redis_url",
-        "broker_url",
-        "llm_api_key",
-        "flower_password",
-        "serve_api_keys",
-        "serve_session_secret",
-    }
-)
-
-# Pydantic's wording of the common type errors, said the short way.
-_SHORT_MESSAGES = {
-    "float_parsing": "not a number",
-    "float_type": "not a number",
-    "int_parsing": "not a whole number",
-    "int_from_float": "not a whole number",
-    "int_type": "not a whole number",
-    "bool_parsing": "not true or false",
-    "bool_type": "not true or false",
-}
-
-
-def _split_csv(value: Any) -> Any:
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(",") if part.strip())
-    return value
 
 
 class MemqSettings(BaseSettings):
@@ -258,7 +222,7 @@ class MemqSettings(BaseSettings):
     @field_validator("guaranteed_categories", "staleness_protected_categories", mode="before")
     @classmethod
     def _csv(cls, value: Any) -> Any:
-        return _split_csv(value)
+        return split_csv(value)
 
     @field_validator("token_counting", mode="before")
     @classmethod
@@ -327,7 +291,7 @@ class MemqSettings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        yaml_values = _yaml_memory_section(os.environ.get("MEMQ_CONFIG"))
+        yaml_values = yaml_memory_section(os.environ.get("MEMQ_CONFIG"))
         return (
             init_settings,
             env_settings,
@@ -416,33 +380,6 @@ class MemqSettings(BaseSettings):
         return "openai" if (self.llm_base_url or self.llm_api_key) else "rules"
 
 
-def _yaml_memory_section(path: str | None) -> dict[str, Any]:
-    if not path:
-        return {}
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"MEMQ_CONFIG={path}: cannot read it as YAML: {exc}") from exc
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"MEMQ_CONFIG={path}: the top level must be a mapping")
-    section = raw.get("memory", {}) or {}
-    if not isinstance(section, Mapping):
-        raise ConfigError(f"MEMQ_CONFIG={path}: `memory:` must be a mapping")
-    return settings_values(section)
-
-
-def settings_values(section: Mapping[Any, Any]) -> dict[str, Any]:
-    """A DeerFlow ``memory:`` section (or a DeerFlow ``backend_config``) as memq setting names:
-    DeerFlow's names renamed, explicit nulls dropped (they mean "use the default", DeerFlow
-    #4217), everything else passed as is."""
-    values: dict[str, Any] = {}
-    for key, value in section.items():
-        if value is None:
-            continue
-        values[_DEERFLOW_RENAMES.get(str(key), str(key))] = value
-    return values
-
-
 def load_settings(**overrides: Any) -> MemqSettings:
     """Build the settings once at an entry point; bad values become :class:`ConfigError`."""
     try:
@@ -453,20 +390,5 @@ def load_settings(**overrides: Any) -> MemqSettings:
 
 
 def describe_error(error: Mapping[str, Any]) -> str:
-    """One problem, named by its environment variable: ``MEMQ_DEBOUNCE_SECONDS: not a number:
-    'abc'``. The value is repeated only for settings that can never hold a secret."""
-    loc = [str(part) for part in error.get("loc", ())]
-    field = loc[0] if loc else ""
-    if field in MemqSettings.model_fields:
-        name = f"MEMQ_{field.upper()}"
-    else:
-        name = ".".join(loc) or "settings"
-    message = str(error.get("msg", "invalid"))
-    message = message.removeprefix("Value error, ")
-    short = _SHORT_MESSAGES.get(str(error.get("type", "")))
-    if short is not None:
-        message = short
-        value = error.get("input")
-        if field not in _SECRET_FIELDS and isinstance(value, str | int | float | bool):
-            message = f"{message}: {str(value)[:80]!r}"
-    return f"{name}: {message}"
+    """One problem, named by its environment variable (see :func:`describe_setting_error`)."""
+    return describe_setting_error(error, MemqSettings.model_fields)

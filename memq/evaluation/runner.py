@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from memq.core.errors import MemqError
 from memq.core.identity import ContextKey
 from memq.core.metrics import read_counts
+from memq.core.models import Message
 from memq.core.settings import MemqSettings
 from memq.evaluation.checkpoint import Checkpoint
 from memq.evaluation.dataset import (
@@ -38,6 +39,7 @@ from memq.evaluation.dataset import (
 from memq.evaluation.prompts import ChatPrompt, answer_prompt, judge_prompt, read_verdict
 from memq.evaluation.scoring import FactRecord, Usage
 from prompts.tokens import TokenCounter
+from worker.watermark import message_identity
 
 if TYPE_CHECKING:
     from memq.core.connection import RedisClient
@@ -104,8 +106,18 @@ class ChatModel:
         self._client.close()
 
 
-def cited_ids(fact: dict[str, Any]) -> tuple[str, ...] | None:
-    """The message ids a stored fact cites, where the document records them."""
+def turn_digests(turn_ids: Sequence[str]) -> dict[str, str]:
+    """Each turn id by the digest memq's sources keep of a message id (sources never hold raw
+    ids), so a stored citation can be read back as the data set's turn ids."""
+    return {message_identity(Message(role="user", content="", id=turn)): turn for turn in turn_ids}
+
+
+def cited_ids(
+    fact: dict[str, Any], turn_of: Mapping[str, str] | None = None
+) -> tuple[str, ...] | None:
+    """The turn ids a stored fact cites, where the document records them: memq's message-level
+    sources (their message digests read through ``turn_of``), or a plain list of ids. A fact
+    whose sources are all run-level cites nothing (None): it says which run, not which turn."""
     for name in _CITATION_FIELDS:
         value = fact.get(name)
         if isinstance(value, list) and value:
@@ -113,15 +125,23 @@ def cited_ids(fact: dict[str, Any]) -> tuple[str, ...] | None:
     for name in ("sources", "citations"):
         value = fact.get(name)
         if isinstance(value, list):
-            found = [
-                mid
-                for item in value
-                if isinstance(item, dict)
-                for mid in [item.get("message_id"), *(item.get("message_ids") or [])]
-                if isinstance(mid, str)
-            ]
+            found: list[str] = []
+            for item in value:
+                if not isinstance(item, dict):
+                    continue
+                found += [
+                    mid
+                    for mid in [item.get("message_id"), *(item.get("message_ids") or [])]
+                    if isinstance(mid, str)
+                ]
+                if turn_of is not None and item.get("attribution") == "message":
+                    found += [
+                        turn_of[digest]
+                        for digest in item.get("messages") or []
+                        if isinstance(digest, str) and digest in turn_of
+                    ]
             if found:
-                return tuple(found)
+                return tuple(dict.fromkeys(found))
     return None
 
 
@@ -241,12 +261,17 @@ class Runner:
                 )
                 tick()
         facts: list[dict[str, Any]] = []
+        turn_of = turn_digests([t.id for s in conversation.sessions for t in s.turns])
         for subject in conversation.subjects:
             document = self._storage.load(user_id_for(bench, conversation.id, subject), None)
             for fact in document.facts:
                 dumped = fact.model_dump(mode="json")
                 facts.append(
-                    {"subject": subject, "content": fact.content, "cited": cited_ids(dumped)}
+                    {
+                        "subject": subject,
+                        "content": fact.content,
+                        "cited": cited_ids(dumped, turn_of),
+                    }
                 )
         self.checkpoint.mark_conversation(conversation.id, facts)
 

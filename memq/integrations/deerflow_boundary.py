@@ -29,7 +29,8 @@ from memq.core.errors import (
     RedisUnavailable,
     StorageError,
 )
-from memq.core.settings import MemqSettings, load_settings, settings_values
+from memq.core.settings import MemqSettings, load_settings
+from memq.core.settings_sources import settings_values
 from storage.backends import backend_for
 from storage.fact_input import valid_confidence, valid_content
 
