@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from memq.testing.openai_server import Reply
+from memq.testing.openai_server import Reply, slot_body
 
 # --- `memq eval`'s scripted model: extracts, answers and judges deterministically ---------------
 # Kept apart from the server so that other behaviours can be added without touching it.
@@ -17,16 +17,6 @@ from memq.testing.openai_server import Reply
 # information is not available." Judge: an unanswerable question is correct when the answer says
 # "not available"; any other when every content word of the gold answer is in the answer. Usage
 # is the character estimate of what was sent and answered, so token counts are computable.
-
-
-def _eval_conversation(text: str) -> str | None:
-    """The <conversation> slot's body, found by two linear scans (no lazy pattern to rescan)."""
-    start = text.find("<conversation>\n")
-    if start < 0:
-        return None
-    start += len("<conversation>\n")
-    end = text.find("\n</conversation>", start)
-    return text[start:end] if end >= 0 else None
 
 
 _EVAL_DATE = re.compile(r"^\[[^\]]*\]\s*")
@@ -103,7 +93,7 @@ def evaluation_responder(request: dict[str, Any]) -> Reply:
             label = "CORRECT" if correct else "WRONG"
             return _eval_reply(request, json.dumps({"reason": "scripted", "label": label}))
         return _eval_reply(request, "yes" if correct else "no")
-    found = _eval_conversation(user)
+    found = slot_body(user, "conversation")
     facts = eval_extracted_facts(found) if found is not None else []
     update = {
         "user": {},

@@ -43,7 +43,17 @@ EMPTY_UPDATE = update_text(UpdateAnswer())
 
 # A new message of the update prompt: "[m1] User: …" (continuation lines are indented).
 _LABELLED = re.compile(r"^\[(m\d+)\] (User|Assistant): (.*(?:\n    .*)*)", re.MULTILINE)
-_MEMORY = re.compile(r"<current_memory>\n([\s\S]*?)\n</current_memory>")
+
+
+def slot_body(text: str, tag: str) -> str | None:
+    """The body of the prompt's ``<tag>`` slot (its lines between the opening and closing tag),
+    found by two linear scans: no lazy pattern to rescan the rest for an unclosed opener."""
+    opener, closer = f"<{tag}>\n", f"\n</{tag}>"
+    start = text.find(opener)
+    if start < 0:
+        return None
+    end = text.find(closer, start + len(opener))
+    return text[start + len(opener) : end] if end >= 0 else None
 
 
 def request_text(request: dict[str, Any]) -> str:
@@ -60,10 +70,10 @@ def labelled_messages(request: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 def memory_facts(request: dict[str, Any]) -> list[dict[str, Any]]:
     """The facts of the ``<current_memory>`` slot (id, content, …)."""
-    found = _MEMORY.search(request_text(request))
+    found = slot_body(request_text(request), "current_memory")
     if found is None:
         return []
-    facts = json.loads(found.group(1)).get("facts", [])
+    facts = json.loads(found).get("facts", [])
     return [f for f in facts if isinstance(f, dict)]
 
 
