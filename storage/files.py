@@ -172,10 +172,11 @@ class FileMemoryStorage:
             fences = read_fences(directory) if fence is not None else {}
             # Read from disk, not the cache: inside the lock the file is the only truth.
             # The callback may mutate its argument: hand it a copy, never the cached object.
-            current = copy_document(self._read(path, locked=True) or empty_document())
-            before = copy_document(current)  # the callback may change its argument in place
-            document, changes = split_update_result(fn(current))
-            if document == before and not changes:
+            read = self._read(path, locked=True) or empty_document()
+            # `read` is the cache's entry, which nothing changes in place: it stays what was read
+            # whatever the callback does to its copy, so it is what "nothing changed" compares to.
+            document, changes = split_update_result(fn(copy_document(read)))
+            if document == read and not changes:
                 return copy_document(document)
             if fence is not None:
                 # Checked under the lock, right before the write: a claim taken over after this
@@ -330,6 +331,8 @@ class FileMemoryStorage:
         )
 
     def _write(self, path: Path, document: MemoryDocument) -> None:
+        """Write ``document`` atomically; it becomes the cache's entry, so it must be the
+        storage's own (every caller passes the private copy :func:`stamp_for_save` made)."""
         payload = dump_document(document).encode("utf-8")
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         try:
@@ -342,7 +345,7 @@ class FileMemoryStorage:
                 tmp.unlink()
             self._forget_cached(path)
             raise StorageError(f"cannot write {path}: {exc}") from exc
-        self._remember(path, sig, copy_document(document))
+        self._remember(path, sig, document)
 
     def _append_history(self, directory: Path, changes: list[Change]) -> None:
         """Append under the caller's lock; trim to the bound by an atomic rewrite."""

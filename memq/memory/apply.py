@@ -18,7 +18,7 @@ from datetime import datetime
 
 from memq.core.settings import MemqSettings
 from memq.memory.consolidation import apply_consolidations
-from memq.memory.scrub import scrub_document
+from memq.memory.scrub import scrub_own_document
 from memq.memory.staleness import select_stale_removals
 from memq.memory.update import UpdateAnswer
 from storage.base import Change, ChangeAction
@@ -255,7 +255,7 @@ def _fact_change(
 def _scrub(
     doc: MemoryDocument, now: datetime, thread_id: str | None
 ) -> tuple[MemoryDocument, list[Change]]:
-    doc, changes = scrub_document(doc, source_thread_id=thread_id)
+    doc, changes = scrub_own_document(doc, source_thread_id=thread_id)  # doc: apply's own copy
     for change in changes:
         change.at = now
     return doc, changes

@@ -55,8 +55,15 @@ def scrub_document(
     document: MemoryDocument, *, source_thread_id: str | None = None
 ) -> tuple[MemoryDocument, list[Change]]:
     """A copy of ``document`` without upload mentions, and what was taken out."""
+    return scrub_own_document(copy_document(document), source_thread_id=source_thread_id)
+
+
+def scrub_own_document(
+    doc: MemoryDocument, *, source_thread_id: str | None = None
+) -> tuple[MemoryDocument, list[Change]]:
+    """:func:`scrub_document` on a document the caller owns (its private copy): changed in
+    place, no second copy."""
     changes: list[Change] = []
-    doc = copy_document(document)
     for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS)):
         container = getattr(doc, group)
         for name in names:
