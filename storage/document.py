@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import (
     AliasChoices,
@@ -308,6 +308,9 @@ def empty_document() -> MemoryDocument:
     return MemoryDocument()
 
 
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
 def copy_document(document: MemoryDocument) -> MemoryDocument:
     """A private copy that shares nothing mutable with ``document``.
 
@@ -315,27 +318,39 @@ def copy_document(document: MemoryDocument) -> MemoryDocument:
     models and the lists is enough — about 4x cheaper than ``model_copy(deep=True)``, which runs
     ``copy.deepcopy`` over every string on every load, apply and save of the pipeline.
     """
-    user = document.user.model_copy(
-        update={name: getattr(document.user, name).model_copy() for name in USER_SECTIONS}
-    )
-    history = document.history.model_copy(
-        update={name: getattr(document.history, name).model_copy() for name in HISTORY_SECTIONS}
+    user = _copied(document.user, {n: _copied(getattr(document.user, n)) for n in USER_SECTIONS})
+    history = _copied(
+        document.history, {n: _copied(getattr(document.history, n)) for n in HISTORY_SECTIONS}
     )
     facts = [
-        fact.model_copy(
-            update={
-                "consolidated_from": list(fact.consolidated_from),
-                "sources": list(fact.sources),
-            }
-        )
-        for fact in document.facts
+        _copied(f, {"consolidated_from": list(f.consolidated_from), "sources": list(f.sources)})
+        for f in document.facts
     ]
     # Superseded entries are replaced, never changed in place: copying the list is enough.
-    return document.model_copy(
-        update={
-            "user": user,
-            "history": history,
-            "facts": facts,
-            "superseded": list(document.superseded),
-        }
+    return _copied(
+        document,
+        {"user": user, "history": history, "facts": facts, "superseded": list(document.superseded)},
     )
+
+
+_set_attribute = object.__setattr__
+
+
+def _copied(model: _Model, changed: dict[str, Any] | None = None) -> _Model:
+    """A shallow copy of ``model`` with ``changed`` fields replaced: what ``model_copy(update=)``
+    does — the same four attributes pydantic's own ``__copy__`` sets — without its generic steps,
+    at under half the cost; a document copy is one of these per fact, several times per
+    extraction. A model with extra fields or private attributes takes pydantic's own path."""
+    if model.__pydantic_extra__ is not None or model.__pydantic_private__ is not None:
+        return model.model_copy(update=changed)
+    new = type(model).__new__(type(model))
+    values = model.__dict__.copy()
+    fields_set = model.__pydantic_fields_set__.copy()
+    if changed:
+        values.update(changed)
+        fields_set.update(changed)
+    _set_attribute(new, "__dict__", values)
+    _set_attribute(new, "__pydantic_fields_set__", fields_set)
+    _set_attribute(new, "__pydantic_extra__", None)
+    _set_attribute(new, "__pydantic_private__", None)
+    return new

@@ -103,7 +103,7 @@ class FileMemoryStorage:
         self.history_max_entries = settings.history_max_entries
         # Least recently used documents first; bounded, or a long-lived process would keep every
         # user it ever served.
-        self._cache: OrderedDict[Path, tuple[Signature, MemoryDocument]] = OrderedDict()
+        self._cache: OrderedDict[Path, tuple[Signature, bytes, MemoryDocument]] = OrderedDict()
         self._cache_max = settings.storage_cache_max_documents
         self._cache_lock = threading.Lock()
 
@@ -133,7 +133,7 @@ class FileMemoryStorage:
             if hit is not None:
                 self._cache.move_to_end(path)
         if hit is not None and hit[0] == sig:
-            return copy_document(hit[1])
+            return copy_document(hit[2])
         document = self._read(path, locked=False)
         return copy_document(document) if document is not None else empty_document()
 
@@ -177,7 +177,7 @@ class FileMemoryStorage:
             # whatever the callback does to its copy, so it is what "nothing changed" compares to.
             document, changes = split_update_result(fn(copy_document(read)))
             if document == read and not changes:
-                return copy_document(document)
+                return document  # the callback's own object: nothing else holds it
             if fence is not None:
                 # Checked under the lock, right before the write: a claim taken over after this
                 # point waits for the lock in its own fence_run, and then reads this write.
@@ -188,10 +188,13 @@ class FileMemoryStorage:
                     )
                 fences[fence.context_id] = fence.epoch
                 write_fences(directory, fences)
-            saved = stamp_for_save(document)
+            saved = stamp_for_save(document)  # the cache's own copy
             self._write(path, saved)
             self._append_history(directory, changes)
-        return copy_document(saved)
+        # The callback handed `document` over and nothing else holds it: the caller gets it back,
+        # stamped like the saved copy, instead of a second copy.
+        document.last_updated = saved.last_updated
+        return document
 
     def history(
         self, user_id: str | None, agent_name: str | None = None, *, limit: int = 100
@@ -299,12 +302,21 @@ class FileMemoryStorage:
             return None
         except OSError as exc:
             raise StorageError(f"cannot read {path}: {exc}") from exc
+        with self._cache_lock:
+            hit = self._cache.get(path)
+        if hit is not None and hit[1] == data:
+            # The very bytes parsed before (compared, not trusted from a coarse mtime): parsing a
+            # large document again is most of an update's own CPU, and equal bytes cannot parse
+            # to anything else. The entry keeps the bytes: a fraction of the parsed document's
+            # size in memory.
+            self._remember(path, sig, data, hit[2])
+            return hit[2]
         try:
             document = parse_document(data)
         except DocumentDecodeError as exc:
             self._forget_cached(path)
             raise self._quarantine(path, sig, str(exc), locked=locked) from exc
-        self._remember(path, sig, document)
+        self._remember(path, sig, data, document)
         return document
 
     def _quarantine(
@@ -345,17 +357,17 @@ class FileMemoryStorage:
                 tmp.unlink()
             self._forget_cached(path)
             raise StorageError(f"cannot write {path}: {exc}") from exc
-        self._remember(path, sig, document)
+        self._remember(path, sig, payload, document)
 
     def _append_history(self, directory: Path, changes: list[Change]) -> None:
         """Append under the caller's lock; trim to the bound by an atomic rewrite."""
         append_history_file(directory / HISTORY_NAME, changes, self.history_max_entries)
 
-    def _remember(self, path: Path, sig: Signature, document: MemoryDocument) -> None:
+    def _remember(self, path: Path, sig: Signature, data: bytes, document: MemoryDocument) -> None:
         if self._cache_max == 0:
             return
         with self._cache_lock:
-            self._cache[path] = (sig, document)
+            self._cache[path] = (sig, data, document)
             self._cache.move_to_end(path)
             while len(self._cache) > self._cache_max:
                 self._cache.popitem(last=False)

@@ -122,6 +122,26 @@ def test_prompt_json_escapes_lookalikes_and_format_characters_and_still_round_tr
     assert tags_in(text) == []
 
 
+@given(st.lists(st.text(alphabet=st.characters(max_codepoint=127)), max_size=4))
+def test_ascii_json_takes_the_short_path_to_the_same_text(values: list[str]) -> None:
+    """ASCII memory (most of it) skips the Unicode-aware pattern: the text must be the one the
+    pattern writes, no raw <, > or & anywhere, and mean the same strings."""
+    import json
+
+    from prompts.escaping import _JSON_UNSAFE, _compact, _json_escape
+
+    text = prompt_json({"facts": values, "note": " ".join(values)})
+    parts = ",\n".join(_compact(v) for v in values)
+    slow = (
+        "{\n"
+        + (f'"facts":[\n{parts}\n]' if values else '"facts":[]')
+        + f',\n"note":{_compact(" ".join(values))}\n}}'
+    )
+    assert text == _JSON_UNSAFE.sub(_json_escape, slow)
+    assert not set("<>&") & set(text)
+    assert json.loads(text) == {"facts": values, "note": " ".join(values)}
+
+
 # --- property tests: nothing stored comes out tag-like
 
 PIECES = [

@@ -120,6 +120,46 @@ def test_cache_sees_a_write_by_another_process(store: FileMemoryStorage) -> None
     assert contents(store.load("alice")) == ["version B"]
 
 
+def test_an_update_under_the_lock_reads_the_bytes_not_a_trusted_signature(
+    store: FileMemoryStorage,
+) -> None:
+    """The cache's parsed entry is reused under the lock only for the very bytes it was parsed
+    from: a rewrite of the same size in place, with its modification time put back, is read."""
+    store.save("alice", None, doc_with("version A"))
+    path = store.path("alice")
+    assert contents(store.load("alice")) == ["version A"]
+    before = os.stat(path)
+    data = path.read_bytes()
+    with open(path, "r+b") as f:  # same inode, same size
+        f.write(data.replace(b"version A", b"version B"))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    seen: list[list[str]] = []
+
+    def fn(latest: MemoryDocument) -> MemoryDocument:
+        seen.append(contents(latest))
+        return latest
+
+    store.update("alice", None, fn)
+    assert seen == [["version B"]]
+
+
+def test_what_an_update_returns_is_the_callers_own(store: FileMemoryStorage) -> None:
+    store.save("alice", None, doc_with("kept"))
+
+    def add(latest: MemoryDocument) -> MemoryDocument:
+        latest.facts.append(Fact(content="added", confidence=0.8))
+        return latest
+
+    returned = store.update("alice", None, add)
+    assert returned.last_updated is not None
+    returned.facts.clear()
+    returned.facts.append(Fact(content="not saved", confidence=0.8))
+    assert contents(store.load("alice")) == ["kept", "added"]
+    unchanged = store.update("alice", None, lambda latest: latest)
+    unchanged.facts.clear()  # the nothing-changed path hands back the callback's object too
+    assert contents(store.load("alice")) == ["kept", "added"]
+
+
 def test_failed_write_raises_and_leaves_no_temp_file(store: FileMemoryStorage) -> None:
     target = store.path("alice", None)
     (target / "blocker").mkdir(parents=True)  # a non-empty folder where the file should go

@@ -24,7 +24,7 @@ from datetime import datetime
 from memq.core.errors import StaleClaim
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
-from memq.memory.apply import apply_update
+from memq.memory.apply import apply_to_own
 from memq.memory.signals import signals_in
 from memq.memory.update import UpdateAnswer
 from prompts.answer import parse_update_response
@@ -269,7 +269,8 @@ class ExtractionPipeline:
 
         def fn(latest: MemoryDocument) -> UpdateResult:
             # May run again on a write conflict: keep only the changes of the run that was saved.
-            result = apply_update(
+            # `latest` is the storage's private copy for this callback: applied in place.
+            result = apply_to_own(
                 latest,
                 answer,
                 settings=self._settings,
