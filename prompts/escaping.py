@@ -117,5 +117,10 @@ def _json_escape(match: regex.Match[str]) -> str:
     return f"\\u{0xD800 + (point >> 10):04x}\\u{0xDC00 + (point & 0x3FF):04x}"
 
 
+# One encoder for every call: ``json.dumps`` with options builds a new encoder each time, a good
+# part of the cost for the dozens of small items of a memory.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
 def _compact(data: Any) -> str:
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return _COMPACT.encode(data)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from memq.memory.scrub import mentions_upload, scrub_document, scrub_text
+from memq.memory.scrub import UPLOAD_MENTION, mentions_upload, scrub_document, scrub_text
 from storage.document import Fact, MemoryDocument, Section, UserContext
 
 
@@ -59,3 +61,35 @@ def test_document_scrub_cleans_summaries_and_drops_facts_but_not_manual_ones() -
     assert [f.id for f in cleaned.facts] == ["b", "c"]
     assert sorted(c.action for c in changes) == ["remove", "summary"]
     assert doc.facts[0].id == "a"  # the input is untouched
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "upload",
+                "UPLOADED",
+                "Uploads",
+                "file",
+                "files",
+                "the",
+                "report.pdf",
+                " ",
+                "上传",
+                "了",
+                "文件",
+                "/mnt/user-data/uploads",
+                "<uploaded_files>",
+                "</current_uploads>",
+                "ſ",
+                "K",
+                "İ",
+                "x",
+            ]
+        )
+    ).map("".join)
+)
+def test_the_quick_rule_out_never_hides_a_mention(text: str) -> None:
+    """mentions_upload rules text out by substring before the pattern runs: it must say what
+    the pattern alone says, whatever the case, the script or the tag."""
+    assert mentions_upload(text) == (UPLOAD_MENTION.search(text) is not None)

@@ -39,7 +39,15 @@ _SPACES = re.compile(r"[ \t]{2,}")
 _REASON = "mentions an uploaded file (uploads are session-only)"
 
 
+# Every branch of the pattern spells one of these (in any case): a substring test rules out most
+# text at a fraction of the pattern's cost, and every fact is checked on each run.
+_MUST_CONTAIN = tuple(dict.fromkeys(("upload", "上传", *UPLOAD_TAGS)))
+
+
 def mentions_upload(text: str) -> bool:
+    lowered = text.lower()
+    if not any(word in lowered for word in _MUST_CONTAIN):
+        return False
     return UPLOAD_MENTION.search(text) is not None
 
 
