@@ -9,7 +9,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    AliasGenerator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
 
 from storage.vocabulary import parse_timestamp
 
@@ -17,13 +26,17 @@ USER_SECTIONS = ("work_context", "personal_context", "top_of_mind")
 HISTORY_SECTIONS = ("recent_months", "earlier_context", "long_term_background")
 # Our section names and DeerFlow's camelCase spelling, which its files and the model's answer use.
 SECTION_KEYS: dict[str, str] = {
-    "work_context": "workContext",
-    "personal_context": "personalContext",
-    "top_of_mind": "topOfMind",
-    "recent_months": "recentMonths",
-    "earlier_context": "earlierContext",
-    "long_term_background": "longTermBackground",
+    name: to_camel(name) for name in (*USER_SECTIONS, *HISTORY_SECTIONS)
 }
+
+
+def either_spelling(name: str) -> AliasChoices:
+    """A field reads under its own name or DeerFlow's camelCase one (its files and the model's
+    answers use it); memq writes its own names."""
+    return AliasChoices(name, to_camel(name))
+
+
+_EITHER_SPELLING = AliasGenerator(validation_alias=either_spelling)
 
 
 def _object_or_empty(data: Any) -> Any:
@@ -32,12 +45,12 @@ def _object_or_empty(data: Any) -> Any:
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore", validate_assignment=True)
+    model_config = ConfigDict(
+        alias_generator=_EITHER_SPELLING, extra="ignore", validate_assignment=True
+    )
 
     summary: str = ""
-    updated_at: datetime | None = Field(
-        default=None, validation_alias=AliasChoices("updated_at", "updatedAt")
-    )
+    updated_at: datetime | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -57,42 +70,24 @@ class Section(BaseModel):
         return parse_timestamp(value)
 
 
-class UserContext(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+class _Group(BaseModel):
+    """``user`` or ``history``: three sections; a group that is not an object reads as empty."""
+
+    model_config = ConfigDict(alias_generator=_EITHER_SPELLING, extra="ignore")
 
     @model_validator(mode="before")
     @classmethod
     def _sloppy(cls, data: Any) -> Any:
         return _object_or_empty(data)
 
-    work_context: Section = Field(
-        default_factory=Section, validation_alias=AliasChoices("work_context", "workContext")
-    )
-    personal_context: Section = Field(
-        default_factory=Section,
-        validation_alias=AliasChoices("personal_context", "personalContext"),
-    )
-    top_of_mind: Section = Field(
-        default_factory=Section, validation_alias=AliasChoices("top_of_mind", "topOfMind")
-    )
+
+class UserContext(_Group):
+    work_context: Section = Field(default_factory=Section)
+    personal_context: Section = Field(default_factory=Section)
+    top_of_mind: Section = Field(default_factory=Section)
 
 
-class HistoryContext(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sloppy(cls, data: Any) -> Any:
-        return _object_or_empty(data)
-
-    recent_months: Section = Field(
-        default_factory=Section, validation_alias=AliasChoices("recent_months", "recentMonths")
-    )
-    earlier_context: Section = Field(
-        default_factory=Section,
-        validation_alias=AliasChoices("earlier_context", "earlierContext"),
-    )
-    long_term_background: Section = Field(
-        default_factory=Section,
-        validation_alias=AliasChoices("long_term_background", "longTermBackground"),
-    )
+class HistoryContext(_Group):
+    recent_months: Section = Field(default_factory=Section)
+    earlier_context: Section = Field(default_factory=Section)
+    long_term_background: Section = Field(default_factory=Section)

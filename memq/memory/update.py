@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import (
-    AliasChoices,
+    AliasGenerator,
     BaseModel,
     ConfigDict,
     Field,
@@ -25,8 +25,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.alias_generators import to_camel
 
 from storage.document import DEFAULT_CATEGORY, HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS
+from storage.sections import either_spelling
 from storage.vocabulary import known_category, parse_confidence
 
 _TRUE_STRINGS = {"true", "yes", "1"}
@@ -71,16 +73,19 @@ def _valid_items(model: type[_T], value: Any) -> tuple[list[_T], int]:
 
 
 class _Answer(BaseModel):
-    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+    # Every field reads under its own name or its camelCase wire name, and writes the wire name.
+    model_config = ConfigDict(
+        frozen=True,
+        extra="ignore",
+        alias_generator=AliasGenerator(
+            validation_alias=either_spelling, serialization_alias=to_camel
+        ),
+    )
 
 
 class SectionUpdate(_Answer):
     summary: str
-    should_update: bool = Field(
-        default=False,
-        validation_alias=AliasChoices("should_update", "shouldUpdate"),
-        serialization_alias="shouldUpdate",
-    )
+    should_update: bool = False
 
     @field_validator("summary", mode="before")
     @classmethod
@@ -101,11 +106,7 @@ class NewFact(_Answer):
     # Absent means "inferred" (0.5); an explicit null, a bool or text that is no number is
     # malformed and drops the fact.
     confidence: float = Field(default=0.5, ge=0.0, le=1.0)
-    source_error: str | None = Field(
-        default=None,
-        validation_alias=AliasChoices("source_error", "sourceError"),
-        serialization_alias="sourceError",
-    )
+    source_error: str | None = None
     # Labels of the new messages the fact comes from (``m1``…); empty or wrong labels make the
     # fact's source the whole run.
     cites: tuple[str, ...] = ()
@@ -183,9 +184,7 @@ class MergedFact(_Answer):
 
 
 class ConsolidationProposal(_Answer):
-    source_ids: tuple[str, ...] = Field(
-        validation_alias=AliasChoices("source_ids", "sourceIds"), serialization_alias="sourceIds"
-    )
+    source_ids: tuple[str, ...]
     content: str
     category: str | None = None
     confidence: float | None = None  # None: the merged fact takes its best source's confidence
@@ -253,26 +252,10 @@ class UpdateAnswer(_Answer):
     under ``user`` and ``history`` with their camelCase names."""
 
     sections: dict[str, SectionUpdate] = Field(default_factory=dict)
-    new_facts: tuple[NewFact, ...] = Field(
-        default=(),
-        validation_alias=AliasChoices("new_facts", "newFacts"),
-        serialization_alias="newFacts",
-    )
-    facts_to_remove: tuple[str, ...] = Field(
-        default=(),
-        validation_alias=AliasChoices("facts_to_remove", "factsToRemove"),
-        serialization_alias="factsToRemove",
-    )
-    stale_facts_to_remove: tuple[StaleRemoval, ...] = Field(
-        default=(),
-        validation_alias=AliasChoices("stale_facts_to_remove", "staleFactsToRemove"),
-        serialization_alias="staleFactsToRemove",
-    )
-    facts_to_consolidate: tuple[ConsolidationProposal, ...] = Field(
-        default=(),
-        validation_alias=AliasChoices("facts_to_consolidate", "factsToConsolidate"),
-        serialization_alias="factsToConsolidate",
-    )
+    new_facts: tuple[NewFact, ...] = ()
+    facts_to_remove: tuple[str, ...] = ()
+    stale_facts_to_remove: tuple[StaleRemoval, ...] = ()
+    facts_to_consolidate: tuple[ConsolidationProposal, ...] = ()
     # New facts the answer held that did not validate (never sent on the wire).
     dropped_facts: int = Field(default=0, exclude=True)
 
