@@ -187,3 +187,18 @@ def start_beat(procs: Any, settings: MemqSettings) -> None:
     from memq.testing.celery_procs import memq_env
 
     procs.start_beat(memq_env(settings))
+
+
+def flush_backlog(settings: MemqSettings, contexts: int, users: int) -> None:
+    """A backlog of ``contexts`` one-turn conversations over ``users`` users, all flushed (due at
+    once), handed over before any worker starts: throughput is then the workers' alone."""
+    from producer.producer import MemoryProducer
+
+    with MemoryProducer(settings) as producer:
+        for index in range(contexts):
+            messages = [
+                {"role": "user", "content": f"Context {index}: I ship billing in Go."},
+                {"role": "assistant", "content": "Noted."},
+            ]
+            if not producer.flush(f"t{index}", f"user-{index % users}", None, messages):
+                raise RuntimeError("flush was not enqueued")

@@ -18,11 +18,10 @@ import json
 import time
 from typing import Any
 
-from bench.common import BenchEnv, Result, celery_stack, llm_settings, start_beat
+from bench.common import BenchEnv, Result, celery_stack, flush_backlog, llm_settings, start_beat
 from memq.testing.openai_server import Reply, ScriptedOpenAI
 from memq.testing.provider import Provider, RateLimits
 from memq.testing.waiting import wait_for
-from producer.producer import MemoryProducer
 
 N_PER_MINUTE = 120
 THREADS_PER_PROCESS = 4
@@ -56,14 +55,7 @@ def one_round(env: BenchEnv, processes: int, limited: bool, window: float) -> tu
         **extra,
     )
     try:
-        with MemoryProducer(settings) as producer:
-            for index in range(contexts):
-                messages = [
-                    {"role": "user", "content": f"Context {index}: I ship billing in Go."},
-                    {"role": "assistant", "content": "Noted."},
-                ]
-                if not producer.flush(f"t{index}", f"user-{index}", None, messages):
-                    raise RuntimeError("flush was not enqueued")
+        flush_backlog(settings, contexts, users=contexts)
         with celery_stack(
             env, settings, workers=processes, concurrency=THREADS_PER_PROCESS, beat=False
         ) as procs:

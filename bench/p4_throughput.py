@@ -10,11 +10,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bench.common import BenchEnv, Result, celery_stack, llm_settings, scripted_llm, start_beat
+from bench.common import (
+    BenchEnv,
+    Result,
+    celery_stack,
+    flush_backlog,
+    llm_settings,
+    scripted_llm,
+    start_beat,
+)
 from memq.memory.update import NewFact, UpdateAnswer
 from memq.testing.openai_server import Reply, update_text
 from memq.testing.waiting import wait_for
-from producer.producer import MemoryProducer
 from worker.queue import QueueClient
 
 LLM_SECONDS = 0.2
@@ -42,14 +49,7 @@ def one_round(env: BenchEnv, processes: int, contexts: int) -> tuple[float, int]
         client = env.client()
         queue = QueueClient(settings, client)
         try:
-            with MemoryProducer(settings) as producer:
-                for index in range(contexts):
-                    messages = [
-                        {"role": "user", "content": f"Context {index}: I ship billing in Go."},
-                        {"role": "assistant", "content": "Noted."},
-                    ]
-                    if not producer.flush(f"t{index}", f"user-{index % 200}", None, messages):
-                        raise RuntimeError("flush was not enqueued")
+            flush_backlog(settings, contexts, users=200)
             with celery_stack(
                 env, settings, workers=processes, concurrency=THREADS_PER_PROCESS, beat=False
             ) as procs:
