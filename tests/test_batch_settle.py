@@ -208,3 +208,30 @@ def test_over_size_contexts_stay_synchronous(
     assert outcomes and "batched" not in outcomes
     assert openai_server.call_count >= 1
     assert runtime.batches.depths()["batch_pending"] == 0
+
+
+def test_a_parked_run_keeps_what_its_facts_will_cite_excerpts_included() -> None:
+    """A batch answer's facts get the sources a synchronous run's get: the parked run comes back
+    whole, the excerpts of cited messages included; a run parked before excerpts reads too."""
+    import json
+    from datetime import UTC, datetime
+
+    from storage.provenance import RunInfo, RunMessage
+    from worker.batch import run_to_json
+
+    run = RunInfo(
+        thread_id="t-1",
+        run_id="r-1",
+        at=datetime(2026, 12, 1, 9, 0, tzinfo=UTC),
+        messages=(
+            RunMessage("m1", "d1", "user", "I moved to Berlin 李雷 &lt;b"),
+            RunMessage("m2", "d2", "assistant", ""),
+        ),
+        model="scripted",
+        prompt_version="v3",
+        user_confirmed=True,
+    )
+    assert run_from_json(run_to_json(run), "scripted") == run
+    older = json.loads(run_to_json(run))
+    older["messages"] = [m[:3] for m in older["messages"]]
+    assert [m.excerpt for m in run_from_json(json.dumps(older), "scripted").messages] == ["", ""]

@@ -62,13 +62,16 @@ def request_body(settings: MemqSettings, prepared: Prepared) -> str:
 
 
 def run_to_json(run: RunInfo) -> str:
-    """What a parked run's facts will cite (no text: labels, digests, roles), kept with it."""
+    """What a parked run's facts will cite — labels, digests, roles and the excerpts a cited
+    source keeps (already made safe to store; the parked request beside it holds the whole
+    prompt, and both go with the context) — so a batch answer's facts get the sources a
+    synchronous run's would."""
     return json.dumps(
         {
             "thread_id": run.thread_id,
             "run_id": run.run_id,
             "at": run.at.isoformat(),
-            "messages": [[m.label, m.digest, m.role] for m in run.messages],
+            "messages": [[m.label, m.digest, m.role, m.excerpt] for m in run.messages],
             "prompt_version": run.prompt_version,
             "user_confirmed": run.user_confirmed,
         }
@@ -83,9 +86,10 @@ def run_from_json(text: str, model: str) -> RunInfo:
             thread_id=raw["thread_id"],
             run_id=str(raw["run_id"]),
             at=datetime.fromisoformat(raw["at"]),
+            # A run parked before excerpts were kept has three items per message.
             messages=tuple(
-                RunMessage(str(label), str(digest), cast("Role", role))
-                for label, digest, role in raw["messages"]
+                RunMessage(str(m[0]), str(m[1]), cast("Role", m[2]), str(m[3]) if m[3:] else "")
+                for m in raw["messages"]
             ),
             model=model or None,
             prompt_version=raw["prompt_version"],
