@@ -11,9 +11,9 @@ is settled (extracted, no run in flight, nothing parked for or out in a batch jo
 
 Side by side, in one run, the same replay:
   (a) today's prompt before the cost engine (`MEMQ_LLM_PROMPT_LAYOUT=compact`): the instructions
-      alone (959 tokens, under the 1,024 a provider caches), the memory's summaries before its
-      facts, no `prompt_cache_key`;
-  (b) cache-friendly: the static part with its worked example first (byte-identical, ~1,470
+      alone (1,045 tokens, just past the 1,024 a provider caches), then the memory's summaries,
+      which change on every extraction, before its facts; no `prompt_cache_key`;
+  (b) cache-friendly: the static part with its worked example first (byte-identical, ~1,600
       tokens), memory in a stable order, the hashed cache key per (user, agent);
   (c) (b) plus the batch lane (`MEMQ_LLM_BATCH_ENABLED`, gather and poll 0.5 s, the scripted
       jobs completing on their first poll after they start): sessions that went quiet go out in
@@ -62,7 +62,9 @@ from worker.cost import CallUsage, PriceTable
 from worker.queue import QueueClient, now_ms
 
 PRICE_TABLES = {
-    "gpt-4.1-mini": PriceTable(0.40, 0.10, 1.60, batch_discount=0.5),  # the headline: the bill's
+    "gpt-4.1-mini": PriceTable(
+        0.40, 0.10, 1.60, batch_discount=0.5
+    ),  # the headline: the bill is kept at it
     "gpt-4o-mini": PriceTable(0.15, 0.075, 0.60, batch_discount=0.5),
 }
 HEADLINE = "gpt-4.1-mini"
