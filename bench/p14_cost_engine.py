@@ -61,10 +61,9 @@ from worker.batch_queue import BatchQueue
 from worker.cost import CallUsage, PriceTable
 from worker.queue import QueueClient, now_ms
 
+# $ per million tokens: input, cached input, output; the first is the headline the bill is kept at.
 PRICE_TABLES = {
-    "gpt-4.1-mini": PriceTable(
-        0.40, 0.10, 1.60, batch_discount=0.5
-    ),  # the headline: the bill is kept at it
+    "gpt-4.1-mini": PriceTable(0.40, 0.10, 1.60, batch_discount=0.5),
     "gpt-4o-mini": PriceTable(0.15, 0.075, 0.60, batch_discount=0.5),
 }
 HEADLINE = "gpt-4.1-mini"
