@@ -6,8 +6,9 @@ A user's memory grows to thousands of tokens and every extraction used to carry 
 never contradict them unseen) and then the facts most relevant to the new messages (the same BM25
 ranking recall uses, blended with confidence) until the budget is spent. Shown facts keep their
 document order (old before new), so consecutive extractions still share a cacheable prefix. The
-model can only remove or merge facts it was shown; a duplicate of a fact left out is still caught
-when the answer is applied (deduplication runs against the whole document).
+model can only remove or merge facts it was shown; an exact duplicate of a fact left out is still
+caught when the answer is applied (deduplication runs against the whole document), a fact the model
+restates in other words is not.
 """
 
 from __future__ import annotations

@@ -16,14 +16,23 @@ from typing import Any
 
 import pytest
 
+from memq.core.metrics import read_snapshot
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
+from memq.testing.provider import (
+    PrefixCache,
+    Provider,
+    cached_tokens_for,
+    common_prefix,
+    prompt_text,
+)
 from storage.base import Fence
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, facts_of, learn_items, stack_settings, turn
 from worker.batch import BatchLane, run_from_json
 from worker.batch_api import OpenAIBatchEndpoint
 from worker.batch_jobs import custom_id, read_results
+from worker.cost import CallUsage, PriceTable, prompt_cache_key
 from worker.model import ModelAnswer
 from worker.queue import now_ms
 from worker.tasks import WorkerRuntime, extract
@@ -235,3 +244,65 @@ def test_a_parked_run_keeps_what_its_facts_will_cite_excerpts_included() -> None
     older = json.loads(run_to_json(run))
     older["messages"] = [m[:3] for m in older["messages"]]
     assert [m.excerpt for m in run_from_json(json.dumps(older), "scripted").messages] == ["", ""]
+
+
+def test_a_batch_answer_is_billed_with_its_cached_tokens_its_turns_and_the_batch_discount(
+    make_settings: Any, openai_server: ScriptedOpenAI, producer_for: Any
+) -> None:
+    # The provider counts the prompt and caches prefixes in batch jobs as it does synchronously.
+    openai_server.provider = Provider(cache=PrefixCache())
+    openai_server.responder = learn_items
+    settings = stack_settings(
+        make_settings,
+        openai_server,
+        llm_batch_enabled=True,
+        llm_batch_gather_seconds=0.0,
+        llm_batch_poll_seconds=1.0,
+        llm_price_input_per_million=1.0,
+        llm_price_cached_input_per_million=0.25,
+        llm_price_output_per_million=2.0,
+    )
+    runtime = WorkerRuntime(settings)
+    clock = Clock()
+    lane = BatchLane(
+        settings,
+        runtime.queue,
+        runtime.batches,
+        runtime.pipeline,
+        OpenAIBatchEndpoint(settings),
+        clock=clock,
+    )
+    producer = producer_for(settings)
+    sent = turn("item-1")
+    for item in ("item-1", "item-2"):
+        sent = sent if item == "item-1" else sent + turn(item)
+        assert producer.after_agent("t4", USER, None, sent)
+        assert run_due(runtime, clock) == ["batched"]
+        assert lane.cycle().jobs_created == 1
+        openai_server.batches.complete()
+        clock.advance(2)
+        assert lane.cycle().applied == 1
+    assert sorted(facts_of(settings, USER)) == [fact_for("item-1"), fact_for("item-2")]
+
+    # Each request carries the user's cache key, as a synchronous call does.
+    bodies = openai_server.batches.answered
+    key = prompt_cache_key(settings.key_prefix, USER, None)
+    assert [b.get("prompt_cache_key") for b in bodies] == [key, key]
+    tokenizer = openai_server.provider.tokenizer
+    assert tokenizer is not None
+    tokens = [tokenizer(prompt_text(b)) for b in bodies]
+    cached = cached_tokens_for(common_prefix(tokens[0], tokens[1]))
+    assert cached >= 1024  # the static part and the memory before the new fact
+
+    snapshot = read_snapshot(runtime.queue.redis, settings, now_ms()).metrics
+    assert snapshot["batch_prompt_tokens"] == sum(len(t) for t in tokens)
+    assert snapshot["batch_cached_tokens"] == cached
+    assert snapshot["billed_runs"] == 2
+    assert snapshot["turns_extracted"] == 4  # the two new messages of each run
+    prices = PriceTable(1.0, 0.25, 2.0, batch_discount=0.5)
+    usage = [
+        CallUsage(len(tokens[0]), 0, 20, "batch"),
+        CallUsage(len(tokens[1]), cached, 20, "batch"),
+    ]
+    assert snapshot["cost_nano_usd"] == sum(prices.cost_nano_usd(u) for u in usage)
+    assert snapshot.cost_per_1000_turns_usd == pytest.approx(snapshot.cost_usd * 1000 / 4)

@@ -37,7 +37,7 @@ from storage.sources import Role
 from worker.batch_api import BatchEndpoint
 from worker.batch_jobs import FINISHED, RequestResult, read_results, request_lines
 from worker.batch_queue import BATCH_CYCLE_SECONDS, BATCH_LOCK_MS, BatchQueue, OutRequest
-from worker.cost import CallUsage, PriceTable, cost_nano_usd
+from worker.cost import CallUsage, PriceTable, cost_nano_usd, prompt_cache_key
 from worker.llm import chat_request
 from worker.model import ModelAnswer
 from worker.pipeline import ExtractionPipeline, Prepared
@@ -50,14 +50,17 @@ log = logging.getLogger("memq.batch")
 # their own names, so a price table can apply the batch discount to them.
 
 
-def request_body(settings: MemqSettings, prepared: Prepared) -> str:
-    """The request a parked run sends, exactly the body of a synchronous call."""
+def request_body(settings: MemqSettings, prepared: Prepared, cache_key: str | None = None) -> str:
+    """The request a parked run sends, the body of a synchronous call: its prompt cache key
+    included (a batch request is a chat completion, so the provider caches its prefix too)."""
     body = chat_request(
         prepared.prompt,
         model=settings.llm_model,
         temperature=settings.llm_temperature,
         json_mode=settings.llm_json_mode,
     )
+    if cache_key and settings.llm_prompt_cache_key:
+        body["prompt_cache_key"] = cache_key
     return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
 
 
@@ -99,6 +102,14 @@ def run_from_json(text: str, model: str) -> RunInfo:
         raise ValueError("unreadable parked run") from exc
 
 
+def _turns_sent(data: dict[str, str]) -> int:
+    """How many messages a parked run's request carried (0 when its record is unreadable)."""
+    try:
+        return len(run_from_json(data.get("batch_run", ""), "").messages)
+    except ValueError:
+        return 0
+
+
 def park(
     settings: MemqSettings,
     batches: BatchQueue,
@@ -110,10 +121,11 @@ def park(
 ) -> bool:
     """Hand a prepared run to the batch lane; False when its claim was already gone."""
     run = pipeline.run_info(context, prepared, settings.llm_model)
+    key = prompt_cache_key(settings.key_prefix, context.user_id, context.agent_name)
     return batches.park(
         context.key.id,
         token,
-        request_body(settings, prepared),
+        request_body(settings, prepared, key),
         prepared.selection.watermark,
         run_to_json(run),
         now,
@@ -289,16 +301,21 @@ class BatchLane:
         elif current:
             outcome = "unchanged"  # saved before a crash; only the settlement was missing
         settled = self.batches.complete(request, batch_id, covered, self.clock())
-        # Priced at the batch discount; the bill (cost_nano_usd) is one figure for both lanes.
+        discarded = outcome == "stale" or settled.name == "STALE"
+        # Priced at the batch discount; the bill (cost_nano_usd, its runs and turns) is one
+        # figure for both lanes. A discarded answer's tokens were spent, its turns not extracted.
         batch_call = CallUsage(
             answer.prompt_tokens, answer.cached_tokens, answer.completion_tokens, "batch"
         )
         self._metrics.count(
             batch_prompt_tokens=answer.prompt_tokens,
+            batch_cached_tokens=answer.cached_tokens,
             batch_completion_tokens=answer.completion_tokens,
             cost_nano_usd=cost_nano_usd(self._prices, batch_call),
+            billed_runs=int(answer.prompt_tokens > 0),
+            turns_extracted=0 if discarded else _turns_sent(data),
         )
-        if outcome == "stale" or settled.name == "STALE":
+        if discarded:
             report.stale += 1
             log.info("batch answer of %s discarded: its claim moved on", request.context_id)
             return

@@ -86,6 +86,7 @@ COUNTERS: Final[tuple[Counter, ...]] = (
     Counter("tick_deferred", "queue: deferred (user at in-flight cap)"),
     Counter("context_messages_cut", "messages cut to context_max_bytes"),
     Counter("batch_prompt_tokens", "batch lane: prompt tokens (apart from prompt_tokens)"),
+    Counter("batch_cached_tokens", "batch lane: prompt tokens: cached"),
     Counter("batch_completion_tokens", "batch lane: completion tokens"),
     Counter("batch_jobs_created", "batch lane: jobs created"),
     Counter("batch_requests_sent", "batch lane: requests sent in jobs"),

@@ -15,6 +15,10 @@ them (the Batch API guide and the files/batches API reference).
   :meth:`fail` (``failed``, no files), :meth:`cancel`. ``POST /v1/batches/{id}/cancel`` (and
   :meth:`cancel`) moves a job to ``cancelling``, then ``cancelled`` on the next read. With
   ``auto_complete`` a job completes on the first read after it started.
+- An answer's usage is the server's provider's, as for a synchronous reply: with a prefix cache
+  configured, the prompt is counted and its cached prefix reported
+  (``prompt_tokens_details.cached_tokens``) — OpenAI applies prompt caching to batch requests on
+  its current models, and bills the cached part at the batch price of cached input.
 - ``request_counts`` (total, completed, failed) follow the files.
 """
 
@@ -272,6 +276,8 @@ class ScriptedBatches:
             self.answered.append(body)
             if reply.status == 200 and reply.body is None:
                 answer = completion_body(reply, str(body.get("model", "scripted")))
+                # Counted and prefix-cached by the provider as a synchronous call is.
+                self._server.provider.finish(body, answer)
                 response = {"status_code": 200, "request_id": request_id, "body": answer}
                 output.append(json.dumps({**base, "response": response, "error": None}))
             else:
