@@ -112,7 +112,10 @@ def score_facts(facts: Sequence[Fact], query: str) -> list[Scored]:
         return [Scored(fact, 0.0) for fact in facts]
     # BM25Plus gives every document a floor (delta) per query word; a fact with no shared word
     # is not a match, so its score is set to 0 here rather than trusted.
-    raw = index.get_scores(list(query_words))
+    # Each distinct word once: a long query (a conversation, for the update prompt's slice)
+    # repeats common words by chance, and counted each time they would outweigh the one rare
+    # word that names what the message is about.
+    raw = index.get_scores(list(dict.fromkeys(query_words)))
     return [
         Scored(fact, float(score) if wanted.intersection(words) else 0.0)
         for fact, words, score in zip(facts, corpus, raw, strict=True)

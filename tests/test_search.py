@@ -60,6 +60,21 @@ def test_more_shared_words_rank_higher() -> None:
     assert ids(search_facts(FACTS, "uv python")) == ["f_zh_uv", "f_uv"]
 
 
+def test_a_word_a_long_query_repeats_does_not_outweigh_the_one_it_names_once() -> None:
+    """A conversation as the query (the update prompt's slice): "2" said six times by chance
+    must not bury the fact the one rare word is about."""
+    facts = [
+        Fact(id=f"f{n}", content=f"Uses {n % 4 + 2}-space indents in project p{n}", confidence=0.9)
+        for n in range(12)
+    ]
+    query = (
+        "Session 2, turn 2: I bought item-2-2 and ride it 2 days a week. "
+        "By the way, on p7 I use 3-space indents."
+    )
+    assert ids(search_facts(facts, query))[0] == "f7"
+    assert rank_by_relevance(facts, query)[0].id == "f7"
+
+
 def test_confidence_breaks_ties() -> None:
     twins = [
         Fact(id="low", content="likes tea", confidence=0.5),
