@@ -49,6 +49,7 @@ def run(env: BenchEnv) -> Result:
         producer_timeout_seconds=5.0,
         producer_max_chars=5 * SIZE,
         pending_max_bytes=40 * SIZE,
+        context_max_bytes=40 * SIZE,  # the hard cap must hold what the pending cap lets through
     )
     rounds = 5 if env.quick else 15
     messages = {
