@@ -17,7 +17,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import BenchEnv, Result, celery_stack, llm_settings, scripted_llm, start_beat
+from bench.common import (
+    BenchEnv,
+    Result,
+    celery_stack,
+    flush_backlog,
+    llm_settings,
+    scripted_llm,
+    start_beat,
+)
 from memq.core.connection import RedisClient, redis_client
 from memq.core.keys import CLUSTER_SLOTS, key_slot, shard_tag
 from memq.core.settings import MemqSettings
@@ -25,7 +33,6 @@ from memq.memory.update import NewFact, UpdateAnswer
 from memq.redis_cluster import LocalCluster
 from memq.testing.openai_server import Reply, update_text
 from memq.testing.waiting import wait_for
-from producer.producer import MemoryProducer
 from worker.queue import QueueClient
 
 SHARDS = 48
@@ -93,14 +100,7 @@ def extraction_rate(env: BenchEnv, redis_url: str, contexts: int) -> float:
         client = redis_client(settings)
         queue = QueueClient(settings, client)
         try:
-            with MemoryProducer(settings) as producer:
-                for index in range(contexts):
-                    messages = [
-                        {"role": "user", "content": f"Context {index}: I ship billing in Go."},
-                        {"role": "assistant", "content": "Noted."},
-                    ]
-                    if not producer.flush(f"t{index}", f"user-{index}", None, messages):
-                        raise RuntimeError("flush was not enqueued")
+            flush_backlog(settings, contexts, users=contexts)
             with celery_stack(env, settings, workers=1, concurrency=THREADS, beat=False) as procs:
                 start_beat(procs, settings)
 

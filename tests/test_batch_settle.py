@@ -55,6 +55,17 @@ class Clock:
         self.offset_ms += int(seconds * 1000)
 
 
+def lane_for(settings: MemqSettings) -> tuple[WorkerRuntime, BatchLane, Clock]:
+    """A worker's runtime and its batch lane on a clock the test moves."""
+    runtime = WorkerRuntime(settings)
+    clock = Clock()
+    endpoint = OpenAIBatchEndpoint(settings)
+    lane = BatchLane(
+        settings, runtime.queue, runtime.batches, runtime.pipeline, endpoint, clock=clock
+    )
+    return runtime, lane, clock
+
+
 @pytest.fixture
 def lane_parts(
     make_settings: Any, openai_server: ScriptedOpenAI
@@ -67,16 +78,7 @@ def lane_parts(
         llm_batch_gather_seconds=0.0,
         llm_batch_poll_seconds=1.0,
     )
-    runtime = WorkerRuntime(settings)
-    clock = Clock()
-    lane = BatchLane(
-        settings,
-        runtime.queue,
-        runtime.batches,
-        runtime.pipeline,
-        OpenAIBatchEndpoint(settings),
-        clock=clock,
-    )
+    runtime, lane, clock = lane_for(settings)
     yield settings, runtime, lane, clock
 
 
@@ -262,16 +264,7 @@ def test_a_batch_answer_is_billed_with_its_cached_tokens_its_turns_and_the_batch
         llm_price_cached_input_per_million=0.25,
         llm_price_output_per_million=2.0,
     )
-    runtime = WorkerRuntime(settings)
-    clock = Clock()
-    lane = BatchLane(
-        settings,
-        runtime.queue,
-        runtime.batches,
-        runtime.pipeline,
-        OpenAIBatchEndpoint(settings),
-        clock=clock,
-    )
+    runtime, lane, clock = lane_for(settings)
     producer = producer_for(settings)
     sent = turn("item-1")
     for item in ("item-1", "item-2"):
