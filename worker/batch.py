@@ -37,7 +37,7 @@ from storage.sources import Role
 from worker.batch_api import BatchEndpoint
 from worker.batch_jobs import FINISHED, RequestResult, read_results, request_lines
 from worker.batch_queue import BATCH_CYCLE_SECONDS, BATCH_LOCK_MS, BatchQueue, OutRequest
-from worker.cost import CallUsage, PriceTable, cost_nano_usd, prompt_cache_key
+from worker.cost import CallUsage, PriceTable, bill_fields, prompt_cache_key
 from worker.llm import chat_request
 from worker.model import ModelAnswer
 from worker.pipeline import ExtractionPipeline, Prepared
@@ -311,9 +311,7 @@ class BatchLane:
             batch_prompt_tokens=answer.prompt_tokens,
             batch_cached_tokens=answer.cached_tokens,
             batch_completion_tokens=answer.completion_tokens,
-            cost_nano_usd=cost_nano_usd(self._prices, batch_call),
-            billed_runs=int(answer.prompt_tokens > 0),
-            turns_extracted=0 if discarded else _turns_sent(data),
+            **bill_fields(self._prices, batch_call, 0 if discarded else _turns_sent(data)),
         )
         if discarded:
             report.stale += 1

@@ -78,3 +78,13 @@ class PriceTable:
 def cost_nano_usd(prices: PriceTable | None, usage: CallUsage) -> int:
     """The call's cost in nano-dollars; 0 without a price table."""
     return 0 if prices is None else prices.cost_nano_usd(usage)
+
+
+def bill_fields(prices: PriceTable | None, usage: CallUsage, turns: int) -> dict[str, int]:
+    """What one answered call adds to the bill's counters, whichever lane sent it: its cost, one
+    billed run (a call that sent a prompt), and the conversation messages it extracted."""
+    return {
+        "cost_nano_usd": cost_nano_usd(prices, usage),
+        "billed_runs": int(usage.prompt_tokens > 0),
+        "turns_extracted": turns,
+    }

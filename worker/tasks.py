@@ -18,7 +18,7 @@ from memq.core.identity import ContextKey
 from memq.core.metrics import MetricsRecorder
 from memq.core.models import ConversationContext
 from storage.base import Fence
-from worker.cost import CallUsage, PriceTable, cost_nano_usd
+from worker.cost import CallUsage, PriceTable, bill_fields
 from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient, now_ms
 from worker.retry import content_free_traceback, public_reason, retry_delay_ms
@@ -66,9 +66,7 @@ class _Run:
             "prompt_tokens": report.prompt_tokens,
             "completion_tokens": report.completion_tokens,
             "cached_tokens": report.cached_tokens,
-            "cost_nano_usd": cost_nano_usd(self.prices, call),
-            "billed_runs": int(report.prompt_tokens > 0),
-            "turns_extracted": turns,
+            **bill_fields(self.prices, call, turns),
         }
 
     def log_extra(self, outcome: str) -> dict[str, Any]:
