@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, NoReturn
 
 import httpx
@@ -138,3 +139,60 @@ def browser(tmp_path: Any) -> Iterator[Any]:
         yield driver
     finally:
         driver.quit()
+
+
+# axe-core, for the accessibility checks only: `npm ci --prefix tests/support/axe` installs the
+# version pinned there (.ci/run does); it is injected into the page under test, never served.
+AXE_JS = Path(__file__).parent / "axe" / "node_modules" / "axe-core" / "axe.min.js"
+PHONE = (390, 844)
+DESKTOP = (1280, 900)
+
+
+def at_width(driver: Any, size: tuple[int, int]) -> None:
+    """Lay pages out in a viewport of that size. Not Chromium's "mobile" emulation: that widens
+    the layout viewport to whatever the content needs, hiding the very overflow measured here."""
+    width, height = size
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+    )
+
+
+def overflow_px(driver: Any) -> int:
+    """How far the page is wider than its viewport (0: no horizontal scrolling of the page)."""
+    return int(
+        driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+    )
+
+
+def axe_serious(driver: Any) -> list[str]:
+    """axe-core's violations of impact serious or critical on the current page, one line each."""
+    if not AXE_JS.exists():
+        _missing(f"axe-core is not installed ({AXE_JS}; npm ci --prefix tests/support/axe)")
+    if not driver.execute_script("return typeof window.axe !== 'undefined'"):
+        driver.execute_script(AXE_JS.read_text(encoding="utf-8"))
+    result = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1];"
+        "axe.run(document, {resultTypes: ['violations']})"
+        ".then(r => done(r.violations.map(v => ({id: v.id, impact: v.impact,"
+        " nodes: v.nodes.slice(0, 3).map(n => n.target.join(' '))}))))"
+        ".catch(e => done([{id: 'axe-error', impact: 'critical', nodes: [String(e)]}]));"
+    )
+    return [
+        f"{v['id']} ({v['impact']}): {', '.join(v['nodes'])}"
+        for v in result
+        if v["impact"] in ("serious", "critical")
+    ]
+
+
+def narrowest_px(driver: Any, selector: str) -> int | None:
+    """The width of the narrowest cell (or list item) holding an element that matches
+    ``selector`` and shows text: the room its text has to wrap in (None: no such element)."""
+    found = driver.execute_script(
+        "const w = [...document.querySelectorAll(arguments[0])]"
+        ".filter(e => e.textContent.trim() && e.offsetParent !== null)"
+        ".map(e => (e.closest('td, li, dd, blockquote') || e).getBoundingClientRect().width);"
+        "return w.length ? Math.min(...w) : null;",
+        selector,
+    )
+    return None if found is None else int(found)

@@ -125,7 +125,9 @@ def build_environment() -> Environment:
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        extensions=["jinja2.ext.i18n"],
     )
+    env.install_null_translations(newstyle=True)  # type: ignore[attr-defined]
     env.filters["seg"] = path_segment
     env.filters["when"] = when
     env.filters["when_ms"] = when_ms
