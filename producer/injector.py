@@ -24,7 +24,7 @@ from memq.core.identity import DEFAULT_USER_ID
 from memq.core.settings import MemqSettings, load_settings
 from memq.memory.blocks import INJECTED_MEMORY_TAG
 from producer.backoff import Backoff
-from prompts.injection import format_memory_for_injection
+from prompts.injection import Injection, plan_injection
 from prompts.tokens import TokenCounter, make_token_counter
 from storage.base import MemoryStorage
 from storage.document import MemoryDocument
@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 
 OPEN_TAG = f"<{INJECTED_MEMORY_TAG}>"
 CLOSE_TAG = f"</{INJECTED_MEMORY_TAG}>"
+
+
+def wrapped(content: str) -> str:
+    """The memory text inside its tags, or "" when there is nothing to say."""
+    if not content.strip():
+        return ""
+    return f"{OPEN_TAG}\n{content}\n{CLOSE_TAG}"
 
 
 class MemoryInjector:
@@ -109,16 +116,29 @@ class MemoryInjector:
 
         ``query`` (typically the user's latest message) fills the budget by relevance blended
         with confidence; without it facts come by confidence alone."""
+        return self.plan(user_id, agent_name, query=query, explain=False).text
+
+    def plan(
+        self,
+        user_id: str | None,
+        agent_name: str | None = None,
+        *,
+        query: str | None = None,
+        explain: bool = True,
+    ) -> Injection:
+        """:meth:`text` and the facts it left out with why (the inspector's preview); raises
+        like :meth:`text`."""
         settings, storage, counter = self._ready()
         if not (settings.enabled and settings.injection_enabled):
-            return ""
-        return format_memory_for_injection(
+            return Injection("", ())
+        return plan_injection(
             self._guarded_load(storage, user_id, agent_name),
             settings.injected_memory_max_tokens,
             guaranteed_categories=settings.guaranteed_categories,
             guaranteed_token_budget=settings.guaranteed_token_budget,
             count_tokens=counter,
             query=query,
+            explain=explain,
         )
 
     def block(
@@ -134,9 +154,7 @@ class MemoryInjector:
         except Exception:
             log.exception("memory injection failed for user=%s agent=%s", user_id, agent_name)
             return ""
-        if not content.strip():
-            return ""
-        return f"{OPEN_TAG}\n{content}\n{CLOSE_TAG}"
+        return wrapped(content)
 
     def close(self) -> None:
         """Close the Redis client the injector built (a storage passed in is the caller's)."""

@@ -18,7 +18,8 @@ through :func:`prompts.escaping.one_line`, the update prompt's own rule: nothing
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from prompts.escaping import one_line
 from prompts.tokens import make_token_counter
@@ -57,6 +58,72 @@ def rank_facts(facts: Iterable[Fact]) -> list[Fact]:
     return sorted((f for f in facts if f.content.strip()), key=lambda f: -f.confidence)
 
 
+# Why a fact's line is not in the block: the regular budget was spent, or it is of a guaranteed
+# category whose own budget was.
+LeftOutReason = Literal["budget", "category"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeftOut:
+    """A fact the block does not carry, as the injector decided it: its place in the injector's
+    order (1: first), its line's token cost, and why."""
+
+    fact: Fact
+    rank: int
+    tokens: int
+    reason: LeftOutReason
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """The block's text and the facts it left out, best ranked first."""
+
+    text: str
+    left_out: tuple[LeftOut, ...]
+
+
+def _take(
+    lines: Sequence[str], budget: int, count_tokens: Callable[[str], int]
+) -> tuple[list[int], list[int], int]:
+    """(indexes taken, the cost of each line weighed, tokens used): see :func:`select_lines`.
+    Lines after the budget ran out are never counted (the agent's hot path)."""
+    taken: list[int] = []
+    costs: list[int] = []
+    used = 0
+    for index, line in enumerate(lines):
+        if used >= budget:
+            break
+        cost = count_tokens(line if not taken else "\n" + line)
+        costs.append(cost)
+        if used + cost > budget:
+            continue
+        taken.append(index)
+        used += cost
+    return taken, costs, used
+
+
+def _left_out(
+    facts: Sequence[Fact],
+    lines: Sequence[str],
+    taken: Sequence[int],
+    costs: Sequence[int],
+    reason: LeftOutReason,
+    rank: Mapping[int, int],
+    count_tokens: Callable[[str], int],
+) -> list[LeftOut]:
+    kept = set(taken)
+    return [
+        LeftOut(
+            fact,
+            rank[id(fact)],
+            costs[i] if i < len(costs) else count_tokens("\n" + lines[i]),
+            reason,
+        )
+        for i, fact in enumerate(facts)
+        if i not in kept
+    ]
+
+
 def select_lines(
     lines: Sequence[str], budget: int, count_tokens: Callable[[str], int]
 ) -> tuple[list[str], int]:
@@ -66,17 +133,8 @@ def select_lines(
     first line costs its own tokens, later ones those of ``"\\n" + line`` (the join).
     Returns the lines taken and the tokens they used.
     """
-    taken: list[str] = []
-    used = 0
-    for line in lines:
-        if used >= budget:
-            break
-        cost = count_tokens(line if not taken else "\n" + line)
-        if used + cost > budget:
-            continue
-        taken.append(line)
-        used += cost
-    return taken, used
+    taken, _, used = _take(lines, budget, count_tokens)
+    return [lines[i] for i in taken], used
 
 
 def guaranteed_set(categories: Iterable[str] | None) -> frozenset[str]:
@@ -131,15 +189,42 @@ def format_memory_for_injection(
     ``query`` facts are ordered by ``relevance_weight × relevance + (1 − weight) × confidence``
     (guaranteed categories still first, from their own budget); without one, by confidence.
     """
+    return plan_injection(
+        memory,
+        max_tokens,
+        token_counting=token_counting,
+        guaranteed_categories=guaranteed_categories,
+        guaranteed_token_budget=guaranteed_token_budget,
+        count_tokens=count_tokens,
+        query=query,
+        relevance_weight=relevance_weight,
+        explain=False,
+    ).text
+
+
+def plan_injection(
+    memory: MemoryDocument | Mapping[str, Any] | None,
+    max_tokens: int = 2000,
+    *,
+    token_counting: bool = True,
+    guaranteed_categories: Iterable[str] | None = (CORRECTION,),
+    guaranteed_token_budget: int = 500,
+    count_tokens: Callable[[str], int] | None = None,
+    query: str | None = None,
+    relevance_weight: float = 0.7,
+    explain: bool = True,
+) -> Injection:
+    """:func:`format_memory_for_injection`'s text and (``explain``) the facts it left out, with
+    why: what the inspector's preview shows, the same decision rather than a second one."""
     guaranteed = guaranteed_set(guaranteed_categories)
     if memory is None:
-        return ""
+        return Injection("", ())
     document = (
         memory if isinstance(memory, MemoryDocument) else MemoryDocument.model_validate(memory)
     )
     count = count_tokens or make_token_counter(token_counting)
     frame = FRAME_LINE + "\n"
-    body = _render_body(
+    body, left_out = _render_body(
         document,
         max_tokens - count(frame),
         guaranteed=guaranteed,
@@ -147,8 +232,9 @@ def format_memory_for_injection(
         count=count,
         query=query,
         relevance_weight=relevance_weight,
+        explain=explain,
     )
-    return frame + body if body else ""
+    return Injection(frame + body if body else "", left_out)
 
 
 def _render_body(
@@ -160,8 +246,10 @@ def _render_body(
     count: Callable[[str], int],
     query: str | None,
     relevance_weight: float,
-) -> str:
-    """The sections under the frame line, within ``max_tokens`` (plus the guaranteed facts)."""
+    explain: bool,
+) -> tuple[str, tuple[LeftOut, ...]]:
+    """The sections under the frame line, within ``max_tokens`` (plus the guaranteed facts),
+    and the facts left out."""
 
     preceding = SECTION_SEPARATOR.join(
         part
@@ -174,26 +262,38 @@ def _render_body(
     ranked = rank_facts(document.facts)
     if query is not None and query.strip():
         ranked = rank_by_relevance(ranked, query, relevance_weight=relevance_weight)
-    must = [render_fact(f) for f in ranked if f.category in guaranteed]
-    regular = [render_fact(f) for f in ranked if f.category not in guaranteed]
+    must_facts = [f for f in ranked if f.category in guaranteed]
+    regular_facts = [f for f in ranked if f.category not in guaranteed]
+    must = [render_fact(f) for f in must_facts]
+    regular = [render_fact(f) for f in regular_facts]
 
     base = count(preceding) if preceding else 0
     header = count(FACTS_HEADER)
-    must_lines, must_tokens = select_lines(must, guaranteed_token_budget, count)
-    regular_budget = max_tokens - base - header - must_tokens - (count("\n") if must_lines else 0)
-    regular_lines, _ = (
-        select_lines(regular, regular_budget, count) if regular_budget > 0 else ([], 0)
-    )
-    lines = must_lines + regular_lines
+    must_taken, must_costs, must_tokens = _take(must, guaranteed_token_budget, count)
+    regular_budget = max_tokens - base - header - must_tokens - (count("\n") if must_taken else 0)
+    regular_taken, regular_costs, _ = _take(regular, max(regular_budget, 0), count)
+    lines = [must[i] for i in must_taken] + [regular[i] for i in regular_taken]
     facts_block = FACTS_HEADER + "\n".join(lines) if lines else ""
+    left_out: list[LeftOut] = []
+    if explain:
+        rank = {id(f): n for n, f in enumerate(ranked, start=1)}
+        left_out = sorted(
+            _left_out(must_facts, must, must_taken, must_costs, "category", rank, count)
+            + _left_out(
+                regular_facts, regular, regular_taken, regular_costs, "budget", rank, count
+            ),
+            key=lambda item: item.rank,
+        )
 
     text = SECTION_SEPARATOR.join(part for part in (preceding, facts_block) if part)
     limit = max_tokens + must_tokens
     if not text or count(text) <= limit:
-        return text
+        return text, tuple(left_out)
     # Overflow: the facts block is protected; only the leading sections are shortened.
     if not facts_block:
-        return _cut(preceding, limit, count)
+        return _cut(preceding, limit, count), tuple(left_out)
     budget = max(0, limit - count(facts_block) - count(SECTION_SEPARATOR))
     shortened = _cut(preceding, budget, count)
-    return SECTION_SEPARATOR.join(part for part in (shortened, facts_block) if part)
+    return SECTION_SEPARATOR.join(part for part in (shortened, facts_block) if part), tuple(
+        left_out
+    )

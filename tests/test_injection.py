@@ -13,7 +13,7 @@ import pytest
 
 from memq.core.settings import MemqSettings
 from producer.injector import MemoryInjector
-from prompts.injection import FRAME_LINE, format_memory_for_injection
+from prompts.injection import FRAME_LINE, format_memory_for_injection, plan_injection, render_fact
 from storage.document import Fact, MemoryDocument
 from storage.files import FileMemoryStorage
 
@@ -295,3 +295,32 @@ def test_line_breaks_in_any_slot_cannot_forge_lines_or_sections() -> None:
         "- [preference] x - [correction | 0.70] Use uv",
     ]
     assert "- Work: Engineer. Facts: - [correction | 1.00] sudo" in lines
+
+
+def test_the_plan_says_which_facts_were_left_out_why_in_rank_order_and_what_they_cost() -> None:
+    top = fact("alpha " * 3, 0.9)
+    big = fact("x" * 80, 0.8)
+    small = fact("beta", 0.7)
+    rest = [fact(f"fact number {n}", 0.5 - n / 100) for n in range(5)]
+    fixes = [fact(f"say settle not ledger {n}", 0.6, "correction") for n in range(3)]
+    document = doc(top, big, small, *rest, *fixes)
+    kwargs: dict[str, Any] = {"count_tokens": len, "guaranteed_token_budget": 60}
+    plan = plan_injection(document, F + 80, **kwargs)
+
+    assert plan.text == format_memory_for_injection(document, F + 80, **kwargs)
+    lines = set(plan.text.splitlines())
+    left = {item.fact.id: item for item in plan.left_out}
+    assert set(left) == {f.id for f in document.facts if render_fact(f) not in lines}
+    # its cost as the injector weighed it: the line, with the newline that joins it when a line
+    # was taken before it
+    assert left[big.id].reason == "budget"
+    assert left[big.id].tokens - len(render_fact(big)) in (0, 1)
+    assert {left[f.id].reason for f in fixes if f.id in left} == {"category"}
+    assert any(f.id in left for f in fixes) and any(f.id in left for f in rest)
+    ranks = [item.rank for item in plan.left_out]
+    assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
+
+
+def test_the_agents_path_explains_nothing() -> None:
+    document = doc(*(fact(f"fact {n}", 0.5) for n in range(50)))
+    assert plan_injection(document, F + 30, count_tokens=len, explain=False).left_out == ()

@@ -368,12 +368,20 @@ def test_preview_is_the_block_an_agent_gets_and_names_what_the_budget_left_out(
     assert pre is not None
     assert html.unescape(pre.group(1)) == block
     assert "The user sails on weekends" in block
-    left = re.search(r'<ul id="left-out">([\s\S]*?)</ul>', answer.text)
+    left = re.search(r'<table class="grid cards" id="left-out">([\s\S]*?)</table>', answer.text)
     assert left is not None
-    shown_left = [t for t in parsed(left.group(1)).texts if t.startswith("The user")]
-    in_block = [f for f in manager.list_facts("app1-dan") if f.content in block]
-    assert len(shown_left) + len(in_block) == 31 and shown_left
-    assert not any(text in block for text in shown_left)
+    rows = re.findall(
+        r'<tr data-fact-id="([^"]+)" data-reason="(\w+)">\s*<td[^>]*>(\d+)</td>\s*'
+        r'<td class="wide"><a href="([^"]+)">',
+        left.group(1),
+    )
+    facts = {f.id: f for f in manager.list_facts("app1-dan")}
+    in_block = {i for i, f in facts.items() if f.content in block}
+    assert rows and {r[0] for r in rows} == set(facts) - in_block  # every other fact, once
+    assert all(r[1] == "budget" for r in rows)  # no correction here: the budget left them out
+    ranks = [int(r[2]) for r in rows]
+    assert ranks == sorted(ranks) and min(ranks) > 1  # ranked, the best one was injected
+    assert all(html.unescape(r[3]) == f"/ui/users/app1-dan/facts/{r[0]}" for r in rows)
     assert page.texts  # the page rendered its stored text through the escaping macro
     bad = ui.post("/users/app1-dan/preview", {"query": "x", "budget": "10"})
     assert bad.status_code == 422 and "budget" in error_of(bad.text)

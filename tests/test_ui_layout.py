@@ -159,3 +159,48 @@ def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(
         check("preview result", size)
         browser.delete_all_cookies()
     assert not failures, "\n".join(failures)
+
+
+def test_a_thousand_fact_memory_is_paged_in_the_browser(
+    make_settings: Any, serve_for: Any, browser: WebDriver
+) -> None:
+    settings: MemqSettings = make_settings()
+    manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
+    facts = [
+        {"id": f"f{n:04d}", "content": f"Fact number {n} about 项目 {n % 37}", "confidence": 0.5}
+        for n in range(1000)
+    ]
+    manager.import_document(USER, {"facts": facts}, agent_name=AGENT)
+    server = serve_for(settings)
+    at_width(browser, PHONE)
+    browser.get(server.url + "/ui/login")
+    browser.find_element(By.ID, "key").send_keys(Keys().admin)
+    browser.find_element(By.ID, "login").click()
+    wait_for(lambda: browser.current_url.endswith("/ui/users"), timeout=10, what="logged in")
+    browser.get(f"{server.url}/ui/users/{path_segment(USER)}/memory?agent={path_segment(AGENT)}")
+    seen: list[str] = []
+    sizes: list[int] = []
+    for _ in range(25):
+        rows = browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr[data-fact-id]")
+        seen += [str(r.get_attribute("data-fact-id")) for r in rows]
+        sizes.append(
+            int(
+                browser.execute_script(
+                    "return performance.getEntriesByType('navigation')[0].decodedBodySize"
+                )
+            )
+        )
+        assert overflow_px(browser) <= 0
+        following = browser.find_elements(By.ID, "next-page")
+        if not following:
+            break
+        old = browser.find_element(By.TAG_NAME, "html")
+        following[0].click()
+        wait_for(
+            lambda: not old.id or browser.find_element(By.TAG_NAME, "html") != old,
+            timeout=10,
+            what="the next page",
+        )
+    assert sorted(seen) == [f["id"] for f in facts]  # every fact once, none twice
+    assert len(sizes) == 20 and max(sizes) <= 60_000
+    assert browser.find_element(By.ID, "page-position").text.endswith("of 1000")

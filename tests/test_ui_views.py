@@ -17,7 +17,6 @@ from memq.memory.update import NewFact, UpdateAnswer
 from memq.server.ui import views
 from memq.server.ui.render import hidden_characters, path_segment, query, stored_text
 from prompts.conversation import message_excerpt
-from prompts.injection import format_memory_for_injection
 from storage.document import Fact, MemoryDocument
 from storage.provenance import RunInfo, RunMessage
 from storage.sources import Source
@@ -41,25 +40,75 @@ FACTS = [
 @pytest.mark.parametrize(
     ("sort", "descending", "expected"),
     [
-        ("confidence", True, ["A sails", "b likes tea", "c owns a boat"]),
+        # equal values: by fact id, reversed with the column (one total order to page through)
+        ("confidence", True, ["A sails", "c owns a boat", "b likes tea"]),
         ("confidence", False, ["b likes tea", "c owns a boat", "A sails"]),
         ("content", False, ["A sails", "b likes tea", "c owns a boat"]),
         ("category", False, ["A sails", "b likes tea", "c owns a boat"]),
     ],
 )
-def test_the_fact_table_sorts_keeping_document_order_among_equals(
+def test_the_fact_table_sorts_by_its_column_then_by_fact_id(
     sort: views.SortKey, descending: bool, expected: list[str]
 ) -> None:
-    table = views.fact_table(FACTS, sort=sort, descending=descending)
-    assert [f.content for f in table] == expected
-
-
-def test_the_fact_table_filters_by_category_and_case_folded_text() -> None:
-    assert [f.content for f in views.fact_table(FACTS, category="preference", text="BOAT")] == [
-        "c owns a boat"
+    ordered = [
+        fact(c.content, id=f"f{n}", category=c.category, confidence=c.confidence)
+        for n, c in enumerate(FACTS)
     ]
-    assert views.fact_table(FACTS, text="nothing") == []
+    table = views.fact_table(ordered, sort=sort, descending=descending)
+    assert [f.content for f in table.rows] == expected
+    assert table.next is None and table.total == 3
+
+
+def test_the_fact_table_filters_by_category() -> None:
+    shown = views.fact_table(FACTS, category="preference").rows
+    assert sorted(f.content for f in shown) == ["b likes tea", "c owns a boat"]
+    assert views.fact_table(FACTS, category="goal").rows == []
     assert views.sort_key("'; drop") == "confidence"
+
+
+@given(
+    st.lists(st.integers(0, 5), min_size=0, max_size=60),
+    st.lists(st.integers(0, 200), max_size=10),
+    st.lists(st.integers(0, 59), max_size=10),
+    st.sampled_from(views.SORT_KEYS),
+    st.booleans(),
+)
+def test_walking_the_pages_while_facts_come_and_go_repeats_and_skips_nothing(
+    confidences: list[int],
+    added: list[int],
+    removed: list[int],
+    sort: views.SortKey,
+    descending: bool,
+) -> None:
+    facts = [
+        fact(f"fact {n}", id=f"f{n:03d}", confidence=c / 5, category=("goal", "context")[n % 2])
+        for n, c in enumerate(confidences)
+    ]
+    survivors = {f.id for f in facts} - {f"f{n:03d}" for n in removed}
+    seen: list[str] = []
+    cursor = None
+    for step in range(100):
+        page = views.fact_table(facts, sort=sort, descending=descending, after=cursor, limit=7)
+        seen += [f.id for f in page.rows]
+        if page.next is None:
+            break
+        cursor = page.next
+        # between pages: a fact added, one removed (what an extraction or an operator does)
+        if step < len(added):
+            facts.append(fact(f"new {step}", id=f"n{added[step]:03d}-{step}", confidence=0.5))
+        if step < len(removed):
+            facts = [f for f in facts if f.id != f"f{removed[step]:03d}"]
+    assert len(seen) == len(set(seen))  # nothing shown twice
+    assert survivors <= set(seen)  # every fact there all along was shown
+
+
+def test_a_page_link_that_is_not_ours_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match="page link is not valid"):
+        views.fact_table(FACTS, after="not-a-cursor!")
+    other = views.fact_table(FACTS, sort="content", limit=1).next
+    assert other is not None
+    with pytest.raises(ValueError, match="page link is not valid"):
+        views.fact_table(FACTS, sort="confidence", after=other)
 
 
 def test_a_fact_from_before_sources_shows_its_source_thread() -> None:
@@ -119,18 +168,6 @@ def test_recorded_sources_confirmations_and_superseded_facts_are_read_from_real_
     assert views.superseded_fact(entries, retired.id) == entries[0]
     assert views.sources(entries[0].fact)[0].excerpts == ("I drink tea and live in Berlin",)
     assert views.superseded(MemoryDocument()) == []
-
-
-def test_left_out_is_every_fact_whose_line_is_not_in_the_block() -> None:
-    document = MemoryDocument(
-        facts=[fact(f"The user owns item-{n} " + "x " * 30) for n in range(20)]
-    )
-    block = format_memory_for_injection(document, 200, token_counting=False)
-    left = views.left_out(document.facts, block)
-    assert left and len(left) < 20
-    assert all(f.content not in block for f in left)
-    assert all(f.content in block for f in document.facts if f not in left)
-    assert views.left_out(document.facts, "") == document.facts
 
 
 @given(st.text(max_size=200))

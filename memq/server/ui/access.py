@@ -26,6 +26,7 @@ from memq.server.ui.session import (
     check_csrf,
     principal_of,
 )
+from storage.vocabulary import CATEGORIES
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Page:
             "can_change": self.can_change,
             "sees_queue": self.sees_queue,
             "user_prefix": self.principal.user_prefix,
+            "known_categories": CATEGORIES,
         }
 
 

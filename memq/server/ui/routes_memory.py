@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Query
@@ -9,15 +11,19 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from memq.server.models import TOKEN_BUDGET
 from memq.server.ui import views
-from memq.server.ui.access import Reader, Viewer
+from memq.server.ui.access import Page, Reader, Viewer
+from producer.injector import wrapped
 from prompts.tokens import make_token_counter
+from storage.base import Change
+from storage.document import Fact
 
 router = APIRouter()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing). So the
 # user's own page, whose pattern matches every longer path too, is declared last.
 USER = "/users/{user_id:path}"
-# Users listed at once: a prefix narrows a deployment of millions to a page.
-MAX_LISTED_USERS = 200
+TABS = ("facts", "summaries", "superseded", "history")
+# The history is bounded by history_max_entries: read all of it, page it here.
+WHOLE_HISTORY = 1_000_000
 # The agent name is checked by the storage, as everywhere in memq (an invalid one is a 422 page).
 AgentParam = Annotated[str | None, Query(alias="agent")]
 
@@ -31,17 +37,41 @@ def home(page: Viewer) -> RedirectResponse:
     return RedirectResponse(page.base + "/users", status_code=303)
 
 
+@dataclass(frozen=True)
+class UserRow:
+    user_id: str
+    agents: list[str | None]
+    facts: int
+    last_activity: datetime | None
+
+
+def _user_row(page: Page, user_id: str) -> UserRow:
+    """What the users list says of one user: their memories, facts and last change."""
+    manager = page.svc.manager
+    agents = sorted(manager.list_agents(user_id), key=lambda a: (a is not None, a or ""))
+    documents = [manager.document(user_id, agent_name=a) for a in agents]
+    stamps = [d.last_updated for d in documents if d.last_updated is not None]
+    return UserRow(user_id, agents, sum(len(d.facts) for d in documents), max(stamps, default=None))
+
+
 @router.get("/users", name="ui_users")
-def users(page: Viewer, prefix: Annotated[str, Query(max_length=200)] = "") -> HTMLResponse:
-    """Users whose id starts with ``prefix`` (a key bound to a prefix sees only its own)."""
+def users(
+    page: Viewer,
+    prefix: Annotated[str, Query(max_length=200)] = "",
+    after: Annotated[str, Query(max_length=1000)] = "",
+) -> HTMLResponse:
+    """A page of the users whose id starts with ``prefix`` (a key bound to a prefix sees only its
+    own), in id order, each with their memories, fact count and last activity."""
     bound = page.principal.user_prefix or ""
-    everyone = sorted(u for u in page.svc.manager.list_users() if u.startswith(bound))
-    found = [u for u in everyone if u.startswith(prefix)]
+    everyone = [u for u in page.svc.manager.list_users() if u.startswith(bound)]
+    found = views.paged(
+        (u for u in everyone if u.startswith(prefix)), lambda u: (u,), after=after or None
+    )
     return page.html(
         "users.html",
         prefix=prefix,
-        users=found[:MAX_LISTED_USERS],
-        more=max(0, len(found) - MAX_LISTED_USERS),
+        users=[_user_row(page, u) for u in found.rows],
+        listing=found,
         total=len(everyone),
     )
 
@@ -57,26 +87,42 @@ def memory(
     category: Annotated[str, Query(max_length=100)] = "",
     text: Annotated[str, Query(max_length=500)] = "",
     done: Annotated[str, Query(max_length=20)] = "",
+    after: Annotated[str, Query(max_length=1000)] = "",
 ) -> HTMLResponse:
-    """One memory: its facts (sorted, filtered), summaries, superseded facts and history."""
+    """One memory, a page at a time: its facts (sorted, by category, or the relevance search the
+    API answers), summaries, superseded facts and history."""
     agent_name = _agent(agent)
     manager = page.svc.manager
     document = manager.document(user_id, agent_name=agent_name)
     key = views.sort_key(sort)
-    facts = views.fact_table(
-        document.facts,
-        sort=key,
-        descending=order != "asc",
-        category=category or None,
-        text=text,
-    )
-    history = manager.history(user_id, agent_name=agent_name, limit=200) if tab == "history" else []
+    tab = tab if tab in TABS else "facts"
+    cursor = after or None
+    facts = views.Paged[Fact]([], None, 0, 0)
+    if tab == "facts" and text.strip():
+        # The API's own search (MemoryManager.search), best first: one page of the best matches.
+        found = manager.search(
+            user_id, text, agent_name=agent_name, category=category or None, limit=views.PAGE_SIZE
+        )
+        facts = views.Paged(found, None, 0, len(found))
+    elif tab == "facts":
+        facts = views.fact_table(
+            document.facts,
+            sort=key,
+            descending=order != "asc",
+            category=category or None,
+            after=cursor,
+        )
+    superseded = views.superseded(document)
+    history = views.Paged[Change]([], None, 0, 0)
+    if tab == "history":
+        changes = manager.history(user_id, agent_name=agent_name, limit=WHOLE_HISTORY)
+        history = views.history_page(changes, cursor)
     return page.html(
         "memory.html",
         user_id=user_id,
         agent=agent_name,
         document=document,
-        tab=tab if tab in ("facts", "summaries", "superseded", "history") else "facts",
+        tab=tab,
         facts=facts,
         total=len(document.facts),
         categories=views.categories(document.facts),
@@ -84,9 +130,9 @@ def memory(
         contains=text,
         sort=key,
         order="asc" if order == "asc" else "desc",
-        sort_keys=views.SORT_KEYS,
         confirmations=views.confirmations,
-        superseded=views.superseded(document),
+        superseded=views.superseded_page(superseded, cursor) if tab == "superseded" else None,
+        superseded_total=len(superseded),
         history=history,
         notice=views.NOTICES.get(done, ""),
     )
@@ -112,7 +158,7 @@ def fact(
     shown = current if current is not None else (retired.fact if retired else None)
     if shown is None:
         raise NotFound(f"no fact {fact_id!r} in this memory")
-    changes = manager.history(user_id, agent_name=agent_name, limit=1000)
+    changes = manager.history(user_id, agent_name=agent_name, limit=WHOLE_HISTORY)
     return page.html(
         "fact.html",
         user_id=user_id,
@@ -153,9 +199,10 @@ def preview(
     token count, and the facts it left out. A POST so the query never sits in a URL."""
     agent_name = _agent(agent)
     svc = page.svc
-    block = svc.block(user_id, agent_name, query=query_text or None, max_tokens=budget)
+    # The injector's own decision for this budget: the block the API returns, and what it left out.
+    plan = svc.injector(budget).plan(user_id, agent_name, query=query_text or None)
+    block = wrapped(plan.text)
     count = make_token_counter(svc.settings.token_counting)
-    document = svc.manager.document(user_id, agent_name=agent_name)
     return page.html(
         "preview.html",
         user_id=user_id,
@@ -165,8 +212,8 @@ def preview(
         result={
             "block": block,
             "tokens": count(block) if block else 0,
-            "left_out": views.left_out(document.facts, block),
-            "total": len(document.facts),
+            "left_out": plan.left_out,
+            "total": len(svc.manager.document(user_id, agent_name=agent_name).facts),
         },
     )
 

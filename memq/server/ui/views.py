@@ -8,12 +8,15 @@ loads with them empty and reads as run-level attribution from its source thread.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Generic, Literal, TypeVar
 
-from prompts.injection import render_fact
+from memq.core.errors import InvalidMemoryData
 from storage.base import Change
 from storage.document import Fact, MemoryDocument
 from storage.sources import Source
@@ -26,6 +29,11 @@ NOTICES = {
     "thread-forgotten": "Thread forgotten.",
 }
 
+T = TypeVar("T")
+# Rows of one page: a 1,000-fact memory is twenty pages, each a few tens of kilobytes.
+PAGE_SIZE = 50
+Key = tuple[str | float | int, ...]
+
 SortKey = Literal["confidence", "learnt", "category", "confirmations", "content"]
 SORT_KEYS: tuple[SortKey, ...] = ("confidence", "learnt", "category", "confirmations", "content")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -35,20 +43,79 @@ def confirmations(fact: Fact) -> int:
     return fact.confirmations
 
 
-def _sort_key(key: SortKey) -> Callable[[Fact], Any]:
+def _sort_key(key: SortKey) -> Callable[[Fact], Key]:
+    """A total order per column: the column's value, then the fact id (so a cursor names one
+    place in the order, whatever facts are added or removed around it)."""
     if key == "learnt":
-        return lambda f: f.created_at or _EPOCH
+        return lambda f: ((f.created_at or _EPOCH).isoformat(), f.id)
     if key == "category":
-        return lambda f: (f.category.casefold(), -f.confidence)
+        return lambda f: (f.category.casefold(), -f.confidence, f.id)
     if key == "confirmations":
-        return confirmations
+        return lambda f: (f.confirmations, f.id)
     if key == "content":
-        return lambda f: f.content.casefold()
-    return lambda f: f.confidence
+        return lambda f: (f.content.casefold(), f.id)
+    return lambda f: (f.confidence, f.id)
 
 
 def sort_key(value: str | None) -> SortKey:
     return next((k for k in SORT_KEYS if k == value), "confidence")
+
+
+@dataclass(frozen=True)
+class Paged(Generic[T]):
+    """One page of an ordered list: its rows, the cursor of the next page (None: the last),
+    where it starts (0-based) and how many rows there are in all."""
+
+    rows: list[T]
+    next: str | None
+    start: int
+    total: int
+
+
+BAD_CURSOR = "this page link is not valid (start from the first page)"
+
+
+def encode_cursor(key: Key) -> str:
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> Key:
+    """The key a cursor names; a cursor that is not one of ours is one clear error."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        value = json.loads(raw)
+    except (binascii.Error, ValueError):
+        raise InvalidMemoryData(BAD_CURSOR) from None
+    if not isinstance(value, list) or not all(isinstance(v, str | int | float) for v in value):
+        raise InvalidMemoryData(BAD_CURSOR)
+    return tuple(value)
+
+
+def paged(
+    items: Iterable[T],
+    key: Callable[[T], Key],
+    *,
+    descending: bool = False,
+    after: str | None = None,
+    limit: int = PAGE_SIZE,
+) -> Paged[T]:
+    """The ``limit`` items that follow the cursor ``after`` in ``key`` order (the first page when
+    None). A stable cursor: the key of the last row shown, not an offset, so rows added or removed
+    meanwhile neither repeat nor skip a row on the next page."""
+    ordered = sorted(items, key=key, reverse=descending)
+    keys = [key(item) for item in ordered]
+    start = 0
+    if after:
+        mark = decode_cursor(after)
+        try:
+            start = next(i for i, k in enumerate(keys) if (k < mark if descending else k > mark))
+        except TypeError:  # a cursor of another column's order
+            raise InvalidMemoryData(BAD_CURSOR) from None
+        except StopIteration:
+            start = len(ordered)
+    rows = ordered[start : start + limit]
+    following = encode_cursor(keys[start + limit - 1]) if start + limit < len(ordered) else None
+    return Paged(rows, following, start, len(ordered))
 
 
 def fact_table(
@@ -57,18 +124,21 @@ def fact_table(
     sort: SortKey = "confidence",
     descending: bool = True,
     category: str | None = None,
-    text: str | None = None,
-) -> list[Fact]:
-    """The facts shown: of ``category`` (all when None), containing ``text`` (case-folded),
-    ordered by ``sort``; equal keys keep document order."""
-    wanted = (text or "").strip().casefold()
-    kept = [
-        f
-        for f in facts
-        if (not category or f.category == category)
-        and (not wanted or wanted in f.content.casefold())
-    ]
-    return sorted(kept, key=_sort_key(sort), reverse=descending)
+    after: str | None = None,
+    limit: int = PAGE_SIZE,
+) -> Paged[Fact]:
+    """A page of the facts of ``category`` (all when None) in ``sort`` order."""
+    kept = [f for f in facts if not category or f.category == category]
+    return paged(kept, _sort_key(sort), descending=descending, after=after, limit=limit)
+
+
+def change_key(change: Change) -> Key:
+    return (change.at.isoformat(), change.action, change.fact_id or "", change.section or "")
+
+
+def history_page(changes: Iterable[Change], after: str | None) -> Paged[Change]:
+    """A page of the history, newest first."""
+    return paged(changes, change_key, descending=True, after=after)
 
 
 def sources(fact: Fact) -> list[Source]:
@@ -102,6 +172,16 @@ def superseded(document: MemoryDocument) -> list[SupersededView]:
     ]
 
 
+def superseded_page(entries: Iterable[SupersededView], after: str | None) -> Paged[SupersededView]:
+    """A page of the superseded facts, newest first."""
+    return paged(
+        entries,
+        lambda e: ((e.at or _EPOCH).isoformat(), e.fact.id),
+        descending=True,
+        after=after,
+    )
+
+
 def superseded_by(entries: Sequence[SupersededView], fact_id: str) -> list[SupersededView]:
     """The superseded facts ``fact_id`` replaced."""
     return [e for e in entries if fact_id in e.replaced_by]
@@ -114,14 +194,6 @@ def superseded_fact(entries: Sequence[SupersededView], fact_id: str) -> Supersed
 def fact_history(changes: Iterable[Change], fact_id: str) -> list[Change]:
     """The history entries about one fact, in the order given (newest first from storage)."""
     return [c for c in changes if c.fact_id == fact_id]
-
-
-def left_out(facts: Iterable[Fact], block: str) -> list[Fact]:
-    """The facts whose line is not in ``block``: the injector's own rendering of a fact
-    (:func:`prompts.injection.render_fact`) is looked up among the block's lines, so this says
-    what the agent did not get, whatever rule chose it."""
-    lines = set(block.splitlines())
-    return [f for f in facts if render_fact(f) not in lines]
 
 
 def categories(facts: Iterable[Fact]) -> list[str]:
