@@ -9,7 +9,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-from storage.document import MemoryDocument, utc_now
+from storage.document import Fact, MemoryDocument, utc_now
 
 ChangeAction = Literal[
     "add",
@@ -24,7 +24,18 @@ ChangeAction = Literal[
     "supersede",
     "confirm",
     "forget",
+    "restore",
 ]
+# A value a change replaced: a fact's content, category or confidence, a summary's text.
+FieldValue = str | float | None
+
+
+class FieldChange(BaseModel):
+    """One field a change altered, from ``old`` to ``new``."""
+
+    field: str
+    old: FieldValue = None
+    new: FieldValue = None
 
 
 class Change(BaseModel):
@@ -37,6 +48,12 @@ class Change(BaseModel):
     reason: str = ""
     source_thread_id: str | None = None
     section: str | None = None
+    # A change by hand: exactly the fields it altered, and who made it (the API key's name).
+    changed: list[FieldChange] | None = None
+    by: str | None = None
+    # A fact removed by hand, as it was (its sources, category, confidence): what a restore puts
+    # back. The history is bounded, so this is kept no longer than the entry itself.
+    fact: Fact | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from memq.core.errors import CorruptMemoryFile, FactEvicted, FactNotFound, InvalidMemoryData
 from memq.core.identity import validate_agent_name, validate_user_id
-from storage.base import Change, MemoryStorage, UpdateFn, UpdateResult
+from storage.base import Change, FieldChange, MemoryStorage, UpdateFn, UpdateResult
 from storage.cap import DEFAULT_FACT_MAX_CHARS, cap_facts_length
 from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, SupersededFact, empty_document
 
@@ -175,8 +175,11 @@ class MemoryManager:
         content: str | None = None,
         category: str | None = None,
         confidence: float | None = None,
+        by: str | None = None,
     ) -> Fact:
-        """Change only the given fields; ``created_at`` and ``source`` are kept."""
+        """Change only the given fields; ``created_at``, ``source`` and the sources are kept (they
+        are the earlier wording's). The history records exactly the fields whose value changed,
+        old → new, and ``by`` (who edited); an edit that changes nothing records nothing."""
         updates: dict[str, Any] = {}
         if content is not None:
             updates["content"] = valid_content(content)
@@ -189,19 +192,33 @@ class MemoryManager:
         def edit(document: MemoryDocument) -> UpdateResult:
             fact = self._find(document, fact_id)
             refuse_too_long(fact.model_copy(update=updates), self.fact_max_chars)
+            changed = [
+                FieldChange(field=name, old=getattr(fact, name), new=value)
+                for name, value in updates.items()
+                if getattr(fact, name) != value
+            ]
             for name, value in updates.items():
                 setattr(fact, name, value)
             edited[:] = [fact.model_copy()]
-            fields = ", ".join(sorted(updates)) or "nothing"
+            if not changed:
+                return UpdateResult(document, [])
             change = Change(
-                action="edit", fact_id=fact.id, content=fact.content, reason=f"edited {fields}"
+                action="edit",
+                fact_id=fact.id,
+                content=fact.content,
+                reason="edited by hand: " + ", ".join(c.field for c in changed),
+                changed=changed,
+                by=by,
             )
             return UpdateResult(document, [change])
 
         self.storage.update(user_id, agent_name, edit)
         return edited[-1]
 
-    def delete_fact(self, user_id: str, fact_id: str, *, agent_name: str | None = None) -> Fact:
+    def delete_fact(
+        self, user_id: str, fact_id: str, *, agent_name: str | None = None, by: str | None = None
+    ) -> Fact:
+        """Remove a fact; its history entry keeps the fact whole, so it can be restored."""
         removed: list[Fact] = []
 
         def delete(document: MemoryDocument) -> UpdateResult:
@@ -209,12 +226,58 @@ class MemoryManager:
             document.facts = [f for f in document.facts if f.id != fact_id]
             removed[:] = [fact]
             change = Change(
-                action="remove", fact_id=fact.id, content=fact.content, reason="deleted by hand"
+                action="remove",
+                fact_id=fact.id,
+                content=fact.content,
+                reason="deleted by hand",
+                by=by,
+                fact=fact,
             )
             return UpdateResult(document, [change])
 
         self.storage.update(user_id, agent_name, delete)
         return removed[-1]
+
+    def restore_fact(
+        self, user_id: str, fact_id: str, *, agent_name: str | None = None, by: str | None = None
+    ) -> Fact:
+        """Make a superseded fact, or one deleted by hand, current again (same id, sources,
+        category and confidence), recorded as ``restore``; the fact cap applies as to an add."""
+        history = self.storage.history(user_id, agent_name, limit=_WHOLE_HISTORY)
+        deleted = next(
+            (c.fact for c in history if c.action == "remove" and c.fact and c.fact.id == fact_id),
+            None,
+        )
+        restored: list[Fact] = []
+
+        def restore(document: MemoryDocument) -> UpdateResult:
+            if document.fact(fact_id) is not None:
+                raise InvalidMemoryData(f"fact {fact_id!r} is current: nothing to restore")
+            retired = next((e for e in document.superseded if e.fact.id == fact_id), None)
+            if retired is not None:
+                document.superseded = [e for e in document.superseded if e is not retired]
+                fact, why = retired.fact, f"restored by hand (was {retired.kind})"
+            elif deleted is not None:
+                fact, why = deleted.model_copy(), "restored by hand (was deleted)"
+            else:
+                raise FactNotFound(
+                    f"Memory fact {fact_id!r} is neither superseded nor deleted by hand within "
+                    "the kept history: it cannot be restored."
+                )
+            result, kept = append_capped(document, fact, self.max_facts)
+            if not kept:
+                raise FactEvicted(
+                    f"fact not restored: the memory is at its cap of {self.max_facts} facts and "
+                    f"every stored fact has a higher confidence than {fact.confidence:g}"
+                )
+            restored[:] = [fact.model_copy()]
+            note = Change(
+                action="restore", fact_id=fact.id, content=fact.content, reason=why, by=by
+            )
+            return UpdateResult(result.document, [note, *result.changes[1:]])
+
+        self.storage.update(user_id, agent_name, restore)
+        return restored[-1]
 
     # --- whole documents
     def export(self, user_id: str, *, agent_name: str | None = None) -> dict[str, Any]:

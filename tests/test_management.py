@@ -72,6 +72,83 @@ def test_edit_changes_only_the_given_fields(manager: MemoryManager) -> None:
     assert [f.content for f in manager.list_facts("alice")] == ["Uses uv"]
 
 
+def test_an_edit_records_exactly_the_fields_it_changed_old_to_new_and_who(
+    manager: MemoryManager,
+) -> None:
+    added = manager.add_fact("alice", "Works at Siemens", category="knowledge", confidence=0.7)
+    # The form sends every field; only the content differs from what is stored.
+    manager.edit_fact(
+        "alice",
+        added.id,
+        content="Works at Zalando",
+        category="knowledge",
+        confidence=0.7,
+        by="ops",
+    )
+    (edit, _add) = manager.history("alice")
+    assert edit.action == "edit" and edit.by == "ops"
+    assert [(c.field, c.old, c.new) for c in edit.changed or []] == [
+        ("content", "Works at Siemens", "Works at Zalando")
+    ]
+    assert edit.reason == "edited by hand: content"
+    # Saving the form again unchanged records nothing.
+    manager.edit_fact("alice", added.id, content="Works at Zalando", confidence=0.7, by="ops")
+    assert len(manager.history("alice")) == 2
+
+
+def test_a_fact_deleted_by_hand_or_superseded_can_be_restored_whole(
+    manager: MemoryManager,
+) -> None:
+    from storage.base import UpdateResult
+    from storage.document import MemoryDocument, SupersededFact
+    from storage.sources import Source
+
+    manager.import_document(
+        "alice",
+        {
+            "facts": [
+                {
+                    "id": "f-berlin",
+                    "content": "Lives in Berlin",
+                    "category": "context",
+                    "confidence": 0.8,
+                    "sources": [{"thread_id": "chat-1", "attribution": "message"}],
+                },
+                {"id": "f-munich", "content": "Lives in Munich", "confidence": 0.6},
+            ]
+        },
+    )
+    before = manager.document("alice").fact("f-berlin")
+    manager.delete_fact("alice", "f-berlin", by="ops")
+
+    def supersede(document: MemoryDocument) -> UpdateResult:
+        fact = document.fact("f-munich")
+        assert fact is not None
+        document.facts = []
+        document.superseded.append(SupersededFact(fact=fact, reason="moved"))
+        return UpdateResult(document, [])
+
+    manager.storage.update("alice", None, supersede)
+    assert manager.document("alice").facts == []
+
+    restored = manager.restore_fact("alice", "f-berlin", by="ops")
+    assert restored == before and restored.sources == [
+        Source(thread_id="chat-1", attribution="message")
+    ]
+    manager.restore_fact("alice", "f-munich", by="ops")
+    document = manager.document("alice")
+    assert sorted(f.id for f in document.facts) == ["f-berlin", "f-munich"]
+    assert document.superseded == []
+    assert [(c.action, c.fact_id, c.by) for c in manager.history("alice")[:2]] == [
+        ("restore", "f-munich", "ops"),
+        ("restore", "f-berlin", "ops"),
+    ]
+    with pytest.raises(InvalidMemoryData, match="is current"):
+        manager.restore_fact("alice", "f-berlin")
+    with pytest.raises(FactNotFound, match="cannot be restored"):
+        manager.restore_fact("alice", "f-never")
+
+
 def test_delete_a_fact(manager: MemoryManager) -> None:
     keep = manager.add_fact("alice", "keep")
     gone = manager.add_fact("alice", "gone")

@@ -22,6 +22,8 @@ from memq.testing.openai_server import CitingModel, Teach
 from memq.testing.waiting import wait_for
 from producer import MemoryProducer
 from storage import get_storage
+from storage.base import UpdateResult
+from storage.document import MemoryDocument, SupersededFact
 from storage.management import MemoryManager
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.inspector import HOSTILE_FACTS
@@ -260,3 +262,76 @@ def test_a_change_without_the_csrf_token_is_refused_in_the_browser(
     assert "CSRF" in by_id(browser, "error-message").text
     assert [f.content for f in manager.list_facts("app1-ivy")] == ["The user reads maps"]
     assert [c.action for c in manager.history("app1-ivy")] == ["add"]
+
+
+def test_an_edit_shows_its_diff_and_deleted_or_superseded_facts_come_back(
+    make_settings: Any, serve_for: Any, browser: WebDriver
+) -> None:
+    settings: MemqSettings = make_settings()
+    server = serve_for(settings)
+    storage = get_storage(settings)
+    manager = MemoryManager(storage, max_facts=settings.max_facts)
+    manager.import_document(
+        GUS,
+        {
+            "facts": [
+                {
+                    "id": "f.siemens%2F1",  # a dot and a literal %2F: addressed as one segment, exactly
+                    "content": "Works at Siemens",
+                    "category": "knowledge",
+                    "confidence": 0.8,
+                    "sources": [{"thread_id": "chat-7", "attribution": "message"}],
+                },
+                {"id": "f-munich", "content": "Lives in Munich", "confidence": 0.7},
+                {"id": "f-berlin", "content": "Lives in Berlin", "confidence": 0.9},
+            ]
+        },
+    )
+
+    def supersede(document: MemoryDocument) -> UpdateResult:
+        fact = document.fact("f-munich")
+        assert fact is not None
+        document.facts = [f for f in document.facts if f.id != "f-munich"]
+        entry = SupersededFact(fact=fact, replaced_by=["f-berlin"], reason="moved")
+        document.superseded.append(entry)
+        return UpdateResult(document, [])
+
+    storage.update(GUS, None, supersede)
+    log_in(browser, server.url, Keys().admin)
+    user = f"{server.url}/ui/users/{path_segment(GUS)}"
+
+    # Correct Siemens → Zalando: the history says exactly that, by whom; the old sources stay.
+    browser.get(f"{user}/facts/{path_segment('f.siemens%2F1')}")
+    content = by_id(browser, "edit-content")
+    content.clear()
+    content.send_keys("Works at Zalando")
+    navigate(browser, by_id(browser, "save-fact").click)
+    diff = browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")[0]
+    (field,) = diff.find_elements(By.CSS_SELECTOR, "ul.diff li")
+    assert field.get_attribute("data-field") == "content"
+    assert text_of(field.find_element(By.TAG_NAME, "del")) == "Works at Siemens"
+    assert text_of(field.find_element(By.TAG_NAME, "ins")) == "Works at Zalando"
+    assert "ops" in text_of(diff.find_element(By.CLASS_NAME, "by-hand"))  # the admin key's name
+    edited = text_of(by_id(browser, "edited-by-hand"))
+    assert "ops" in edited and "Works at Siemens" in edited
+    assert "chat-7" in text_of(by_id(browser, "provenance"))
+
+    # Delete it: its page still answers, says so, and restores it whole.
+    navigate(browser, by_id(browser, "delete-fact-button").click, alert=True)
+    browser.get(f"{user}/facts/{path_segment('f.siemens%2F1')}")
+    assert "Deleted by hand" in text_of(by_id(browser, "deleted"))
+    navigate(browser, by_id(browser, "restore-fact-button").click)
+    assert "restored" in by_id(browser, "notice").text
+    back = manager.document(GUS).fact("f.siemens%2F1")
+    assert back is not None and back.content == "Works at Zalando"
+    assert [s.thread_id for s in back.sources] == ["chat-7"]
+
+    # The superseded fact, from the superseded tab: restored too.
+    browser.get(f"{user}/memory?tab=superseded")
+    navigate(browser, browser.find_element(By.LINK_TEXT, "Lives in Munich").click)
+    assert by_id(browser, "retired").is_displayed()
+    navigate(browser, by_id(browser, "restore-fact-button").click)
+    document = manager.document(GUS)
+    assert document.fact("f-munich") is not None and document.superseded == []
+    assert [c.action for c in manager.history(GUS)[:2]] == ["restore", "restore"]
+    assert console_errors(browser) == []

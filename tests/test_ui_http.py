@@ -424,7 +424,7 @@ def test_facts_added_and_edited_by_hand_are_kept_and_recorded_or_refused_in_one_
     assert "Fact edited" in edited.text
     assert manager.list_facts("app1-hal")[0].content == "The user rows </user_memory>"
     assert [(c.action, c.reason) for c in manager.history("app1-hal")] == [
-        ("edit", "edited confidence"),
+        ("edit", "edited by hand: confidence"),
         ("add", "added by hand"),
     ]
     missing = ui.post("/users/app1-hal/facts/fact_nothere/edit", {"content": "y"})

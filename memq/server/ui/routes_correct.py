@@ -90,6 +90,7 @@ def edit_fact(
         content=content or None,
         category=category or None,
         confidence=_confidence(confidence),
+        by=page.principal.name,
     )
     return _back(page, user_id, f"/facts/{path_segment(fact_id)}", agent=agent, done="edited")
 
@@ -98,8 +99,19 @@ def edit_fact(
 def delete_fact(
     user_id: str, fact_id: str, page: Changer, agent: AgentField = ""
 ) -> RedirectResponse:
-    page.svc.manager.delete_fact(user_id, fact_id, agent_name=_agent(agent))
+    page.svc.manager.delete_fact(user_id, fact_id, agent_name=_agent(agent), by=page.principal.name)
     return _back(page, user_id, "/memory", agent=agent, done="deleted")
+
+
+@router.post(USER + "/facts/{fact_id}/restore", name="ui_restore_fact")
+def restore_fact(
+    user_id: str, fact_id: str, page: Changer, agent: AgentField = ""
+) -> RedirectResponse:
+    """Make a superseded or deleted fact current again, whole (as it was)."""
+    page.svc.manager.restore_fact(
+        user_id, fact_id, agent_name=_agent(agent), by=page.principal.name
+    )
+    return _back(page, user_id, f"/facts/{path_segment(fact_id)}", agent=agent, done="restored")
 
 
 @router.post(USER + "/threads/forget", name="ui_forget_thread")

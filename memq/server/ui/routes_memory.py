@@ -155,10 +155,11 @@ def fact(
     entries = views.superseded(document)
     current = document.fact(fact_id)
     retired = views.superseded_fact(entries, fact_id)
-    shown = current if current is not None else (retired.fact if retired else None)
-    if shown is None:
-        raise NotFound(f"no fact {fact_id!r} in this memory")
     changes = manager.history(user_id, agent_name=agent_name, limit=WHOLE_HISTORY)
+    deleted = views.deleted(changes, fact_id) if current is None and retired is None else None
+    shown = current or (retired.fact if retired else None) or (deleted.fact if deleted else None)
+    if shown is None:
+        raise NotFound(f"no fact {fact_id!r} in this memory (nor in its kept history)")
     return page.html(
         "fact.html",
         user_id=user_id,
@@ -166,6 +167,8 @@ def fact(
         fact=shown,
         current=current is not None,
         retired=retired,
+        deleted=deleted,
+        edits=views.edits(views.fact_history(changes, fact_id)),
         sources=views.sources(shown),
         confirmations=views.confirmations(shown),
         history=views.fact_history(changes, fact_id),

@@ -27,6 +27,7 @@ NOTICES = {
     "edited": "Fact edited; the change is in its history.",
     "deleted": "Fact deleted; the deletion is in the memory's history.",
     "thread-forgotten": "Thread forgotten.",
+    "restored": "Fact restored; it is current again and the restore is in its history.",
 }
 
 T = TypeVar("T")
@@ -194,6 +195,28 @@ def superseded_fact(entries: Sequence[SupersededView], fact_id: str) -> Supersed
 def fact_history(changes: Iterable[Change], fact_id: str) -> list[Change]:
     """The history entries about one fact, in the order given (newest first from storage)."""
     return [c for c in changes if c.fact_id == fact_id]
+
+
+def deleted(changes: Iterable[Change], fact_id: str) -> Change | None:
+    """The newest removal by hand of ``fact_id`` that kept the fact (so it can be restored)."""
+    return next(
+        (
+            c
+            for c in changes
+            if c.action == "remove" and c.fact is not None and c.fact_id == fact_id
+        ),
+        None,
+    )
+
+
+def edits(changes: Iterable[Change]) -> list[Change]:
+    """A fact's edits by hand that changed its wording, newest first: after one, the fact's
+    sources are those of an earlier wording."""
+    return [
+        c
+        for c in changes
+        if c.action == "edit" and any(f.field == "content" for f in c.changed or ())
+    ]
 
 
 def categories(facts: Iterable[Fact]) -> list[str]:
