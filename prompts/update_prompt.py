@@ -21,7 +21,7 @@ from memq.memory.consolidation import qualifying_groups
 from memq.memory.staleness import should_review, stale_candidates
 from prompts.answer import render_answer_schema
 from prompts.conversation import budget_conversation, citation_labels
-from prompts.escaping import prompt_json
+from prompts.escaping import one_line, prompt_json
 from prompts.memory_slice import sliced_memory
 from prompts.review import render_consolidation_section, render_staleness_section
 from prompts.tokens import TokenCounter
@@ -209,7 +209,11 @@ def build_update_prompt(
         conversation.labelled_text(labels),
         facts_first=cache_friendly,
         earlier=shown_before.text if shown_before.messages else "",
-        sections=[*signal_hints(correction, reinforcement), *reviews],
+        sections=[
+            *signal_hints(correction, reinforcement),
+            *do_not_learn_section(memory),
+            *reviews,
+        ],
     )
     return UpdatePrompt(
         system=STATIC_SYSTEM_PROMPT if cache_friendly else SYSTEM_PROMPT,
@@ -221,6 +225,20 @@ def build_update_prompt(
         earlier_shown=len(shown_before.messages),
         labels=labels,
     )
+
+
+DO_NOT_LEARN_NOTE = (
+    "The user had these removed and asked that they never be learnt again. Do not add them, "
+    "or facts saying the same, whatever the conversation says:"
+)
+
+
+def do_not_learn_section(memory: MemoryDocument) -> list[str]:
+    """The memory's do-not-learn list for the model (none when empty); apply refuses them too."""
+    if not memory.do_not_learn:
+        return []
+    lines = "\n".join(f"- {one_line(b.content)}" for b in memory.do_not_learn)
+    return [f"{DO_NOT_LEARN_NOTE}\n<do_not_learn>\n{lines}\n</do_not_learn>"]
 
 
 def signal_hints(correction: bool, reinforcement: bool) -> list[str]:

@@ -25,6 +25,8 @@ ChangeAction = Literal[
     "confirm",
     "forget",
     "restore",
+    "block",
+    "unblock",
 ]
 # A value a change replaced: a fact's content, category or confidence, a summary's text.
 FieldValue = str | float | None

@@ -228,6 +228,22 @@ class SupersededFact(BaseModel):
         return [item for item in value if isinstance(item, str) and item]
 
 
+# The most entries a memory's do-not-learn list keeps (the oldest go first): a bounded list, shown
+# to the model on every extraction.
+DO_NOT_LEARN_MAX = 100
+
+
+class DoNotLearn(BaseModel):
+    """Something a person told memq to forget and never learn again (matched case- and
+    whitespace-folded, as duplicates are)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    content: str = Field(min_length=1)
+    at: datetime | None = None
+    by: str | None = None  # the API key's name that asked
+
+
 class MemoryDocument(BaseModel):
     """One user's memory for one agent (or the user-global memory when the agent is None)."""
 
@@ -242,6 +258,10 @@ class MemoryDocument(BaseModel):
     facts: list[Fact] = Field(default_factory=list)
     # Contradicted and stale facts, oldest first and bounded (``superseded_max_facts``).
     superseded: list[SupersededFact] = Field(default_factory=list)
+    # What must not be learnt again, oldest first, at most DO_NOT_LEARN_MAX entries.
+    do_not_learn: list[DoNotLearn] = Field(
+        default_factory=list, validation_alias=AliasChoices("do_not_learn", "doNotLearn")
+    )
 
     @field_validator("version", mode="before")
     @classmethod
@@ -329,7 +349,13 @@ def copy_document(document: MemoryDocument) -> MemoryDocument:
     # Superseded entries are replaced, never changed in place: copying the list is enough.
     return _copied(
         document,
-        {"user": user, "history": history, "facts": facts, "superseded": list(document.superseded)},
+        {
+            "user": user,
+            "history": history,
+            "facts": facts,
+            "superseded": list(document.superseded),
+            "do_not_learn": list(document.do_not_learn),
+        },
     )
 
 

@@ -17,7 +17,18 @@ from memq.core.errors import CorruptMemoryFile, FactEvicted, FactNotFound, Inval
 from memq.core.identity import validate_agent_name, validate_user_id
 from storage.base import Change, FieldChange, MemoryStorage, UpdateFn, UpdateResult
 from storage.cap import DEFAULT_FACT_MAX_CHARS, cap_facts_length
-from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, SupersededFact, empty_document
+from storage.document import (
+    DEFAULT_CATEGORY,
+    DO_NOT_LEARN_MAX,
+    HISTORY_SECTIONS,
+    USER_SECTIONS,
+    DoNotLearn,
+    Fact,
+    MemoryDocument,
+    SupersededFact,
+    empty_document,
+    utc_now,
+)
 
 # The input rules live in fact_input; the two errors are re-exported for callers of this module.
 from storage.fact_input import DuplicateFact as DuplicateFact
@@ -33,6 +44,7 @@ from storage.fact_input import (
 )
 from storage.provenance import FactExplanation, explain
 from storage.search import search_facts
+from storage.vocabulary import content_key
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +291,93 @@ class MemoryManager:
         self.storage.update(user_id, agent_name, restore)
         return restored[-1]
 
+    def forget_fact(
+        self, user_id: str, fact_id: str, *, agent_name: str | None = None, by: str | None = None
+    ) -> Fact:
+        """Delete a fact and keep its content on the memory's do-not-learn list, so no later
+        extraction stores it (or the same words) again."""
+        removed: list[Fact] = []
+
+        def forget(document: MemoryDocument) -> UpdateResult:
+            fact = self._find(document, fact_id)
+            document.facts = [f for f in document.facts if f.id != fact_id]
+            removed[:] = [fact]
+            block(document, fact.content, by)
+            change = Change(
+                action="remove",
+                fact_id=fact.id,
+                content=fact.content,
+                reason="deleted by hand, not to be learnt again",
+                by=by,
+                fact=fact,
+            )
+            return UpdateResult(document, [change])
+
+        self.storage.update(user_id, agent_name, forget)
+        return removed[-1]
+
+    def block(
+        self, user_id: str, content: str, *, agent_name: str | None = None, by: str | None = None
+    ) -> None:
+        """Put ``content`` on the memory's do-not-learn list (what an operator types)."""
+        text = valid_content(content)
+        refuse_too_long(Fact(content=text), self.fact_max_chars)
+
+        def add(document: MemoryDocument) -> UpdateResult:
+            block(document, text, by)
+            note = Change(action="block", content=text, reason="not to be learnt", by=by)
+            return UpdateResult(document, [note])
+
+        self.storage.update(user_id, agent_name, add)
+
+    def unblock(
+        self, user_id: str, content: str, *, agent_name: str | None = None, by: str | None = None
+    ) -> None:
+        """Take ``content`` off the do-not-learn list: it may be learnt again."""
+        key = content_key(content)
+
+        def remove(document: MemoryDocument) -> UpdateResult:
+            kept = [b for b in document.do_not_learn if content_key(b.content) != key]
+            if len(kept) == len(document.do_not_learn):
+                raise FactNotFound(f"{content!r:.80} is not on the do-not-learn list")
+            document.do_not_learn = kept
+            note = Change(action="unblock", content=content, reason="may be learnt again", by=by)
+            return UpdateResult(document, [note])
+
+        self.storage.update(user_id, agent_name, remove)
+
+    def edit_summary(
+        self,
+        user_id: str,
+        section: str,
+        summary: str,
+        *,
+        agent_name: str | None = None,
+        by: str | None = None,
+    ) -> None:
+        """Set one summary section (``work_context``, ``recent_months``, …) by hand, recorded as
+        a ``summary`` change old → new; an unchanged text records nothing."""
+        group = _section_group(section)
+        text = summary.strip()
+
+        def edit(document: MemoryDocument) -> UpdateResult:
+            target = getattr(getattr(document, group), section)
+            if target.summary == text:
+                return UpdateResult(document, [])
+            change = Change(
+                action="summary",
+                section=section,
+                content=text,
+                reason="edited by hand",
+                changed=[FieldChange(field=section, old=target.summary, new=text)],
+                by=by,
+            )
+            target.summary = text
+            target.updated_at = utc_now()
+            return UpdateResult(document, [change])
+
+        self.storage.update(user_id, agent_name, edit)
+
     # --- whole documents
     def export(self, user_id: str, *, agent_name: str | None = None) -> dict[str, Any]:
         """The memq memory.json of that (user, agent)."""
@@ -358,3 +457,21 @@ class MemoryManager:
         if fact is None:
             raise FactNotFound(f"Memory fact {fact_id!r} not found.")
         return fact
+
+
+def _section_group(section: str) -> str:
+    if section in USER_SECTIONS:
+        return "user"
+    if section in HISTORY_SECTIONS:
+        return "history"
+    known = ", ".join((*USER_SECTIONS, *HISTORY_SECTIONS))
+    raise InvalidMemoryData(f"unknown summary section {section!r} (known: {known})")
+
+
+def block(document: MemoryDocument, content: str, by: str | None) -> None:
+    """Add ``content`` to the document's do-not-learn list once, dropping the oldest entries
+    past :data:`~storage.document.DO_NOT_LEARN_MAX`."""
+    key = content_key(content)
+    entries = [b for b in document.do_not_learn if content_key(b.content) != key]
+    entries.append(DoNotLearn(content=content, at=utc_now(), by=by))
+    document.do_not_learn = entries[-DO_NOT_LEARN_MAX:]

@@ -276,7 +276,7 @@ def test_an_edit_shows_its_diff_and_deleted_or_superseded_facts_come_back(
         {
             "facts": [
                 {
-                    "id": "f.siemens%2F1",  # a dot and a literal %2F: addressed as one segment, exactly
+                    "id": "f.siemens%2F1",  # a dot and a literal %2F, addressed exactly
                     "content": "Works at Siemens",
                     "category": "knowledge",
                     "confidence": 0.8,
@@ -334,4 +334,80 @@ def test_an_edit_shows_its_diff_and_deleted_or_superseded_facts_come_back(
     document = manager.document(GUS)
     assert document.fact("f-munich") is not None and document.superseded == []
     assert [c.action for c in manager.history(GUS)[:2]] == ["restore", "restore"]
+    assert console_errors(browser) == []
+
+
+def test_corrections_stick_a_summary_edit_and_a_fact_never_learnt_again_by_a_real_worker(
+    make_settings: Any,
+    openai_server: ScriptedOpenAI,
+    celery_procs: CeleryProcs,
+    serve_for: Any,
+    browser: WebDriver,
+) -> None:
+    siemens = "The user works at Siemens"
+    openai_server.responder = CitingModel(
+        [
+            Teach(siemens, said="Siemens", role="user"),
+            *(Teach(fact_for(i), said=i, role="user") for i in ("item-1", "item-2")),
+        ]
+    )
+    settings: MemqSettings = stack_settings(make_settings, openai_server)
+    env = memq_env(settings)
+    celery_procs.start_worker(env)
+    celery_procs.start_beat(env)
+    server = serve_for(settings)
+    manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
+    manager.import_document(
+        GUS, {"user": {"workContext": {"summary": "Data engineer at Siemens"}}, "facts": []}
+    )
+    with MemoryProducer(settings) as producer:
+        producer.enqueue("job-1", GUS, None, turn("item-1", "I work at Siemens."), flush=True)
+    wait_for(
+        lambda: {siemens, fact_for("item-1")} <= {f.content for f in manager.list_facts(GUS)},
+        timeout=60,
+        what="the first thread learnt",
+    )
+    log_in(browser, server.url, Keys().admin)
+    user = f"{server.url}/ui/users/{path_segment(GUS)}"
+
+    # The summary, corrected by hand, is what the next agent gets.
+    browser.get(f"{user}/memory?tab=summaries")
+    summary = by_id(browser, "summary-text-work_context")
+    summary.clear()
+    summary.send_keys("Data engineer at Zalando")
+    navigate(browser, by_id(browser, "save-summary-work_context").click)
+    assert "Summary edited" in by_id(browser, "notice").text
+    (change,) = [c for c in manager.history(GUS) if c.action == "summary"]
+    assert change.by == "ops" and [(f.old, f.new) for f in change.changed or []] == [
+        ("Data engineer at Siemens", "Data engineer at Zalando")
+    ]
+    browser.get(f"{user}/preview")
+    navigate(browser, by_id(browser, "preview-button").click)
+    block = text_of(by_id(browser, "block"))
+    assert "Data engineer at Zalando" in block and "at Siemens" not in block.split("Facts:")[0]
+
+    # Forget the Siemens fact for good, from its page.
+    fact_id = next(f.id for f in manager.list_facts(GUS) if f.content == siemens)
+    browser.get(f"{user}/facts/{path_segment(fact_id)}")
+    navigate(browser, by_id(browser, "forget-fact-button").click, alert=True)
+    listed = browser.find_elements(By.CSS_SELECTOR, "#do-not-learn .blocked-content")
+    assert [text_of(e) for e in listed] == [siemens]
+
+    # A new thread says it again: the real worker learns the rest of it, but not that.
+    asked = openai_server.call_count
+    with MemoryProducer(settings) as producer:
+        producer.enqueue("job-2", GUS, None, turn("item-2", "Still at Siemens!"), flush=True)
+    wait_for(
+        lambda: fact_for("item-2") in {f.content for f in manager.list_facts(GUS)},
+        timeout=60,
+        what="the second thread learnt",
+    )
+    assert siemens not in {f.content for f in manager.list_facts(GUS)}
+    prompt = openai_server.prompts()[asked]
+    assert "<do_not_learn>" in prompt and siemens in prompt.split("<do_not_learn>")[1]
+
+    # The list is editable: allowed again, the next thread may teach it.
+    browser.get(f"{user}/memory?tab=do-not-learn")
+    navigate(browser, browser.find_element(By.CSS_SELECTOR, "#do-not-learn .unblock").click)
+    assert manager.document(GUS).do_not_learn == []
     assert console_errors(browser) == []

@@ -160,10 +160,14 @@ def _add_facts(run: _Run) -> tuple[list[Change], list[Fact]]:
     not grounded in the user's words is refused."""
     settings = run.settings
     by_key = {content_key(f.content): f for f in run.doc.facts}
+    # What a person told memq never to learn again: refused whatever the model says.
+    blocked = {content_key(b.content) for b in run.doc.do_not_learn}
     changes = []
     added = []
     for new in run.answer.new_facts:
         if new.confidence < settings.fact_confidence_threshold:
+            continue
+        if content_key(new.content) in blocked:
             continue
         source = None if run.run is None else run.run.source_for(new.cites)
         if source is not None and not grounded(

@@ -130,3 +130,39 @@ def forget_user(user_id: str, page: Changer, confirm: Short = "") -> HTMLRespons
         raise InvalidMemoryData("not forgotten: type the user id exactly to confirm")
     report = page.svc.forget(user_id)
     return page.html("forgotten.html", user_id=user_id, removed=report.as_dict())
+
+
+@router.post(USER + "/facts/{fact_id}/never-again", name="ui_forget_fact")
+def forget_fact(
+    user_id: str, fact_id: str, page: Changer, agent: AgentField = ""
+) -> RedirectResponse:
+    """Delete the fact and put it on the memory's do-not-learn list."""
+    page.svc.manager.forget_fact(user_id, fact_id, agent_name=_agent(agent), by=page.principal.name)
+    return _back(page, user_id, "/memory", agent=agent, tab="do-not-learn", done="forgotten")
+
+
+@router.post(USER + "/do-not-learn", name="ui_block")
+def block(
+    user_id: str, page: Changer, content: Content, agent: AgentField = ""
+) -> RedirectResponse:
+    page.svc.manager.block(user_id, content, agent_name=_agent(agent), by=page.principal.name)
+    return _back(page, user_id, "/memory", agent=agent, tab="do-not-learn", done="blocked")
+
+
+@router.post(USER + "/do-not-learn/remove", name="ui_unblock")
+def unblock(
+    user_id: str, page: Changer, content: Content, agent: AgentField = ""
+) -> RedirectResponse:
+    page.svc.manager.unblock(user_id, content, agent_name=_agent(agent), by=page.principal.name)
+    return _back(page, user_id, "/memory", agent=agent, tab="do-not-learn", done="unblocked")
+
+
+@router.post(USER + "/summaries/{section}", name="ui_edit_summary")
+def edit_summary(
+    user_id: str, section: str, page: Changer, summary: Content = "", agent: AgentField = ""
+) -> RedirectResponse:
+    """Correct one summary by hand (recorded old → new, as a fact edit is)."""
+    page.svc.manager.edit_summary(
+        user_id, section, summary, agent_name=_agent(agent), by=page.principal.name
+    )
+    return _back(page, user_id, "/memory", agent=agent, tab="summaries", done="summary-edited")

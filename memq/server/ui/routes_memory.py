@@ -15,13 +15,13 @@ from memq.server.ui.access import Page, Reader, Viewer
 from producer.injector import wrapped
 from prompts.tokens import make_token_counter
 from storage.base import Change
-from storage.document import Fact
+from storage.document import DO_NOT_LEARN_MAX, Fact
 
 router = APIRouter()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing). So the
 # user's own page, whose pattern matches every longer path too, is declared last.
 USER = "/users/{user_id:path}"
-TABS = ("facts", "summaries", "superseded", "history")
+TABS = ("facts", "summaries", "superseded", "history", "do-not-learn")
 # The history is bounded by history_max_entries: read all of it, page it here.
 WHOLE_HISTORY = 1_000_000
 # The agent name is checked by the storage, as everywhere in memq (an invalid one is a 422 page).
@@ -134,6 +134,7 @@ def memory(
         superseded=views.superseded_page(superseded, cursor) if tab == "superseded" else None,
         superseded_total=len(superseded),
         history=history,
+        do_not_learn_max=DO_NOT_LEARN_MAX,
         notice=views.NOTICES.get(done, ""),
     )
 

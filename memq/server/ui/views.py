@@ -27,6 +27,10 @@ NOTICES = {
     "edited": "Fact edited; the change is in its history.",
     "deleted": "Fact deleted; the deletion is in the memory's history.",
     "thread-forgotten": "Thread forgotten.",
+    "forgotten": "Fact deleted and put on the do-not-learn list: it will not be learnt again.",
+    "blocked": "Added to the do-not-learn list.",
+    "unblocked": "Taken off the do-not-learn list: it may be learnt again.",
+    "summary-edited": "Summary edited; the change is in the history.",
     "restored": "Fact restored; it is current again and the restore is in its history.",
 }
 
