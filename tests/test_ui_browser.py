@@ -154,7 +154,11 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     assert text_of(by_id(browser, "fact-content")) == "The user owns item-1, a red dinghy"
     first = browser.find_elements(By.CSS_SELECTOR, "#history tbody tr")[0]
     cells = first.find_elements(By.TAG_NAME, "td")
-    assert cells[1].text == "edit" and "red dinghy" in cells[2].text and cells[4].text == "by hand"
+    assert (
+        cells[1].text == "edit"
+        and "red dinghy" in cells[2].text
+        and cells[4].text == "by hand (ops)"
+    )
 
     # Delete it (the browser asks first).
     navigate(browser, by_id(browser, "delete-fact-button").click, alert=True)
@@ -175,11 +179,22 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     assert int(text_of(by_id(browser, "token-count")).split()[0]) > 0
 
     # Forget a thread: the fact learnt only from it is gone from the page and the memory.
-    navigate(browser, browser.find_element(By.LINK_TEXT, "user-global").click)
-    by_id(browser, "thread-id").send_keys("trip-2")
-    navigate(browser, by_id(browser, "forget-thread-button").click, alert=True)
-    assert "forgotten" in by_id(browser, "notice").text
-    assert browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr .fact-content") == []
+    # From the user's thread list, which says what each thread taught; a preview of exactly
+    # what will go; then it is gone.
+    browser.get(f"{server.url}/ui/users/{path_segment(GUS)}")
+    row = browser.find_element(By.CSS_SELECTOR, '#threads tr[data-thread="trip-2"]')
+    assert [text_of(t) for t in row.find_elements(By.CLASS_NAME, "taught")] == [fact_for("item-2")]
+    navigate(browser, row.find_element(By.CLASS_NAME, "forget-thread").click)
+    going = browser.find_elements(By.CSS_SELECTOR, ".will-go .going")
+    assert [text_of(g) for g in going] == [fact_for("item-2")]
+    navigate(browser, by_id(browser, "forget-thread-button").click)
+    assert "Thread forgotten" in by_id(browser, "notice").text
+    assert browser.find_elements(By.CSS_SELECTOR, '#threads tr[data-thread="trip-2"]') == []
+    # A thread memq never saw is said to be unknown, before and after.
+    browser.get(f"{server.url}/ui/users/{path_segment(GUS)}/thread?id=no-such-thread")
+    assert by_id(browser, "thread-unknown").is_displayed()
+    navigate(browser, by_id(browser, "forget-thread-button").click)
+    assert "Unknown thread" in by_id(browser, "notice").text
     assert manager.list_facts(GUS) == []
     assert "item-2" not in str(manager.history(GUS))  # the thread's runs left no trace
 

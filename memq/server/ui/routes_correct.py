@@ -119,8 +119,9 @@ def forget_thread(
     user_id: str, page: Changer, thread_id: Short, agent: AgentField = ""
 ) -> RedirectResponse:
     """Forget what one thread taught, in every agent's memory (as the HTTP API and the CLI)."""
-    page.svc.forget_thread(user_id, thread_id)
-    return _back(page, user_id, "/memory", agent=agent, done="thread-forgotten")
+    report = page.svc.forget_thread(user_id, thread_id)
+    done = "thread-forgotten" if any(report.as_dict().values()) else "thread-unknown"
+    return _back(page, user_id, "", done=done)
 
 
 @router.post(USER + "/forget", name="ui_forget_user")

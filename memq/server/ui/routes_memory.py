@@ -15,7 +15,7 @@ from memq.server.ui.access import Page, Reader, Viewer
 from producer.injector import wrapped
 from prompts.tokens import make_token_counter
 from storage.base import Change
-from storage.document import DO_NOT_LEARN_MAX, Fact
+from storage.document import DO_NOT_LEARN_MAX, Fact, MemoryDocument
 
 router = APIRouter()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing). So the
@@ -222,13 +222,47 @@ def preview(
     )
 
 
-@router.get(USER, name="ui_user")
-def user(user_id: str, page: Viewer) -> HTMLResponse:
-    """The user's memories (one per agent, and the user-global one) with their fact counts."""
+def _documents(page: Page, user_id: str) -> list[tuple[str | None, MemoryDocument]]:
     manager = page.svc.manager
-    agents = manager.list_agents(user_id)
-    rows = []
-    for agent in sorted(agents, key=lambda a: (a is not None, a or "")):
-        document = manager.document(user_id, agent_name=agent)
-        rows.append((agent, len(document.facts), len(views.superseded(document))))
-    return page.html("user.html", user_id=user_id, rows=rows)
+    agents = sorted(manager.list_agents(user_id), key=lambda a: (a is not None, a or ""))
+    return [(a, manager.document(user_id, agent_name=a)) for a in agents]
+
+
+@router.get(USER + "/thread", name="ui_thread")
+def thread(
+    user_id: str, page: Viewer, thread_id: Annotated[str, Query(alias="id", max_length=1000)]
+) -> HTMLResponse:
+    """What forgetting one thread would do, memory by memory: the storage's own decision
+    (:func:`storage.provenance.forget_thread`) on the documents as they are now."""
+    from storage.provenance import forget_thread, section_threads
+
+    manager = page.svc.manager
+    effects = []
+    for agent, document in _documents(page, user_id):
+        history = manager.history(user_id, agent_name=agent, limit=WHOLE_HISTORY)
+        _, result = forget_thread(
+            document, thread_id, section_threads=section_threads(list(reversed(history)))
+        )
+        if result.changed:
+            gone = set(result.removed)
+            removed = [f for f in document.facts if f.id in gone]
+            removed += [e.fact for e in document.superseded if e.fact.id in gone]
+            effects.append((agent, removed, result.trimmed, result.sections_cleared))
+    return page.html("thread.html", user_id=user_id, thread_id=thread_id, effects=effects)
+
+
+@router.get(USER, name="ui_user")
+def user(
+    user_id: str, page: Viewer, done: Annotated[str, Query(max_length=20)] = ""
+) -> HTMLResponse:
+    """The user's memories (one per agent, and the user-global one) with their fact counts, and
+    the threads their facts were learnt from."""
+    documents = _documents(page, user_id)
+    rows = [(a, len(d.facts), len(d.superseded)) for a, d in documents]
+    return page.html(
+        "user.html",
+        user_id=user_id,
+        rows=rows,
+        threads=views.threads(documents),
+        notice=views.NOTICES.get(done, ""),
+    )

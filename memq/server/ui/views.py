@@ -26,7 +26,8 @@ NOTICES = {
     "added": "Fact added.",
     "edited": "Fact edited; the change is in its history.",
     "deleted": "Fact deleted; the deletion is in the memory's history.",
-    "thread-forgotten": "Thread forgotten.",
+    "thread-forgotten": "Thread forgotten: what it taught is gone.",
+    "thread-unknown": "Unknown thread: memq held nothing from it, so nothing was forgotten.",
     "forgotten": "Fact deleted and put on the do-not-learn list: it will not be learnt again.",
     "blocked": "Added to the do-not-learn list.",
     "unblocked": "Taken off the do-not-learn list: it may be learnt again.",
@@ -221,6 +222,39 @@ def edits(changes: Iterable[Change]) -> list[Change]:
         for c in changes
         if c.action == "edit" and any(f.field == "content" for f in c.changed or ())
     ]
+
+
+@dataclass
+class ThreadRow:
+    """One conversation as a user's memories know it: the facts it taught (current ones whose
+    sources name it), in which memories, and when its messages were said."""
+
+    thread_id: str
+    facts: list[Fact]
+    agents: list[str | None]
+    first: datetime | None = None
+    last: datetime | None = None
+
+
+def threads(documents: Sequence[tuple[str | None, MemoryDocument]]) -> list[ThreadRow]:
+    """The threads the facts' sources name, the most recently active first."""
+    rows: dict[str, ThreadRow] = {}
+    for agent, document in documents:
+        for fact in document.facts:
+            for source in fact.provenance():
+                if source.thread_id is None:
+                    continue
+                row = rows.setdefault(source.thread_id, ThreadRow(source.thread_id, [], []))
+                if fact not in row.facts:
+                    row.facts.append(fact)
+                if agent not in row.agents:
+                    row.agents.append(agent)
+                if source.at is not None:
+                    row.first = min(row.first or source.at, source.at)
+                    row.last = max(row.last or source.at, source.at)
+    return sorted(
+        rows.values(), key=lambda r: ((r.last or _EPOCH).isoformat(), r.thread_id), reverse=True
+    )
 
 
 def categories(facts: Iterable[Fact]) -> list[str]:
