@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit fast lint format typecheck bench demo up clean soak flaky-check screenshots
+.PHONY: setup test unit fast lint format typecheck bench demo up clean soak flaky-check screenshots i18n
 
 setup: $(VENV)/.installed
 
@@ -49,6 +49,12 @@ flaky-check: setup
 # The inspector's main pages as PNGs in docs/screenshots/ (headless Chromium on a real stack).
 screenshots: setup
 	$(PY) -m tests.support.screenshots docs/screenshots
+
+# The inspector's strings: extract them from the templates and merge them into the Chinese
+# catalogue (translate the new, empty entries; the .po is compiled when the inspector starts).
+i18n: setup
+	cd memq/server/ui && $(VENV)/bin/pybabel extract -F locale/babel.cfg -o locale/messages.pot --no-location --omit-header . \
+	  && $(VENV)/bin/pybabel update -i locale/messages.pot -d locale -D messages -l zh_Hans --no-fuzzy-matching
 
 demo: setup
 	$(VENV)/bin/memq demo

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
 
 from memq.core.settings import MemqSettings
 from memq.server.ui.render import path_segment
@@ -92,6 +94,7 @@ def garbage(_request: dict[str, Any]) -> Reply:
     return Reply(content="I think the user likes cats, probably.")
 
 
+@pytest.mark.timeout(420)  # 36 pages, each laid out and checked by axe, on a shared machine
 def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(
     make_settings: Any,
     openai_server: ScriptedOpenAI,
@@ -139,7 +142,8 @@ def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(
         if narrowest is not None and narrowest < min(size[0] // 2, 400):
             failures.append(f"{name} at {size[0]} px: stored text in a {narrowest} px column")
 
-    for size in (PHONE, DESKTOP):
+    # English at both widths, then every page again in Chinese on the phone (the language switch).
+    for size, lang in ((PHONE, "en"), (DESKTOP, "en"), (PHONE, "zh-Hans")):
         at_width(browser, size)
         browser.get(ui + "/logout-nowhere")  # any page: the login page comes first
         browser.get(ui + "/login")
@@ -147,6 +151,16 @@ def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(
         browser.find_element(By.ID, "key").send_keys(Keys().admin)
         browser.find_element(By.ID, "login").click()
         wait_for(lambda: browser.current_url.endswith("/ui/users"), timeout=10, what="logged in")
+        if lang != "en":
+            browser.find_element(By.ID, f"lang-{lang}").click()
+            wait_for(
+                lambda want=lang: (
+                    browser.find_element(By.TAG_NAME, "html").get_attribute("lang") == want
+                ),
+                timeout=10,
+                what="the Chinese pages",
+            )
+            assert browser.find_element(By.CSS_SELECTOR, "header nav a").text == "用户"
         for name, url in pages.items():
             browser.get(url)
             check(name, size)
@@ -196,11 +210,7 @@ def test_a_thousand_fact_memory_is_paged_in_the_browser(
             break
         old = browser.find_element(By.TAG_NAME, "html")
         following[0].click()
-        wait_for(
-            lambda: not old.id or browser.find_element(By.TAG_NAME, "html") != old,
-            timeout=10,
-            what="the next page",
-        )
+        WebDriverWait(browser, 10).until(expected_conditions.staleness_of(old))
     assert sorted(seen) == [f["id"] for f in facts]  # every fact once, none twice
     assert len(sizes) == 20 and max(sizes) <= 60_000
     assert browser.find_element(By.ID, "page-position").text.endswith("of 1000")

@@ -203,3 +203,32 @@ def test_a_missing_browser_skips_with_its_reason_but_fails_under_ci(
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI must run the browser tests"):
         inspector._missing("no chromium and chromedriver on this machine")
+
+
+@pytest.mark.parametrize(
+    ("chosen", "accept", "expected"),
+    [
+        (None, "zh-CN,zh;q=0.9,en;q=0.8", "zh-Hans"),
+        (None, "en-US,en;q=0.9,zh;q=0.8", "en"),
+        (None, "fr-FR, zh-Hans;q=0.5", "zh-Hans"),  # the best one memq has
+        (None, "zh-TW", "en"),  # Traditional Chinese is not Simplified
+        (None, "zh;q=0, en;q=0.1", "en"),
+        (None, "", "en"),
+        ("zh-Hans", "en", "zh-Hans"),  # the switch wins over the browser
+        ("klingon", "zh", "zh-Hans"),
+    ],
+)
+def test_the_language_is_the_switch_else_the_browsers_best_else_english(
+    chosen: str | None, accept: str, expected: str
+) -> None:
+    from memq.server.ui.i18n import choose
+
+    assert choose(chosen, accept) == expected
+
+
+def test_the_chinese_catalogue_translates_every_template_string() -> None:
+    from memq.server.ui.i18n import translations
+
+    zh = translations("zh-Hans")
+    for english in ("Users", "Forget and don't learn again", *views.NOTICES.values()):
+        assert zh.gettext(english) != english, english

@@ -16,6 +16,8 @@ from fastapi.responses import HTMLResponse
 
 from memq.server.auth import Keyring, Principal, Scope
 from memq.server.service import MemqService
+from memq.server.ui.i18n import COOKIE as LANG_COOKIE
+from memq.server.ui.i18n import choose
 from memq.server.ui.render import render
 from memq.server.ui.session import (
     COOKIE,
@@ -64,7 +66,21 @@ class Page:
             "sees_queue": self.sees_queue,
             "user_prefix": self.principal.user_prefix,
             "known_categories": CATEGORIES,
+            "lang": language_of(self.request),
+            "here_path": here_path(self.request),
         }
+
+
+def language_of(request: Request) -> str:
+    """The page's language: the switch's cookie, else the browser's Accept-Language."""
+    return choose(request.cookies.get(LANG_COOKIE), request.headers.get("accept-language"))
+
+
+def here_path(request: Request) -> str:
+    """This page's address inside the inspector (with its query), for the language switch."""
+    path, base = str(request.scope.get("path", "")), str(request.scope.get("root_path", ""))
+    path = path.removeprefix(base) if base else path
+    return path + ("?" + request.url.query if request.url.query else "")
 
 
 def codec(request: Request) -> SessionCodec:

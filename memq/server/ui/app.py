@@ -22,6 +22,7 @@ from memq.core.settings import MemqSettings
 from memq.server.auth import Keyring
 from memq.server.problems import status_of
 from memq.server.service import MemqService
+from memq.server.ui.access import language_of
 from memq.server.ui.render import SecurityHeaders, render
 from memq.server.ui.session import LoginRequired, SessionCodec
 
@@ -62,6 +63,7 @@ def error_page(request: Request, status: int, message: str) -> HTMLResponse:
             "message": message,
             "who": None,
             "sees_queue": False,
+            "lang": language_of(request),
         },
     )
     return HTMLResponse(body, status_code=status)

@@ -8,6 +8,8 @@ inline script or style at all, so even markup that slipped through could not run
 
 from __future__ import annotations
 
+import functools
+import gettext
 import time
 import unicodedata
 from collections.abc import Mapping
@@ -118,7 +120,9 @@ def stored_text(value: object, css_class: str = "") -> Markup:
     return Markup(out)
 
 
-def build_environment() -> Environment:
+def build_environment(translations: gettext.NullTranslations | None = None) -> Environment:
+    """The templates' environment, its ``_()`` answering from ``translations`` (English when
+    None)."""
     env = Environment(
         loader=PackageLoader("memq.server.ui", "templates"),
         autoescape=True,
@@ -127,7 +131,9 @@ def build_environment() -> Environment:
         lstrip_blocks=True,
         extensions=["jinja2.ext.i18n"],
     )
-    env.install_null_translations(newstyle=True)  # type: ignore[attr-defined]
+    env.install_gettext_translations(  # type: ignore[attr-defined]
+        translations or gettext.NullTranslations(), newstyle=True
+    )
     env.filters["seg"] = path_segment
     env.filters["when"] = when
     env.filters["when_ms"] = when_ms
@@ -136,8 +142,19 @@ def build_environment() -> Environment:
     return env
 
 
-ENVIRONMENT = build_environment()
+@functools.cache
+def environment(lang: str) -> Environment:
+    """One environment per language, built when first used (templates compile once per
+    language and process)."""
+    from memq.server.ui.i18n import translations
+
+    return build_environment(translations(lang))
 
 
 def render(template: str, context: Mapping[str, Any]) -> str:
-    return ENVIRONMENT.get_template(template).render(**context)
+    """``template`` in the context's ``lang`` (English when it names none)."""
+    from memq.server.ui.i18n import DEFAULT, LANGUAGES
+
+    lang = str(context.get("lang", DEFAULT))
+    full = {"lang": lang, "languages": LANGUAGES, "here_path": "", **context}
+    return environment(lang).get_template(template).render(**full)

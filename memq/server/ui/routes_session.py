@@ -6,7 +6,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from memq.server.auth import Keyring, Unauthorized
-from memq.server.ui.access import Reader, codec, session_of
+from memq.server.ui.access import Reader, codec, language_of, session_of
+from memq.server.ui.i18n import CODES
+from memq.server.ui.i18n import COOKIE as LANG_COOKIE
 from memq.server.ui.render import render
 from memq.server.ui.session import (
     COOKIE,
@@ -51,6 +53,8 @@ def login_page(request: Request, session: Session, error: str = "", status: int 
             "open": keyring.open,
             "who": None,
             "sees_queue": False,
+            "lang": language_of(request),
+            "here_path": "/login",
         },
     )
     return set_session(request, HTMLResponse(body, status_code=status), session)
@@ -89,4 +93,24 @@ async def login(request: Request) -> Response:
 def logout(page: Reader) -> Response:
     response = RedirectResponse(page.base + "/login", status_code=303)
     response.delete_cookie(COOKIE, path=page.base or "/")
+    return response
+
+
+@router.get("/lang/{code}", name="ui_language")
+def language(request: Request, code: str, next: str = "/users") -> Response:
+    """The language switch: remembered in a cookie (a year), back to the page it was used on."""
+    if code not in CODES:
+        code = "en"
+    # Only a path inside the inspector: never a redirect to another site.
+    target = next if next.startswith("/") and not next.startswith("//") else "/users"
+    response = RedirectResponse(_base(request) + target, status_code=303)
+    response.set_cookie(
+        LANG_COOKIE,
+        code,
+        max_age=365 * 24 * 3600,
+        path=_base(request) or "/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
     return response
