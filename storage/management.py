@@ -18,10 +18,7 @@ from memq.core.identity import validate_agent_name, validate_user_id
 from storage.base import Change, FieldChange, MemoryStorage, UpdateFn, UpdateResult
 from storage.cap import DEFAULT_FACT_MAX_CHARS, cap_facts_length
 from storage.document import (
-    DEFAULT_CATEGORY,
     DO_NOT_LEARN_MAX,
-    HISTORY_SECTIONS,
-    USER_SECTIONS,
     DoNotLearn,
     Fact,
     MemoryDocument,
@@ -29,10 +26,6 @@ from storage.document import (
     empty_document,
     utc_now,
 )
-
-# The input rules live in fact_input; the two errors are re-exported for callers of this module.
-from storage.fact_input import DuplicateFact as DuplicateFact
-from storage.fact_input import FactTooLong as FactTooLong
 from storage.fact_input import (
     append_capped,
     parse_import,
@@ -44,7 +37,8 @@ from storage.fact_input import (
 )
 from storage.provenance import FactExplanation, explain
 from storage.search import search_facts
-from storage.vocabulary import content_key
+from storage.sections import HISTORY_SECTIONS, USER_SECTIONS
+from storage.vocabulary import DEFAULT_CATEGORY, content_key
 
 log = logging.getLogger(__name__)
 

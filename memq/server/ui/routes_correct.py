@@ -12,7 +12,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from memq.commands.memory import check_category
 from memq.core.errors import InvalidMemoryData
 from memq.server.ui.access import Changer, Page
 from memq.server.ui.render import path_segment, query
@@ -60,11 +59,11 @@ def add_fact(
     category: Short = "context",
     confidence: Short = "0.9",
 ) -> RedirectResponse:
-    check_category(category)
-    fact = page.svc.manager.add_fact(
+    fact = page.svc.add_fact(
+        page.principal,
         user_id,
+        _agent(agent),
         content,
-        agent_name=_agent(agent),
         category=category,
         confidence=_given(_confidence(confidence)),
     )
@@ -81,16 +80,14 @@ def edit_fact(
     category: Short = "",
     confidence: Short = "",
 ) -> RedirectResponse:
-    if category:
-        check_category(category)
-    page.svc.manager.edit_fact(
+    page.svc.edit_fact(
+        page.principal,
         user_id,
+        _agent(agent),
         fact_id,
-        agent_name=_agent(agent),
         content=content or None,
         category=category or None,
         confidence=_confidence(confidence),
-        by=page.principal.name,
     )
     return _back(page, user_id, f"/facts/{path_segment(fact_id)}", agent=agent, done="edited")
 
@@ -99,7 +96,7 @@ def edit_fact(
 def delete_fact(
     user_id: str, fact_id: str, page: Changer, agent: AgentField = ""
 ) -> RedirectResponse:
-    page.svc.manager.delete_fact(user_id, fact_id, agent_name=_agent(agent), by=page.principal.name)
+    page.svc.delete_fact(page.principal, user_id, _agent(agent), fact_id)
     return _back(page, user_id, "/memory", agent=agent, done="deleted")
 
 
@@ -108,9 +105,7 @@ def restore_fact(
     user_id: str, fact_id: str, page: Changer, agent: AgentField = ""
 ) -> RedirectResponse:
     """Make a superseded or deleted fact current again, whole (as it was)."""
-    page.svc.manager.restore_fact(
-        user_id, fact_id, agent_name=_agent(agent), by=page.principal.name
-    )
+    page.svc.restore_fact(page.principal, user_id, _agent(agent), fact_id)
     return _back(page, user_id, f"/facts/{path_segment(fact_id)}", agent=agent, done="restored")
 
 
@@ -119,7 +114,7 @@ def forget_thread(
     user_id: str, page: Changer, thread_id: Short, agent: AgentField = ""
 ) -> RedirectResponse:
     """Forget what one thread taught, in every agent's memory (as the HTTP API and the CLI)."""
-    report = page.svc.forget_thread(user_id, thread_id)
+    report = page.svc.forget_thread(page.principal, user_id, thread_id)
     done = "thread-forgotten" if any(report.as_dict().values()) else "thread-unknown"
     return _back(page, user_id, "", done=done)
 
@@ -129,7 +124,7 @@ def forget_user(user_id: str, page: Changer, confirm: Short = "") -> HTMLRespons
     """Erase everything held about the user, once the user id is typed back exactly."""
     if confirm != user_id:
         raise InvalidMemoryData("not forgotten: type the user id exactly to confirm")
-    report = page.svc.forget(user_id)
+    report = page.svc.forget_user(page.principal, user_id)
     return page.html("forgotten.html", user_id=user_id, removed=report.as_dict())
 
 
@@ -138,7 +133,7 @@ def forget_fact(
     user_id: str, fact_id: str, page: Changer, agent: AgentField = ""
 ) -> RedirectResponse:
     """Delete the fact and put it on the memory's do-not-learn list."""
-    page.svc.manager.forget_fact(user_id, fact_id, agent_name=_agent(agent), by=page.principal.name)
+    page.svc.never_learn(page.principal, user_id, _agent(agent), fact_id)
     return _back(page, user_id, "/memory", agent=agent, tab="do-not-learn", done="forgotten")
 
 
@@ -146,7 +141,7 @@ def forget_fact(
 def block(
     user_id: str, page: Changer, content: Content, agent: AgentField = ""
 ) -> RedirectResponse:
-    page.svc.manager.block(user_id, content, agent_name=_agent(agent), by=page.principal.name)
+    page.svc.block(page.principal, user_id, _agent(agent), content)
     return _back(page, user_id, "/memory", agent=agent, tab="do-not-learn", done="blocked")
 
 
@@ -154,7 +149,7 @@ def block(
 def unblock(
     user_id: str, page: Changer, content: Content, agent: AgentField = ""
 ) -> RedirectResponse:
-    page.svc.manager.unblock(user_id, content, agent_name=_agent(agent), by=page.principal.name)
+    page.svc.unblock(page.principal, user_id, _agent(agent), content)
     return _back(page, user_id, "/memory", agent=agent, tab="do-not-learn", done="unblocked")
 
 
@@ -163,7 +158,5 @@ def edit_summary(
     user_id: str, section: str, page: Changer, summary: Content = "", agent: AgentField = ""
 ) -> RedirectResponse:
     """Correct one summary by hand (recorded old → new, as a fact edit is)."""
-    page.svc.manager.edit_summary(
-        user_id, section, summary, agent_name=_agent(agent), by=page.principal.name
-    )
+    page.svc.edit_summary(page.principal, user_id, _agent(agent), section, summary)
     return _back(page, user_id, "/memory", agent=agent, tab="summaries", done="summary-edited")

@@ -47,11 +47,10 @@ class UserRow:
 
 def _user_row(page: Page, user_id: str) -> UserRow:
     """What the users list says of one user: their memories, facts and last change."""
-    manager = page.svc.manager
-    agents = sorted(manager.list_agents(user_id), key=lambda a: (a is not None, a or ""))
-    documents = [manager.document(user_id, agent_name=a) for a in agents]
-    stamps = [d.last_updated for d in documents if d.last_updated is not None]
-    return UserRow(user_id, agents, sum(len(d.facts) for d in documents), max(stamps, default=None))
+    memories = _documents(page, user_id)
+    stamps = [d.last_updated for _, d in memories if d.last_updated is not None]
+    facts = sum(len(d.facts) for _, d in memories)
+    return UserRow(user_id, [a for a, _ in memories], facts, max(stamps, default=None))
 
 
 @router.get("/users", name="ui_users")
@@ -62,8 +61,7 @@ def users(
 ) -> HTMLResponse:
     """A page of the users whose id starts with ``prefix`` (a key bound to a prefix sees only its
     own), in id order, each with their memories, fact count and last activity."""
-    bound = page.principal.user_prefix or ""
-    everyone = [u for u in page.svc.manager.list_users() if u.startswith(bound)]
+    everyone = page.svc.list_users(page.principal)
     found = views.paged(
         (u for u in everyone if u.startswith(prefix)), lambda u: (u,), after=after or None
     )
@@ -92,16 +90,16 @@ def memory(
     """One memory, a page at a time: its facts (sorted, by category, or the relevance search the
     API answers), summaries, superseded facts and history."""
     agent_name = _agent(agent)
-    manager = page.svc.manager
-    document = manager.document(user_id, agent_name=agent_name)
+    svc, who = page.svc, page.principal
+    document = svc.document(who, user_id, agent_name)
     key = views.sort_key(sort)
     tab = tab if tab in TABS else "facts"
     cursor = after or None
     facts = views.Paged[Fact]([], None, 0, 0)
     if tab == "facts" and text.strip():
         # The API's own search (MemoryManager.search), best first: one page of the best matches.
-        found = manager.search(
-            user_id, text, agent_name=agent_name, category=category or None, limit=views.PAGE_SIZE
+        found = svc.search(
+            who, user_id, agent_name, text, category=category or None, limit=views.PAGE_SIZE
         )
         facts = views.Paged(found, None, 0, len(found))
     elif tab == "facts":
@@ -115,7 +113,7 @@ def memory(
     superseded = views.superseded(document)
     history = views.Paged[Change]([], None, 0, 0)
     if tab == "history":
-        changes = manager.history(user_id, agent_name=agent_name, limit=WHOLE_HISTORY)
+        changes = svc.history(who, user_id, agent_name, limit=WHOLE_HISTORY)
         history = views.history_page(changes, cursor)
     return page.html(
         "memory.html",
@@ -148,15 +146,15 @@ def fact(
     done: Annotated[str, Query(max_length=20)] = "",
 ) -> HTMLResponse:
     """One fact: where it came from, its history, what it superseded (or what superseded it)."""
-    from memq.server.problems import NotFound
+    from memq.core.errors import NotFound
 
     agent_name = _agent(agent)
-    manager = page.svc.manager
-    document = manager.document(user_id, agent_name=agent_name)
+    svc, who = page.svc, page.principal
+    document = svc.document(who, user_id, agent_name)
     entries = views.superseded(document)
     current = document.fact(fact_id)
     retired = views.superseded_fact(entries, fact_id)
-    changes = manager.history(user_id, agent_name=agent_name, limit=WHOLE_HISTORY)
+    changes = svc.history(who, user_id, agent_name, limit=WHOLE_HISTORY)
     deleted = views.deleted(changes, fact_id) if current is None and retired is None else None
     shown = current or (retired.fact if retired else None) or (deleted.fact if deleted else None)
     if shown is None:
@@ -204,7 +202,8 @@ def preview(
     agent_name = _agent(agent)
     svc = page.svc
     # The injector's own decision for this budget: the block the API returns, and what it left out.
-    plan = svc.injector(budget).plan(user_id, agent_name, query=query_text or None)
+    who = page.principal
+    plan = svc.recall_plan(who, user_id, agent_name, query=query_text or None, max_tokens=budget)
     block = wrapped(plan.text)
     count = make_token_counter(svc.settings.token_counting)
     return page.html(
@@ -217,15 +216,15 @@ def preview(
             "block": block,
             "tokens": count(block) if block else 0,
             "left_out": plan.left_out,
-            "total": len(svc.manager.document(user_id, agent_name=agent_name).facts),
+            "total": len(svc.document(who, user_id, agent_name).facts),
         },
     )
 
 
 def _documents(page: Page, user_id: str) -> list[tuple[str | None, MemoryDocument]]:
-    manager = page.svc.manager
-    agents = sorted(manager.list_agents(user_id), key=lambda a: (a is not None, a or ""))
-    return [(a, manager.document(user_id, agent_name=a)) for a in agents]
+    svc, who = page.svc, page.principal
+    agents = sorted(svc.list_agents(who, user_id), key=lambda a: (a is not None, a or ""))
+    return [(a, svc.document(who, user_id, a)) for a in agents]
 
 
 @router.get(USER + "/thread", name="ui_thread")
@@ -236,10 +235,9 @@ def thread(
     (:func:`storage.provenance.forget_thread`) on the documents as they are now."""
     from storage.provenance import forget_thread, section_threads
 
-    manager = page.svc.manager
     effects = []
     for agent, document in _documents(page, user_id):
-        history = manager.history(user_id, agent_name=agent, limit=WHOLE_HISTORY)
+        history = page.svc.history(page.principal, user_id, agent, limit=WHOLE_HISTORY)
         _, result = forget_thread(
             document, thread_id, section_threads=section_threads(list(reversed(history)))
         )
