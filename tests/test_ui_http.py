@@ -34,7 +34,8 @@ pytestmark = [pytest.mark.integration]
 _PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
 # Served without a session on purpose: the login form and its POST (which checks the CSRF token
 # of the login page's own session).
-LOGIN_PATHS = {"/login"}
+# Pages before a login: the login form, and the language switch it shows (a cookie, no memory).
+LOGIN_PATHS = {"/login", "/lang/{code}"}
 
 
 def inspector_app() -> FastAPI:
