@@ -114,7 +114,7 @@ def shoot(url: str, out: Path) -> list[Path]:
     driver = webdriver.Chrome(options=options, service=Service(executable_path=paths[1]))
     taken: list[Path] = []
 
-    def save(name: str) -> None:
+    def save(name: str, width: int = 1280) -> None:
         # The whole page, not the first screenful (Chromium's own full-page capture).
         height = int(driver.execute_script("return document.documentElement.scrollHeight"))
         shot = driver.execute_cdp_cmd(
@@ -122,7 +122,7 @@ def shoot(url: str, out: Path) -> list[Path]:
             {
                 "format": "png",
                 "captureBeyondViewport": True,
-                "clip": {"x": 0, "y": 0, "width": 1280, "height": min(height, 2400), "scale": 1},
+                "clip": {"x": 0, "y": 0, "width": width, "height": min(height, 2400), "scale": 1},
             },
         )
         path = out / f"{name}.png"
@@ -154,6 +154,18 @@ def shoot(url: str, out: Path) -> list[Path]:
             what="the live figures",
         )
         save("queue")
+        # A phone (390 px: each row a card), then the Chinese pages (the header's switch).
+        driver.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": False},
+        )
+        driver.get(f"{url}/ui/users/{USER}/memory")
+        save("memory-phone", width=390)
+        driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+        driver.get(f"{url}/ui/lang/zh-Hans?next=/users/{USER}")
+        save("user-zh")
+        driver.get(f"{url}/ui/users/{USER}/memory")
+        save("memory-zh")
     finally:
         driver.quit()
     return taken
