@@ -232,3 +232,26 @@ def test_the_chinese_catalogue_translates_every_template_string() -> None:
     zh = translations("zh-Hans")
     for english in ("Users", "Forget and don't learn again", *views.NOTICES.values()):
         assert zh.gettext(english) != english, english
+
+
+def test_the_queue_shows_its_depths_and_only_the_totals_that_are_not_zero() -> None:
+    from memq.server.ui.routes_queue import triage_rows
+
+    rows: list[tuple[str, object]] = [
+        ("due", 0),
+        ("in flight", 0),
+        ("dead letters now", 3),
+        ("oldest deadline lag", "0.0 s"),
+        ("last tick", "0.2 s ago"),
+        ("extractions: updated", 12),
+        ("batch: submitted", 0),
+        ("LLM cost", "$0.000000"),
+    ]
+    assert [label for label, _ in triage_rows(rows)] == [
+        "due",
+        "in flight",
+        "dead letters now",
+        "oldest deadline lag",
+        "last tick",
+        "extractions: updated",
+    ]

@@ -18,6 +18,20 @@ MAX_LISTED_DEAD = 500
 DONE = {"retried": "retried (due now)", "purged": "purged"}
 
 
+# The first rows of `memq stats` are the queue's depths, shown even at zero; of the totals that
+# follow, the ones still at zero say nothing to an operator triaging and are left out.
+DEPTH_ROWS = 5
+
+
+def triage_rows(rows: list[tuple[str, object]]) -> list[list[str]]:
+    """The figures worth a look: the depths, then every total that is not zero."""
+    return [
+        [label, str(value)]
+        for n, (label, value) in enumerate(rows)
+        if n < DEPTH_ROWS or str(value) not in ("0", "0.0", "$0.000000")
+    ]
+
+
 def _stats(page: Page) -> dict[str, Any]:
     from memq.core.clock import now_ms
     from memq.core.metrics import read_snapshot, summarise
@@ -28,7 +42,7 @@ def _stats(page: Page) -> dict[str, Any]:
     summary = summarise(read_snapshot(svc.redis, svc.settings, now))
     return {
         "now_ms": now,
-        "rows": [[label, str(value)] for label, value in stats_rows(summary)],
+        "rows": triage_rows(stats_rows(summary)),
         "extractions": sum(summary["extractions"].values()),
         "tokens": summary["prompt_tokens"] + summary["completion_tokens"],
         "dead": summary["dead"],
