@@ -14,6 +14,7 @@ import redis
 
 from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
+from memq.testing.waiting import DEADLINE_SECONDS
 from tests.support.openai_server import ScriptedOpenAI
 
 # Fixtures shared by the end-to-end and reliability tests (real celery worker/beat subprocesses).
@@ -62,7 +63,8 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False).start()
+    server = RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False)
+    server.start(timeout_seconds=DEADLINE_SECONDS)
     yield server
     server.stop()
 

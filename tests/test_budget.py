@@ -14,10 +14,10 @@ from memq.core.keys import KeySchema
 from memq.core.metrics import read_snapshot
 from memq.core.settings import MemqSettings
 from memq.testing.openai_server import ScriptedOpenAI
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer import MemoryProducer
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.scenarios import facts_of, learn_items, queue_idle, stack_settings, turn
-from tests.support.waiting import wait_for
 from worker.budget import BudgetPlan, TokenBudget, over_budget, tenant_of
 from worker.queue import QueueClient, now_ms
 
@@ -102,27 +102,26 @@ def test_a_user_over_budget_is_deferred_then_released(
     budget = TokenBudget.for_settings(settings, redis_client)
     assert budget is not None
     # Start early in a window, so the deferral is seen before the window turns.
-    wait_for(lambda: int(time.time() * 1000) % window_ms < 1000, timeout=10, what="a new window")
+    wait_for(lambda: int(time.time() * 1000) % window_ms < 1000, what="a new window")
     budget.spend("alice", 50)  # alice has spent her budget for this window
     with MemoryProducer(settings) as producer:
         assert producer.flush("t1", "alice", None, turn("item-1"))
         assert producer.flush("t1", "bob", None, turn("item-2"))
-    wait_for(lambda: facts_of(settings, "bob"), timeout=20, what="bob extracted at once")
+    wait_for(lambda: facts_of(settings, "bob"), what="bob extracted at once")
     wait_for(
         lambda: (
             read_snapshot(redis_client, settings, now_ms()).metrics.deferred.get("budget", 0) >= 1
         ),
-        timeout=10,
         what="alice's context deferred",
     )
     assert facts_of(settings, "alice") == []  # held back, not dropped
     assert queue.stats()["due"] == 1
     wait_for(
         lambda: facts_of(settings, "alice") == ["The user owns item-1"],
-        timeout=window_ms / 1000 + 15,
+        timeout=window_ms / 1000 + DEADLINE_SECONDS,
         what="alice extracted in the next window",
     )
-    wait_for(lambda: queue_idle(queue), timeout=10, what="queue idle")
+    wait_for(lambda: queue_idle(queue), what="queue idle")
     snapshot = read_snapshot(redis_client, settings, now_ms()).metrics
     assert snapshot.extractions.get("retry", 0) == 0 and queue.stats()["dead"] == 0
     assert openai_server.call_count == 2  # one call each: the deferral never called the model

@@ -21,6 +21,7 @@ from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer, free_port
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer.producer import MemoryProducer
 from tests.support.openai_server import ScriptedOpenAI
 from worker.queue import QueueClient
@@ -80,7 +81,12 @@ def test_unreachable_redis_in_a_real_process_has_no_traceback(tmp_path: Path) ->
     env["MEMQ_REDIS_URL"] = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
     script = Path(sys.executable).with_name("memq")
     done = subprocess.run(
-        [str(script), "stats"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        [str(script), "stats"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_SECONDS,
     )
     assert done.returncode == 1
     assert_one_line_error(done.returncode, done.stderr, "memq stats: cannot reach Redis")
@@ -461,8 +467,6 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
     import signal
     import urllib.request
 
-    from tests.support.waiting import wait_for
-
     port, exporter_port, serve_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
     env.update(
@@ -487,7 +491,6 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
             lambda: next(
                 (x for x in log.read_text().splitlines() if "password (generated" in x), None
             ),
-            timeout=30,
             what="memq up prints the Flower password",
         )
         password = line.rsplit(" ", 1)[1]
@@ -502,7 +505,7 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
             except OSError:
                 return False
 
-        wait_for(flower_answers, timeout=30, interval=0.2, what="Flower with the printed password")
+        wait_for(flower_answers, interval=0.2, what="Flower with the printed password")
 
         def metrics_served() -> bool:
             url = f"http://127.0.0.1:{exporter_port}/metrics"
@@ -512,7 +515,7 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
             except OSError:
                 return False
 
-        wait_for(metrics_served, timeout=30, interval=0.2, what="the supervised exporter")
+        wait_for(metrics_served, interval=0.2, what="the supervised exporter")
 
         def serve_ready() -> bool:
             # /readyz: the supervised `memq serve` reaches the private Redis and sees beat tick.
@@ -523,10 +526,10 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
             except OSError:
                 return False
 
-        wait_for(serve_ready, timeout=30, interval=0.2, what="the supervised memq serve")
+        wait_for(serve_ready, interval=0.2, what="the supervised memq serve")
         assert any((tmp_path / "data" / "redis").glob("appendonly*"))  # private Redis, AOF on
         up.send_signal(signal.SIGTERM)
-        assert up.wait(timeout=30) == 0
+        assert up.wait(timeout=DEADLINE_SECONDS) == 0
     finally:
         if up.poll() is None:
             up.kill()

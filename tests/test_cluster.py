@@ -239,8 +239,8 @@ def test_a_worker_extracts_what_a_producer_sent_through_the_cluster(
             for n, user in enumerate(users)
         )
 
-    wait_for(extracted, timeout=40, interval=0.2, what="every context extracted")
-    wait_for(lambda: queue_idle(queue), timeout=10, what="the queue idle")
+    wait_for(extracted, interval=0.2, what="every context extracted")
+    wait_for(lambda: queue_idle(queue), what="the queue idle")
     assert MemoryInjector(settings, storage).block("e3").count("item-3") == 1
 
 

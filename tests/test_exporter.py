@@ -127,7 +127,6 @@ def test_metrics_match_a_known_workload(
             assert producer.flush(f"d{n}", f"gone{n}", "Bot", talk("This one is doomed."))
     wait_for(
         lambda: queue_idle(queue) and queue.stats()["dead"] == DOOMED,
-        timeout=40,
         interval=0.1,
         what="every context extracted or dead",
     )
@@ -144,7 +143,7 @@ def test_metrics_match_a_known_workload(
         ) == (GOOD, DOOMED, GOOD + DOOMED)
         return samples if done else None
 
-    samples = wait_for(counted, timeout=20, interval=0.1, what="the workload counted in /metrics")
+    samples = wait_for(counted, interval=0.1, what="the workload counted in /metrics")
     assert value(samples, "memq_up") == 1
     assert value(samples, "memq_extractions_total", outcome="updated") == GOOD
     assert value(samples, "memq_extractions_total", outcome="dead") == DOOMED

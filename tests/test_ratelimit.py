@@ -257,7 +257,6 @@ def test_a_worker_over_the_limit_defers_runs_instead_of_meeting_429s(
         queue = QueueClient(settings, redis_client)
         wait_for(
             lambda: queue_idle(queue) and server.call_count >= contexts,
-            timeout=60,
             interval=0.1,
             what="every context extracted",
         )

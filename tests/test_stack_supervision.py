@@ -24,10 +24,10 @@ import redis
 from memq.core.settings import MemqSettings
 from memq.redis_server import free_port
 from memq.supervision import DataDirLock, RestartPolicy, StackLocked, restart_delay
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer import MemoryProducer
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import fact_for, facts_of, learn_items, turn
-from tests.support.waiting import wait_for
 from worker.queue import QueueClient
 
 MEMQ = str(Path(sys.executable).with_name("memq"))
@@ -80,7 +80,7 @@ class Up:
     def text(self) -> str:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
-    def wait_text(self, needle: str, count: int = 1, timeout: float = 45.0) -> None:
+    def wait_text(self, needle: str, count: int = 1, timeout: float = DEADLINE_SECONDS) -> None:
         def seen() -> bool:
             if self.process.poll() is not None:
                 raise AssertionError(f"memq up exited {self.process.returncode}:\n{self.text()}")
@@ -117,7 +117,7 @@ class Up:
         new = self.child_or_none(role)
         return new is not None and new != old
 
-    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 60.0) -> int:
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = DEADLINE_SECONDS) -> int:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         try:
@@ -168,7 +168,7 @@ def ups() -> Iterator[list[Up]]:
     started: list[Up] = []
     yield started
     for up in started:
-        up.stop(signal.SIGKILL if up.process.poll() is None else signal.SIGTERM, timeout=30)
+        up.stop(signal.SIGKILL if up.process.poll() is None else signal.SIGTERM)
 
 
 def kill9(pid: int) -> None:
@@ -210,18 +210,17 @@ def test_memq_up_restarts_what_dies_and_keeps_extracting(
     beat = up.child("beat")
     kill9(beat)
     up.wait_text("memq up: beat exited with code -9; restarting in")
-    wait_for(lambda: up.replaced("beat", beat), timeout=20, what="a new beat")
+    wait_for(lambda: up.replaced("beat", beat), what="a new beat")
 
     redis_pid = up.child("redis")
     started = time.monotonic()
     kill9(redis_pid)
     up.wait_text("memq up: redis exited with code -9; restarting in")
-    wait_for(lambda: up.replaced("redis", redis_pid), timeout=20, what="a new redis-server")
-    wait_for(lambda: answers(settings), timeout=20, what="the restarted Redis answering")
+    wait_for(lambda: up.replaced("redis", redis_pid), what="a new redis-server")
+    wait_for(lambda: answers(settings), what="the restarted Redis answering")
     enqueue(settings, "t-sup", "item-1")  # the restarted Redis answers on the same URL
     wait_for(
         lambda: facts_of(settings, "una") == [fact_for("item-1")],
-        timeout=45,
         interval=0.2,
         what="an extraction after Redis was killed and restarted",
     )
@@ -255,7 +254,7 @@ def test_ctrl_c_finishes_the_run_in_flight_then_a_restart_gets_the_same_port_and
     port = first.port
     settings = agent_settings(tmp_path, port)
     enqueue(settings, "t-ctrl-c", "item-1")
-    wait_for(lambda: openai_server.call_count == 1, timeout=20, what="the model holds the request")
+    wait_for(lambda: openai_server.call_count == 1, what="the model holds the request")
 
     interrupted = time.monotonic()
     assert first.stop(signal.SIGINT) == 0  # Ctrl-C: the run in flight finishes and saves first
@@ -281,7 +280,7 @@ def test_ctrl_c_finishes_the_run_in_flight_then_a_restart_gets_the_same_port_and
 
     third = Up(env, tmp_path / "up-3.log")
     ups.append(third)
-    assert third.process.wait(timeout=30) == 1
+    assert third.process.wait(timeout=DEADLINE_SECONDS) == 1
     lines = [line for line in third.text().splitlines() if line.strip()]
     assert len(lines) == 1 and "another memq up is already running on" in lines[0], lines
     assert second.process.poll() is None  # the owner is untouched
@@ -294,7 +293,11 @@ def test_memq_up_fails_at_once_on_an_unreachable_configured_redis(
     url = f"redis://:secret-pw@127.0.0.1:{free_port()}/0"
     env = up_env(tmp_path, openai_server, MEMQ_REDIS_URL=url)
     done = subprocess.run(
-        [MEMQ, "up", "--no-flower"], env=env, cwd=tmp_path, capture_output=True, timeout=30
+        [MEMQ, "up", "--no-flower"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=DEADLINE_SECONDS,
     )
     err = done.stderr.decode()
     assert done.returncode == 1

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from memq.redis_server import RedisServer
+from memq.testing.waiting import DEADLINE_SECONDS
 
 
 @contextlib.contextmanager
@@ -20,7 +21,8 @@ def private_redis(
     data_dir: Path, *, appendonly: bool = True, appendfsync: str = "everysec"
 ) -> Iterator[RedisServer]:
     """A redis-server on a free loopback port, always stopped (and resumed first if paused)."""
-    server = RedisServer(data_dir, appendonly=appendonly, appendfsync=appendfsync).start()
+    server = RedisServer(data_dir, appendonly=appendonly, appendfsync=appendfsync)
+    server.start(timeout_seconds=DEADLINE_SECONDS)
     try:
         yield server
     finally:
@@ -45,7 +47,7 @@ def restart_redis(server: RedisServer, *, kill: bool = False) -> None:
         kill_redis(server)
     else:
         server.stop()
-    server.start()
+    server.start(timeout_seconds=DEADLINE_SECONDS)
 
 
 def pause_redis(server: RedisServer) -> None:

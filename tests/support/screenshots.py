@@ -83,7 +83,6 @@ def seed(settings: MemqSettings, redis_client: Any) -> None:
     queue = QueueClient(settings, redis_client)
     wait_for(
         lambda: len(manager.list_facts(USER)) == 3 and queue.dead_list(),
-        timeout=60,
         what="the sample memory learnt and one dead letter",
     )
     manager.add_fact(USER, "Does not eat meat", category="preference", confidence=0.8)
@@ -149,7 +148,6 @@ def shoot(url: str, out: Path) -> list[Path]:
         driver.get(url + "/ui/queue")
         wait_for(
             lambda: driver.find_element(By.ID, "live").text.startswith("(live"),
-            timeout=10,
             what="the live figures",
         )
         save("queue")
