@@ -24,6 +24,8 @@ pytest_plugins = [
     "tests.support.cluster",
     "tests.support.serve",
     "tests.support.inspector",
+    "tests.support.memq_up",
+    "tests.support.cli",
 ]
 
 

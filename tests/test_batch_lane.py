@@ -19,6 +19,7 @@ from memq.core.connection import redis_client
 from memq.core.metrics import read_snapshot
 from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer
+from memq.testing.redis_procs import shutdown_redis
 from storage import get_storage
 from storage.erasure import erase
 from tests.support.celery_procs import CeleryProcs, memq_env
@@ -33,7 +34,6 @@ from tests.support.scenarios import (
     turn,
 )
 from tests.support.waiting import wait_for
-from tests.test_reliability_restart import stop_gracefully
 from worker.batch_queue import BatchQueue
 from worker.queue import QueueClient, now_ms
 
@@ -191,7 +191,7 @@ def test_a_job_out_survives_a_worker_kill_a_redis_restart_and_the_lease_and_is_a
     wait_recorded(settings, 1)
 
     worker.kill()  # SIGKILL: the job is out, no process of ours remembers it
-    stop_gracefully(aof_redis)
+    shutdown_redis(aof_redis)
     aof_redis.start()
     worker = celery_procs.restart(worker)
     # Several leases go by with the job still out: the reaper never brings the context back.

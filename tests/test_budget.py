@@ -17,20 +17,13 @@ from memq.testing.openai_server import ScriptedOpenAI
 from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer import MemoryProducer
 from tests.support.celery_procs import CeleryProcs, memq_env
+from tests.support.clock import Clock
 from tests.support.scenarios import facts_of, learn_items, queue_idle, stack_settings, turn
 from worker.budget import BudgetPlan, TokenBudget, over_budget, tenant_of
 from worker.queue import QueueClient, now_ms
 
 DAY_MS = 86_400_000
 HOSTILE_IDS = ["alice@example.com", "auth0|abc", "\ud800lone", "a\u202eb\x00c", "x" * 5000]
-
-
-class Clock:
-    def __init__(self, now: int) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def test_windows_are_aligned_days() -> None:

@@ -9,9 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -23,48 +21,16 @@ from memq.core.settings import MemqSettings
 from memq.redis_server import RedisServer, free_port
 from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer.producer import MemoryProducer
+from tests.support.cli import Run, assert_one_line_error, write_json
 from tests.support.openai_server import ScriptedOpenAI
 from worker.queue import QueueClient
 
 pytestmark = pytest.mark.integration
 
-Run = Callable[..., tuple[int, str, str]]
 CONVERSATION = [
     {"role": "user", "content": "I am Carol and I write Rust for embedded devices."},
     {"role": "assistant", "content": "Nice, what are you building?"},
 ]
-
-
-@pytest.fixture
-def cli_env(monkeypatch: pytest.MonkeyPatch, settings: MemqSettings) -> MemqSettings:
-    """The CLI reads its settings from the environment, like an operator's shell."""
-    for name in ("redis_url", "key_prefix", "storage_dir", "data_dir", "llm_provider"):
-        value = getattr(settings, name)
-        monkeypatch.setenv(f"MEMQ_{name.upper()}", str(value))
-    return settings
-
-
-@pytest.fixture
-def run(capsys: pytest.CaptureFixture[str]) -> Run:
-    def invoke(*argv: str) -> tuple[int, str, str]:
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return invoke
-
-
-def write_json(path: Path, data: Any) -> str:
-    path.write_text(json.dumps(data), encoding="utf-8")
-    return str(path)
-
-
-def assert_one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code != 0
-    assert len(err.strip().splitlines()) == 1, err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err
 
 
 # --- errors

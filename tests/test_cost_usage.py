@@ -23,9 +23,9 @@ from memq.testing.provider import FlexCapacity, PrefixCache, Provider
 from producer import MemoryProducer
 from prompts.update_prompt import UpdatePrompt
 from tests.support.celery_procs import CeleryProcs, memq_env
+from tests.support.prometheus import parse, value
 from tests.support.scenarios import queue_idle, stack_settings, update_answer
 from tests.support.waiting import wait_for
-from tests.test_exporter import parse, value
 from worker.cost import CallUsage, PriceTable, prompt_cache_key
 from worker.llm import OpenAIUpdateModel
 from worker.queue import QueueClient, now_ms

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import redis
 from prometheus_client.exposition import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from memq.core.settings import MemqSettings
 from memq.exporter import build_registry
@@ -25,6 +24,7 @@ from memq.redis_server import free_port
 from producer import MemoryProducer
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
+from tests.support.prometheus import Samples, parse, value
 from tests.support.scenarios import conversation_of, queue_idle, stack_settings
 from tests.support.waiting import wait_for
 from worker.queue import QueueClient
@@ -33,21 +33,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 GOOD, DOOMED = 5, 2
 PROMPT_TOKENS, COMPLETION_TOKENS = 123, 45
-
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def parse(text: str) -> Samples:
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
 
 
 def answer(request: dict[str, Any]) -> Reply:

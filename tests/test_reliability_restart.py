@@ -13,9 +13,6 @@ docs/reliability.md.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -23,11 +20,10 @@ from typing import Any
 
 import pytest
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from memq.core.connection import redis_client
 from memq.redis_server import RedisServer
+from memq.testing.redis_procs import kill_redis, shutdown_redis
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import (
@@ -52,36 +48,14 @@ def slow_model(request: dict[str, Any]) -> Reply:
     return reply
 
 
-def stop_gracefully(server: RedisServer) -> None:
-    """SHUTDOWN, as an operator's `redis-cli shutdown` does: Redis fsyncs its AOF and exits."""
-    assert server.process is not None
-    # No client-side retries: redis-py would keep re-sending SHUTDOWN to a Redis that is gone.
-    admin = redis.Redis(
-        host="127.0.0.1", port=server.port, socket_timeout=5, retry=Retry(NoBackoff(), 0)
-    )
-    with contextlib.suppress(redis.ConnectionError):
-        admin.shutdown()
-    admin.close()
-    server.process.wait(timeout=10)
-    server.stop()
-
-
-def kill_hard(server: RedisServer) -> None:
-    """kill -9: no fsync, no goodbye; AOF everysec keeps all but the last second."""
-    assert server.process is not None
-    os.kill(server.process.pid, signal.SIGKILL)
-    server.process.wait(timeout=10)
-    server.stop()
-
-
 @pytest.mark.parametrize(
     ("stop", "pool", "contexts"),
     [
-        (stop_gracefully, "threads", 1),
-        (kill_hard, "threads", 1),
-        (stop_gracefully, "prefork", 1),
+        (shutdown_redis, "threads", 1),
+        (kill_redis, "threads", 1),
+        (shutdown_redis, "prefork", 1),
         # A backlog: runs in flight and more messages waiting for a free slot of the worker.
-        (stop_gracefully, "threads", 6),
+        (shutdown_redis, "threads", 6),
     ],
     ids=["shutdown-threads", "kill-9-threads", "shutdown-prefork", "shutdown-threads-backlog"],
 )
@@ -179,7 +153,7 @@ def test_a_client_with_outage_retries_rides_out_a_redis_restart(
     impatient = redis_client(settings)
     try:
         patient.set("k", "before")
-        stop_gracefully(aof_redis)
+        shutdown_redis(aof_redis)
         with pytest.raises(redis.ConnectionError):
             impatient.get("k")  # the default: fail at once (producers, the CLI)
         restarter = threading.Timer(0.5, aof_redis.start)  # the outage lasts half a second

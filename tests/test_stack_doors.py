@@ -3,10 +3,8 @@ to another port behind its agents' backs. A real `memq up` subprocess, the scrip
 
 from __future__ import annotations
 
-import signal
 import socket
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,19 +14,11 @@ from memq.core.settings import MemqSettings
 from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer import MemoryProducer
 from producer.injector import MemoryInjector
+from tests.support.memq_up import Up, up_env
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, learn_items, turn
-from tests.test_stack_supervision import Up, up_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture
-def ups() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    yield started
-    for up in started:
-        up.stop(signal.SIGKILL if up.process.poll() is None else signal.SIGTERM)
 
 
 def _agent_url(up: Up) -> str:

@@ -26,7 +26,7 @@ from storage import get_storage
 from storage.management import MemoryManager
 from tests.support.inspector import chromium_paths
 from tests.support.scenarios import conversation_of
-from tests.support.serve import Keys
+from tests.support.serve import Keys, write_keys
 from worker.queue import QueueClient
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
@@ -179,8 +179,7 @@ def main(argv: list[str]) -> int:
                 debounce_seconds=0.0,
                 token_counting=False,
             )
-            keys_file = tmp / "keys.json"
-            keys_file.write_text(Keys().file_text(), encoding="utf-8")
+            keys_file = write_keys(tmp / "keys.json")
             env = memq_env(settings)
             procs.start_worker(env)
             procs.start_beat(env)
