@@ -31,6 +31,10 @@ pytest_plugins = [
 
 # Modules whose parts start a redis-server of their own: the launcher, the stack, the soak.
 _STARTS_REDIS = ("memq.redis_server", "memq.redis_cluster", "memq.stack", "bench.soak")
+# A test that starts processes makes several waits of up to DEADLINE_SECONDS each on a loaded
+# machine: its own timeout (pyproject's 120 s is for the rest) must leave each wait its deadline,
+# so a stuck wait fails with its own "timed out ... waiting for <what>" line first.
+PROCESS_TEST_TIMEOUT_SECONDS = 5 * DEADLINE_SECONDS
 
 
 def _needs_redis_server(item: pytest.Item) -> bool:
@@ -49,10 +53,13 @@ def _needs_redis_server(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The `integration` marker is derived, never hand-applied: every test that needs a real
-    redis-server carries it, so `-m "not integration"` (`make fast`) runs without one."""
+    redis-server carries it, so `-m "not integration"` (`make fast`) runs without one. Such a
+    test also gets the longer timeout of a test that starts processes, unless it names its own."""
     for item in items:
         if _needs_redis_server(item):
             item.add_marker(pytest.mark.integration)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(PROCESS_TEST_TIMEOUT_SECONDS))
 
 
 @pytest.fixture(autouse=True)
