@@ -3,6 +3,7 @@
 - a test module never imports another test module: what two modules share lives in
   tests/support/ (or memq/testing/ when the benchmarks use it too), fixtures in tests/conftest.py
   or a support module listed in its ``pytest_plugins``;
+- every test module is on the map of tests/README.md (area → test files), so a newcomer finds it;
 - every wait in the tests, memq/testing/ and bench/soak/ uses the one deadline of
   :mod:`memq.testing.waiting` (no timeout written as a number at the call), and nothing sleeps to
   let things settle: a sleep is a condition's polling interval or a scripted delay, and says so
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -85,6 +87,14 @@ def test_no_test_module_imports_another_test_module() -> None:
         for name in imported_test_modules(path.read_text(encoding="utf-8"))
     ]
     assert offenders == [], "move what they share to tests/support/: " + "; ".join(offenders)
+
+
+def test_every_test_module_is_on_the_map() -> None:
+    readme = (TESTS / "README.md").read_text(encoding="utf-8")
+    mapped = set(re.findall(r"`(test_\w+\.py)`", readme))
+    present = {path.name for path in TESTS.glob("test_*.py")}
+    assert sorted(present - mapped) == [], "add them to the map in tests/README.md"
+    assert sorted(mapped - present) == [], "tests/README.md maps files that do not exist"
 
 
 def test_every_wait_uses_the_shared_deadline() -> None:
