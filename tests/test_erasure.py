@@ -18,7 +18,7 @@ from storage import Fence
 from storage.document import Fact, MemoryDocument
 from storage.erasure import erase, erase_thread
 from storage.sources import Source
-from tests.support.erasure import T0, World
+from tests.support.world import T0, World
 from worker.queue import CompleteResult
 
 pytestmark = pytest.mark.integration

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -76,10 +77,6 @@ def _python_files(*folders: Path) -> list[Path]:
     return sorted(path for folder in folders for path in folder.rglob("*.py"))
 
 
-def _where(path: Path, lines: list[int]) -> list[str]:
-    return [f"{path.relative_to(ROOT)}:{line}" for line in lines]
-
-
 def test_no_test_module_imports_another_test_module() -> None:
     offenders = [
         f"{path.relative_to(ROOT)} imports {name}"
@@ -97,22 +94,22 @@ def test_every_test_module_is_on_the_map() -> None:
     assert sorted(mapped - present) == [], "tests/README.md maps files that do not exist"
 
 
-def test_every_wait_uses_the_shared_deadline() -> None:
-    offenders = [
-        where
+def _wait_offenders(rule: Callable[[str], list[int]]) -> str:
+    return ", ".join(
+        f"{path.relative_to(ROOT)}:{line}"
         for path in _python_files(*WAIT_SCOPE)
-        for where in _where(path, numeric_wait_timeouts(path.read_text(encoding="utf-8")))
-    ]
-    assert offenders == [], "use memq.testing.waiting.DEADLINE_SECONDS: " + ", ".join(offenders)
+        for line in rule(path.read_text(encoding="utf-8"))
+    )
+
+
+def test_every_wait_uses_the_shared_deadline() -> None:
+    offenders = _wait_offenders(numeric_wait_timeouts)
+    assert not offenders, f"use memq.testing.waiting.DEADLINE_SECONDS: {offenders}"
 
 
 def test_nothing_sleeps_to_let_things_settle() -> None:
-    offenders = [
-        where
-        for path in _python_files(*WAIT_SCOPE)
-        for where in _where(path, unmarked_sleeps(path.read_text(encoding="utf-8")))
-    ]
-    assert offenders == [], "wait on a condition (memq.testing.waiting): " + ", ".join(offenders)
+    offenders = _wait_offenders(unmarked_sleeps)
+    assert not offenders, f"wait on a condition (memq.testing.waiting): {offenders}"
 
 
 @pytest.mark.parametrize(
