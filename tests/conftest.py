@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from memq.testing.waiting import DEADLINE_SECONDS
 from tests.support.openai_server import ScriptedOpenAI
 
@@ -30,7 +30,12 @@ pytest_plugins = [
 
 
 # Modules whose parts start a redis-server of their own: the launcher, the stack, the soak.
-_STARTS_REDIS = ("memq.redis_server", "memq.redis_cluster", "memq.stack", "bench.soak")
+_STARTS_REDIS = (
+    "memq.local.redis_server",
+    "memq.local.redis_cluster",
+    "memq.local.stack",
+    "bench.soak",
+)
 # A test that starts processes makes several waits of up to DEADLINE_SECONDS each on a loaded
 # machine: its own timeout (pyproject's 120 s is for the rest) must leave each wait its deadline,
 # so a stuck wait fails with its own "timed out ... waiting for <what>" line first.

@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 from memq.core.connection import RedisClient
 from memq.core.errors import StaleClaim
 from memq.core.settings import MemqSettings
-from memq.redis_cluster import LocalCluster
+from memq.local.redis_cluster import LocalCluster
 from producer import MemoryProducer
 from producer.injector import MemoryInjector
 from storage import Fence, get_storage

@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from memq.core.connection import redis_client
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from memq.testing.redis_procs import kill_redis, shutdown_redis
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI

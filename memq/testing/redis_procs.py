@@ -16,7 +16,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from memq.testing.waiting import DEADLINE_SECONDS
 
 

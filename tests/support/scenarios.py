@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from memq.core.settings import MemqSettings
+from memq.local.redis_server import RedisServer
 from memq.memory.update import NewFact, UpdateAnswer
-from memq.redis_server import RedisServer
 from memq.testing.openai_server import update_text
 from memq.testing.redis_procs import private_redis
 from producer import MemoryProducer

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from memq.server.auth import digest
 from memq.testing.celery_procs import memq_env
 from memq.testing.serve_proc import ServeProcess
