@@ -22,6 +22,7 @@ from memq.memory.update import NewFact, UpdateAnswer
 from memq.testing.openai_batches import ScriptedBatches
 from memq.testing.provider import Provider
 from memq.testing.replies import Reply, completion_body
+from memq.testing.waiting import DEADLINE_SECONDS
 
 
 def update_text(answer: UpdateAnswer) -> str:
@@ -90,6 +91,7 @@ class CitingModel:
     teach: list[Teach] = field(default_factory=list)
     contradicts: list[str] = field(default_factory=list)
     delay_seconds: float = 0.0
+    release: threading.Event | None = None  # see Reply.release
 
     def __call__(self, request: dict[str, Any]) -> Reply:
         messages = labelled_messages(request)
@@ -117,7 +119,9 @@ class CitingModel:
             if any(old in str(f.get("content", "")) for old in self.contradicts)
         )
         answer = UpdateAnswer(new_facts=tuple(facts), facts_to_remove=removals if facts else ())
-        return Reply(content=update_text(answer), delay_seconds=self.delay_seconds)
+        return Reply(
+            content=update_text(answer), delay_seconds=self.delay_seconds, release=self.release
+        )
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -206,6 +210,8 @@ class ScriptedOpenAI:
                         )
                     return
                 reply = server.reply_for(request)
+                if reply.release is not None:
+                    reply.release.wait(DEADLINE_SECONDS)
                 if reply.delay_seconds:
                     time.sleep(reply.delay_seconds)  # wait-ok: a slow model, as scripted
                 if isinstance(reply.body, bytes):
