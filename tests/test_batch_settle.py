@@ -11,11 +11,13 @@ applying again; and an output file's hostile lines are skipped, never trusted.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from memq.core.identity import ContextKey
 from memq.core.metrics import read_snapshot
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
@@ -27,7 +29,7 @@ from memq.testing.provider import (
     prompt_text,
 )
 from storage.base import Fence
-from tests.support.openai_server import ScriptedOpenAI
+from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import fact_for, facts_of, learn_items, stack_settings, turn
 from worker.batch import BatchLane, run_from_json
 from worker.batch_api import OpenAIBatchEndpoint
@@ -299,3 +301,111 @@ def test_a_batch_answer_is_billed_with_its_cached_tokens_its_turns_and_the_batch
     ]
     assert snapshot["cost_nano_usd"] == sum(prices.cost_nano_usd(u) for u in usage)
     assert snapshot.cost_per_1000_turns_usd == pytest.approx(snapshot.cost_usd * 1000 / 4)
+
+
+# --- one settlement for both lanes: what a run answered synchronously records, a run answered
+# by a batch job records the same way (budget, counters, log line).
+
+LANES = ["sync", "batch"]
+
+
+def lane_settings_for(lane: str, make_settings: Any, server: ScriptedOpenAI, **values: Any) -> Any:
+    return stack_settings(
+        make_settings,
+        server,
+        llm_batch_enabled=lane == "batch",
+        llm_batch_gather_seconds=0.0,
+        llm_batch_poll_seconds=1.0,
+        **values,
+    )
+
+
+def answer_one_run(
+    lane: str, runtime: WorkerRuntime, lane_: BatchLane, clock: Clock, server: ScriptedOpenAI
+) -> None:
+    """Run what is due through ``lane`` until its answer is settled."""
+    if lane == "sync":
+        assert run_due(runtime, clock) == ["updated"]
+        return
+    assert run_due(runtime, clock) == ["batched"]
+    assert lane_.cycle().jobs_created == 1
+    server.batches.complete()
+    clock.advance(2)
+    assert lane_.cycle().applied == 1
+
+
+def tokens_billed(settings: MemqSettings, runtime: WorkerRuntime) -> int:
+    m = read_snapshot(runtime.queue.redis, settings, now_ms()).metrics
+    return sum(
+        m[f"{lane}{kind}_tokens"] for lane in ("", "batch_") for kind in ("prompt", "completion")
+    )
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_the_batch_lane_defers_a_run_over_budget_exactly_as_the_synchronous_lane_does(
+    lane: str, make_settings: Any, openai_server: ScriptedOpenAI, producer_for: Any
+) -> None:
+    openai_server.responder = learn_items
+    user = "alice@example.com"
+    settings = lane_settings_for(lane, make_settings, openai_server, llm_budget_tokens_per_user=1)
+    runtime, lane_, clock = lane_for(settings)
+    producer = producer_for(settings)
+    budget = runtime.gates.budget
+    assert budget is not None
+    assert producer.after_agent("t-first", user, None, turn("item-1"))
+    answer_one_run(lane, runtime, lane_, clock, openai_server)
+    # The answered run spent what the provider billed: the user's budget is now spent.
+    billed = tokens_billed(settings, runtime)
+    assert billed > 0 and budget.spent(user) == (billed, billed)
+
+    calls = (openai_server.call_count, len(openai_server.batches.jobs))
+    assert producer.after_agent("t-second", user, None, turn("item-2"))
+    assert run_due(runtime, clock) == ["deferred"]  # neither called nor parked
+    lane_.cycle()
+    assert (openai_server.call_count, len(openai_server.batches.jobs)) == calls
+    assert budget.spent(user) == (billed, billed)  # nothing spent past the budget
+    snapshot = read_snapshot(runtime.queue.redis, settings, now_ms())
+    assert snapshot.metrics.deferred == {"budget": 1}
+    assert sum(s.due for s in snapshot.shards) == 1  # waits in due for the next window
+    assert runtime.batches.depths()["batch_pending"] == 0
+    assert facts_of(settings, user) == [fact_for("item-1")]
+
+
+def echoing_model(request: dict[str, Any]) -> Reply:
+    """One good fact (cites the user's m1), one only the assistant said (m2), one invalid."""
+    facts = [
+        {"content": fact_for("item-1"), "category": "context", "confidence": 0.9, "cites": ["m1"]},
+        {"content": "Has a cat", "category": "context", "confidence": 0.9, "cites": ["m2"]},
+        {"content": "   ", "confidence": 0.9},
+    ]
+    body = {"user": {}, "history": {}, "newFacts": facts, "factsToRemove": []}
+    return Reply(content=json.dumps(body))
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_both_lanes_count_and_log_dropped_facts_the_same_way(
+    lane: str,
+    make_settings: Any,
+    openai_server: ScriptedOpenAI,
+    producer_for: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    openai_server.responder = echoing_model
+    settings = lane_settings_for(lane, make_settings, openai_server)
+    runtime, lane_, clock = lane_for(settings)
+    producer = producer_for(settings)
+    assert producer.after_agent("t/5%.x", USER, None, turn("item-1"), trace_id="trace-7")
+    with caplog.at_level(logging.INFO):
+        answer_one_run(lane, runtime, lane_, clock, openai_server)
+    assert facts_of(settings, USER) == [fact_for("item-1")]
+    metrics = read_snapshot(runtime.queue.redis, settings, now_ms()).metrics
+    assert (metrics["facts_invalid"], metrics["facts_refused"]) == (1, 1)
+    assert metrics.extractions == {"updated": 1}
+    (line,) = [r for r in caplog.records if getattr(r, "memq_outcome", None) == "updated"]
+    assert line.name == "memq.extract"
+    assert "facts_invalid=1 facts_refused=1" in line.getMessage()
+    assert f"lane={lane}" in line.getMessage()
+    assert line.memq_trace_id == "trace-7"  # type: ignore[attr-defined]
+    key = ContextKey.create("t/5%.x", USER, None).id
+    assert line.memq_key == key  # type: ignore[attr-defined]
+    assert line.memq_version == 1  # type: ignore[attr-defined]

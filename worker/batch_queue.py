@@ -11,6 +11,7 @@ script next to this module; see each file's header for its KEYS, ARGV and return
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,18 @@ _READ_BATCH = 1000  # ids read per pipelined call
 
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def parked_with(fields: Mapping[str, Any], token: str) -> bool:
+    """Whether a context is in the batch lane with ``token``: parked with it (``batch_token``)
+    and still claimed by it (``claim_token``; a later claim supersedes the batch). The one
+    Python reading of the rule ``includes/batch_lane.lua`` states for the scripts."""
+    return bool(token) and _field(fields, "claim_token") == token == _field(fields, "batch_token")
+
+
+def _field(fields: Mapping[str, Any], name: str) -> str | None:
+    value = fields.get(name)
+    return None if value is None else _text(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +122,10 @@ class BatchQueue:
             )
         parked = []
         for context_id, (claim, token, request, batch_id) in zip(ids, pipe.execute(), strict=True):
-            if token is not None and claim == token and request is not None and batch_id is None:
-                parked.append(Parked(context_id, _text(token), _text(request)))
+            fields = {"claim_token": claim, "batch_token": token}
+            if token is not None and parked_with(fields, _text(token)):
+                if request is not None and batch_id is None:
+                    parked.append(Parked(context_id, _text(token), _text(request)))
             elif token is None:
                 # Superseded by a claim (a flush) or forgotten: leaves `batch:pending`, in a
                 # script that checks again (it may have been parked anew since the read).
