@@ -326,7 +326,7 @@ def check_ticker(
     client: RedisClient, settings: MemqSettings, now_ms: int | None = None
 ) -> list[Check]:
     """Whether beat ticks: its heartbeat is the time of the last tick, kept in Redis."""
-    from memq.core.metrics import read_snapshot
+    from memq.core.metrics import beat_alive, read_snapshot
     from worker.queue import now_ms as clock
 
     now = clock() if now_ms is None else now_ms
@@ -335,7 +335,7 @@ def check_ticker(
     if last is None:
         return [Check("warn", "ticker", "no tick recorded yet for this key prefix", fix)]
     age = (now - last) / 1000
-    if age > max(10 * settings.tick_seconds, 30.0):
+    if not beat_alive(last, now, settings.tick_seconds):
         return [Check("warn", "ticker", f"last tick {age:.0f} s ago: beat looks down", fix)]
     return [Check("ok", "ticker", f"last tick {max(age, 0.0):.1f} s ago")]
 

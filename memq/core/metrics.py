@@ -40,6 +40,11 @@ EXTRACTION_OUTCOMES = ("updated", "unchanged", "skipped", "retry", "dead")
 # rate_limit: the shared rate limit had no slot; budget: a token budget was spent.
 DEFERRAL_REASONS = ("rate_limit", "budget")
 NANO_USD_PER_USD: Final = 1_000_000_000
+# "Is beat alive?": its last tick is at most this old, and never less than ten ticks. The one
+# threshold of /readyz, `memq doctor` and the MemqBeatDown alert (deploy/prometheus/alerts.yml,
+# whose expression tests/test_liveness.py holds to it).
+BEAT_ALIVE_SECONDS: Final = 30.0
+BEAT_ALIVE_TICKS: Final = 10
 LATENCY_BUCKETS_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -110,6 +115,16 @@ class TickFigures(Protocol):
     def dead(self) -> int: ...
     @property
     def deferred(self) -> int: ...
+
+
+def beat_alive_within_ms(tick_seconds: float) -> int:
+    """How old beat's last tick may be while beat counts as alive (milliseconds)."""
+    return int(max(BEAT_ALIVE_SECONDS, BEAT_ALIVE_TICKS * tick_seconds) * 1000)
+
+
+def beat_alive(last_tick_ms: int | None, now_ms: int, tick_seconds: float) -> bool:
+    """Whether beat ticks: a tick recorded, no older than :func:`beat_alive_within_ms`."""
+    return last_tick_ms is not None and now_ms - last_tick_ms <= beat_alive_within_ms(tick_seconds)
 
 
 def latency_bucket(seconds: float) -> str:
