@@ -13,14 +13,19 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from memq.core.identity import ContextKey
-from memq.core.metrics import read_snapshot
+from memq.core.metrics import read_counts, read_snapshot, summarise
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
+from memq.evaluation.locomo import read_locomo
+from memq.evaluation.report import Models, build_result
+from memq.evaluation.report import PriceTable as EvalPrices
+from memq.evaluation.scoring import Prices
 from memq.testing.provider import (
     PrefixCache,
     Provider,
@@ -42,6 +47,7 @@ from worker.tasks import WorkerRuntime, extract
 pytestmark = [pytest.mark.integration]
 
 USER = "auth0|abc"
+EVAL_DATA = Path(__file__).parent / "data" / "eval"
 
 
 class Clock:
@@ -409,3 +415,45 @@ def test_both_lanes_count_and_log_dropped_facts_the_same_way(
     key = ContextKey.create("t/5%.x", USER, None).id
     assert line.memq_key == key  # type: ignore[attr-defined]
     assert line.memq_version == 1  # type: ignore[attr-defined]
+
+
+def test_memq_eval_reports_the_bill_memq_stats_shows_with_the_batch_lane_on(
+    make_settings: Any, openai_server: ScriptedOpenAI, producer_for: Any
+) -> None:
+    """One run answered by a batch job (batch discount, cached prefix), one flushed and answered
+    synchronously: `memq eval`'s extraction cost and cost per 1,000 turns are the workers' bill
+    as `memq stats --json` shows it."""
+    openai_server.provider = Provider(cache=PrefixCache())
+    openai_server.responder = learn_items
+    settings = stack_settings(
+        make_settings,
+        openai_server,
+        llm_batch_enabled=True,
+        llm_batch_gather_seconds=0.0,
+        llm_batch_poll_seconds=1.0,
+        llm_price_input_per_million=1.0,
+        llm_price_cached_input_per_million=0.25,
+        llm_price_output_per_million=2.0,
+    )
+    runtime, lane, clock = lane_for(settings)
+    producer = producer_for(settings)
+    assert producer.after_agent("t-batch", USER, None, turn("item-1"))
+    answer_one_run("batch", runtime, lane, clock, openai_server)
+    assert producer.flush("t-sync", USER, None, turn("item-2"))
+    answer_one_run("sync", runtime, lane, clock, openai_server)
+
+    redis_ = runtime.queue.redis
+    stats = summarise(read_snapshot(redis_, settings, now_ms()))
+    evalset = read_locomo(json.loads((EVAL_DATA / "locomo_small.json").read_text())).select(limit=1)
+    prices = Prices(1.0, 2.0, 0.25)
+    result = build_result(
+        evalset, {}, {}, {}, read_counts(redis_, settings),
+        Models("scripted", "scripted", "scripted"),
+        EvalPrices(prices, prices, prices, "settings"), {},
+    )  # fmt: skip
+    extraction = result["extraction"]
+    assert stats["batch_prompt_tokens"] > 0 and stats["prompt_tokens"] > 0  # both lanes billed
+    assert extraction["cost_usd"] == pytest.approx(stats["llm_cost_usd"])
+    assert extraction["cost_per_1000_turns_usd"] == pytest.approx(stats["cost_per_1000_turns_usd"])
+    assert extraction["calls"] == stats["billed_runs"] == 2
+    assert extraction["prompt_tokens"] == stats["prompt_tokens"] + stats["batch_prompt_tokens"]

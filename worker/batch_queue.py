@@ -17,6 +17,7 @@ from typing import Any
 
 from memq.core.connection import RedisClient
 from memq.core.keys import KeySchema, QueueKeys
+from memq.core.metrics import BATCH_DEPTHS
 from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
 from worker.queue import CompleteResult, QueueClient
@@ -243,16 +244,13 @@ class BatchQueue:
         return any(int(n) for n in pipe.execute())
 
     def depths(self) -> dict[str, int]:
-        """Contexts parked for a job, out in one, and jobs out, over every shard."""
+        """Contexts parked for a job, out in one, and jobs out, over every shard (the depths
+        `memq stats` shows, named in :data:`memq.core.metrics.BATCH_DEPTHS`)."""
         pipe = self.redis.pipeline(transaction=False)
         shards = self.keys.all_shards()
         for shard in shards:
-            pipe.zcard(shard.batch_pending)
-            pipe.zcard(shard.batched)
-            pipe.zcard(shard.batch_jobs)
+            for depth in BATCH_DEPTHS:
+                pipe.zcard(depth.key(shard))
         replies = [int(n) for n in pipe.execute()]
-        return {
-            "batch_pending": sum(replies[0::3]),
-            "batch_out": sum(replies[1::3]),
-            "batch_jobs": sum(replies[2::3]),
-        }
+        width = len(BATCH_DEPTHS)
+        return {d.name: sum(replies[i::width]) for i, d in enumerate(BATCH_DEPTHS)}

@@ -28,6 +28,11 @@ MIN_REDIS_VERSION = (6, 2)
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
+# The shape of `memq doctor --json`: raised whenever a field is renamed, moved or removed
+# (CHANGELOG.md says what changed).
+DOCTOR_VERSION = 1
+
+
 @dataclass(frozen=True)
 class Check:
     status: Status
@@ -59,7 +64,11 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         checks += _guard("ticker", lambda: check_ticker(context.redis, settings))
         checks += _guard("workers' storage", lambda: check_workers_storage(context.redis, settings))
     if args.json:
-        print(json.dumps([c.__dict__ for c in checks], indent=2))
+        print(
+            json.dumps(
+                {"version": DOCTOR_VERSION, "checks": [c.__dict__ for c in checks]}, indent=2
+            )
+        )
     else:
         for check in checks:
             print(f"{check.status.upper():4}  {check.name}: {shown(check.detail)}")
