@@ -39,6 +39,7 @@ from tests.support.scenarios import fact_for, facts_of, learn_items, stack_setti
 from worker.batch import BatchLane, run_from_json
 from worker.batch_api import OpenAIBatchEndpoint
 from worker.batch_jobs import custom_id, read_results
+from worker.batch_queue import parked_with
 from worker.cost import CallUsage, PriceTable, prompt_cache_key
 from worker.model import ModelAnswer
 from worker.queue import now_ms
@@ -110,6 +111,8 @@ def test_a_flush_while_parked_supersedes_the_batch_and_extracts_everything_once(
     assert run_due(runtime, clock) == []  # parked: not claimed again for a plain turn
     assert producer.flush("t1", USER, None, turn("item-1") + turn("item-2"))
     assert run_due(runtime, clock) == ["updated"]  # the flush runs at once, synchronously
+    # Its claim took the context out of the lane at once: nothing parked is left to gather.
+    assert runtime.batches.depths() == {"batch_pending": 0, "batch_out": 0, "batch_jobs": 0}
     assert openai_server.call_count == 1
     assert sorted(facts_of(settings, USER)) == [fact_for("item-1"), fact_for("item-2")]
 
@@ -161,6 +164,24 @@ def test_an_answer_saved_before_a_kill_is_settled_without_being_applied_again(
     assert facts_of(settings, USER) == ["saved before the kill"]  # the job's answer not again
     assert runtime.queue.load(request.context_id) == {}  # settled
     assert openai_server.call_count == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "token", "parked"),
+    [
+        ({"claim_token": "7", "batch_token": "7"}, "7", True),
+        ({"claim_token": b"7", "batch_token": b"7"}, "7", True),  # as Redis answers
+        ({"claim_token": "8", "batch_token": "7"}, "7", False),  # a flush claimed it since
+        ({"claim_token": "7"}, "7", False),  # claimed, never parked
+        ({"batch_token": "7"}, "7", False),  # claim released
+        ({}, "", False),
+        ({"claim_token": "", "batch_token": ""}, "", False),
+    ],
+)
+def test_parked_with_this_token_is_one_rule(
+    fields: dict[str, Any], token: str, parked: bool
+) -> None:
+    assert parked_with(fields, token) is parked
 
 
 def test_hostile_output_lines_are_skipped_and_only_our_requests_are_read() -> None:

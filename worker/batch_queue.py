@@ -196,6 +196,7 @@ class BatchQueue:
                 q.batch_job(batch_id),
                 q.inflight,
                 QueueClient.user_inflight_key(q, request.context_id),
+                q.batch_pending,
             ],
             args=[
                 request.context_id,

@@ -128,7 +128,7 @@ class QueueClient:
         ):
             if not ids:
                 continue
-            keys = [shard.due, shard.inflight, shard.epoch]
+            keys = [shard.due, shard.inflight, shard.epoch, shard.batch_pending, shard.batched]
             for context_id in ids:
                 keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
             raw = self._scripts["claim_due"](
