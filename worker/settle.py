@@ -148,12 +148,12 @@ class Settlement:
         claim extracts the same messages), its tokens were spent all the same."""
         self.metrics.stale_run(usage_fields(self.prices, run.lane, report, 0))
         log.warning(
-            "extraction key=%s version=%d outcome=stale lane=%s answer discarded: %s "
+            "extraction key=%s version=%d outcome=stale answer discarded: %s lane=%s "
             "prompt_tokens=%d cached_tokens=%d completion_tokens=%d duration_ms=%d%s",
             run.context_id,
             run.version,
-            run.lane,
             report.reason,
+            run.lane,
             report.prompt_tokens,
             report.cached_tokens,
             report.completion_tokens,
