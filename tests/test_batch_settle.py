@@ -75,6 +75,28 @@ def lane_for(settings: MemqSettings) -> tuple[WorkerRuntime, BatchLane, Clock]:
     return runtime, lane, clock
 
 
+# --- one settlement for both lanes: what a run answered synchronously records, a run answered
+# by a batch job records the same way (budget, counters, log line).
+
+LANES = ["sync", "batch"]
+PRICES = {
+    "llm_price_input_per_million": 1.0,
+    "llm_price_cached_input_per_million": 0.25,
+    "llm_price_output_per_million": 2.0,
+}
+
+
+def lane_settings_for(lane: str, make_settings: Any, server: ScriptedOpenAI, **values: Any) -> Any:
+    return stack_settings(
+        make_settings,
+        server,
+        llm_batch_enabled=lane == "batch",
+        llm_batch_gather_seconds=0.0,
+        llm_batch_poll_seconds=1.0,
+        **values,
+    )
+
+
 @pytest.fixture
 def lane_parts(
     make_settings: Any, openai_server: ScriptedOpenAI
@@ -283,16 +305,7 @@ def test_a_batch_answer_is_billed_with_its_cached_tokens_its_turns_and_the_batch
     # The provider counts the prompt and caches prefixes in batch jobs as it does synchronously.
     openai_server.provider = Provider(cache=PrefixCache())
     openai_server.responder = learn_items
-    settings = stack_settings(
-        make_settings,
-        openai_server,
-        llm_batch_enabled=True,
-        llm_batch_gather_seconds=0.0,
-        llm_batch_poll_seconds=1.0,
-        llm_price_input_per_million=1.0,
-        llm_price_cached_input_per_million=0.25,
-        llm_price_output_per_million=2.0,
-    )
+    settings = lane_settings_for("batch", make_settings, openai_server, **PRICES)
     runtime, lane, clock = lane_for(settings)
     producer = producer_for(settings)
     sent = turn("item-1")
@@ -328,23 +341,6 @@ def test_a_batch_answer_is_billed_with_its_cached_tokens_its_turns_and_the_batch
     ]
     assert snapshot["cost_nano_usd"] == sum(prices.cost_nano_usd(u) for u in usage)
     assert snapshot.cost_per_1000_turns_usd == pytest.approx(snapshot.cost_usd * 1000 / 4)
-
-
-# --- one settlement for both lanes: what a run answered synchronously records, a run answered
-# by a batch job records the same way (budget, counters, log line).
-
-LANES = ["sync", "batch"]
-
-
-def lane_settings_for(lane: str, make_settings: Any, server: ScriptedOpenAI, **values: Any) -> Any:
-    return stack_settings(
-        make_settings,
-        server,
-        llm_batch_enabled=lane == "batch",
-        llm_batch_gather_seconds=0.0,
-        llm_batch_poll_seconds=1.0,
-        **values,
-    )
 
 
 def answer_one_run(
@@ -446,16 +442,7 @@ def test_memq_eval_reports_the_bill_memq_stats_shows_with_the_batch_lane_on(
     as `memq stats --json` shows it."""
     openai_server.provider = Provider(cache=PrefixCache())
     openai_server.responder = learn_items
-    settings = stack_settings(
-        make_settings,
-        openai_server,
-        llm_batch_enabled=True,
-        llm_batch_gather_seconds=0.0,
-        llm_batch_poll_seconds=1.0,
-        llm_price_input_per_million=1.0,
-        llm_price_cached_input_per_million=0.25,
-        llm_price_output_per_million=2.0,
-    )
+    settings = lane_settings_for("batch", make_settings, openai_server, **PRICES)
     runtime, lane, clock = lane_for(settings)
     producer = producer_for(settings)
     assert producer.after_agent("t-batch", USER, None, turn("item-1"))
