@@ -129,6 +129,8 @@ def test_a_flush_while_parked_supersedes_the_batch_and_extracts_everything_once(
     producer = producer_for(settings)
     assert producer.after_agent("t1", USER, None, turn("item-1"))
     assert run_due(runtime, clock) == ["batched"]
+    stats = summarise(read_snapshot(runtime.queue.redis, settings, now_ms()))
+    assert (stats["batch_pending"], stats["shards"][0]["batch_pending"]) == (1, 1)  # memq stats
     assert producer.after_agent("t1", USER, None, turn("item-1") + turn("item-2"))
     assert run_due(runtime, clock) == []  # parked: not claimed again for a plain turn
     assert producer.flush("t1", USER, None, turn("item-1") + turn("item-2"))

@@ -14,14 +14,17 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.exposition import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from memq.cli import main
 from memq.commands.doctor import DOCTOR_VERSION
-from memq.core.metrics import COUNTERS, STATS_VERSION
+from memq.core.metrics import BATCH_DEPTHS, COUNTERS, STATS_VERSION
 from memq.core.settings import MemqSettings
 from memq.evaluation.locomo import read_locomo
 from memq.evaluation.report import RESULT_VERSION, Models, PriceTable, build_result
 from memq.evaluation.scoring import Prices
+from memq.exporter import build_registry
 from tests.support.serve import Keys, bearer
 
 CHANGELOG = Path(__file__).resolve().parent.parent / "CHANGELOG.md"
@@ -89,6 +92,16 @@ def test_stats_json_and_the_http_queue_stats_have_one_pinned_shape(
         served = http.get("/v1/queue/stats", headers=bearer(keys.admin)).json()
     assert served["version"] == STATS_VERSION
     assert set(served) == STATS_FIELDS and served["shards"][0].keys() == SHARD_FIELDS
+
+
+@pytest.mark.integration
+def test_the_exporter_serves_the_batch_depths_by_their_one_name(
+    settings: MemqSettings, redis_client: Any
+) -> None:
+    text = generate_latest(build_registry(settings, redis_client)).decode()
+    served = {f.name for f in text_string_to_metric_families(text)}
+    assert {f"memq_{d.name}" for d in BATCH_DEPTHS} <= served
+    assert {d.name for d in BATCH_DEPTHS} <= STATS_FIELDS
 
 
 @pytest.mark.integration
