@@ -43,7 +43,8 @@ from worker.batch_queue import parked_with
 from worker.cost import CallUsage, PriceTable, prompt_cache_key
 from worker.model import ModelAnswer
 from worker.queue import now_ms
-from worker.tasks import WorkerRuntime, extract
+from worker.runtime import WorkerRuntime
+from worker.tasks import extract
 
 pytestmark = [pytest.mark.integration]
 

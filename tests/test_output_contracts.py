@@ -24,7 +24,7 @@ from memq.core.settings import MemqSettings
 from memq.evaluation.locomo import read_locomo
 from memq.evaluation.report import RESULT_VERSION, Models, PriceTable, build_result
 from memq.evaluation.scoring import Prices
-from memq.exporter import build_registry
+from memq.server.exporter import build_registry
 from tests.support.serve import Keys, bearer
 
 CHANGELOG = Path(__file__).resolve().parent.parent / "CHANGELOG.md"

@@ -47,14 +47,9 @@ from worker.budget import TokenBudget
 from worker.cost import PriceTable, prompt_cache_key
 from worker.llm import chat_request
 from worker.model import ModelAnswer
-from worker.pipeline import (
-    ExtractionPipeline,
-    Prepared,
-    saved_report,
-    stale_report,
-    usage_of,
-)
+from worker.pipeline import ExtractionPipeline, Prepared, saved_report, stale_report
 from worker.queue import QueueClient, now_ms
+from worker.report import usage_of
 from worker.settle import AnsweredRun, Settlement
 
 log = logging.getLogger("memq.batch")
