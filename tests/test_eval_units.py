@@ -280,7 +280,11 @@ def test_the_report_is_built_from_the_records_and_the_chart_escapes_what_it_show
         for n, q in enumerate(evalset.questions)
     }  # fmt: skip
     sessions = {"s": {"hand_off_ms": [2.0, 4.0], "outcome": "extracted"}}
-    delta = {"llm_requests:ok": 4, "prompt_tokens": 4000, "completion_tokens": 400}
+    # The workers' bill: 4 runs, 6 turns extracted, $0.0048 (the eval never re-prices it).
+    delta = {
+        "llm_requests:ok": 4, "prompt_tokens": 4000, "completion_tokens": 400,
+        "billed_runs": 4, "turns_extracted": 6, "cost_nano_usd": 4_800_000,
+    }  # fmt: skip
     settings = MemqSettings(token_counting=False)
     planned = estimate(
         evalset, settings, estimate_tokens,

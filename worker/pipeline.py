@@ -228,8 +228,8 @@ class ExtractionPipeline:
             saving = None if fence is None else replace(fence, watermark=watermark)
             changes = [] if parsed.is_noop() else self._apply(context, parsed, run, saving, refused)
         except StaleClaim as exc:
-            return _stale_report(usage, elapsed_ms(), str(exc))
-        report = _saved_report(changes, usage, prompt, watermark, more, elapsed_ms())
+            return stale_report(usage, elapsed_ms(), str(exc))
+        report = saved_report(changes, usage, prompt, watermark, more, elapsed_ms())
         report = replace(report, facts_invalid=parsed.dropped_facts, facts_refused=refused[0])
         _log_extracted(context, report)
         return report
@@ -316,7 +316,7 @@ def _stopwatch() -> Callable[[], int]:
     return lambda: int((time.monotonic() - started) * 1000)
 
 
-def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionReport:
+def stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionReport:
     """The save was fenced off: the answer is discarded, its tokens were spent all the same."""
     return ExtractionReport(
         "stale",
@@ -330,7 +330,7 @@ def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionRepo
     )
 
 
-def _saved_report(
+def saved_report(
     changes: list[Change],
     usage: Usage,
     prompt: UpdatePrompt | None,

@@ -45,7 +45,13 @@ RESULT_FILE = "results.json"
 REPORT_FILE = "report.md"
 DEFAULT_DEBOUNCE_SECONDS = 3600.0
 # Settings fields a price table may provide (US dollars per million tokens), read when present.
-PRICE_FIELDS = ("price_input_per_million", "price_output_per_million", "price_cached_per_million")
+# The workers' price table: what their bill is priced with, and the eval's prices when the
+# command line gives none.
+PRICE_FIELDS = (
+    "llm_price_input_per_million",
+    "llm_price_output_per_million",
+    "llm_price_cached_input_per_million",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,10 @@ def eval_settings(request: EvalRequest) -> MemqSettings:
     }
     if not request.external_workers:
         overrides["data_dir"] = request.out_dir / "stack"
+    if request.price_input is not None and request.price_output is not None:
+        # The workers memq starts bill at these prices (external workers keep their own).
+        prices = (request.price_input, request.price_output, request.price_cached)
+        overrides.update({k: v for k, v in zip(PRICE_FIELDS, prices, strict=True) if v is not None})
     settings = load_settings(**overrides)
     if settings.resolved_llm_provider == "rules":
         raise ConfigError(
