@@ -4,18 +4,24 @@ Pure functions over :class:`memq.core.models.Message` and a ``count_tokens`` cal
 messages are kept within a token budget (the end of a thread is what the model must see); a long
 message keeps its head and its tail, because the conclusion of an answer is usually at its end.
 Which messages are new since the last extraction is the worker's business (``worker.watermark``).
+
+Each message's day is shown once, on a ``Date:`` line before the first message of that day (not
+per message: a session of fifty turns pays for its date once), so the model can resolve "last
+Saturday" to a date. A message line always starts with its role or its label, and continuation
+lines are indented: a ``Date:`` line at the start of a line can only be ours.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # `regex`, not `re`: it knows Unicode properties (control and format characters).
 import regex
 
 from memq.core.models import Message
+from memq.core.timestamps import day_of, ms_datetime
 from memq.memory.blocks import strip_blocks
 from prompts.escaping import LINE_BREAK, indented
 from prompts.tokens import TokenCounter
@@ -65,6 +71,32 @@ def render_line(message: Message, label: str | None = None) -> str:
     return line if label is None else f"[{label}] {line}"
 
 
+def day_line(at_ms: int) -> str:
+    """``Date: 2023-05-08 (Monday)``: the day (UTC) of the messages below it."""
+    moment = ms_datetime(at_ms)
+    return f"Date: {day_of(moment)} ({moment:%A})"
+
+
+def _day(message: Message) -> str | None:
+    return None if message.at is None else day_of(ms_datetime(message.at))
+
+
+def render_conversation(
+    messages: Sequence[Message], labels: Sequence[str | None] | None = None
+) -> str:
+    """The messages one blank line apart, each day's :func:`day_line` before its first message
+    (a message without a time continues the day before it)."""
+    parts: list[str] = []
+    shown: str | None = None
+    for index, message in enumerate(messages):
+        line = render_line(message, None if labels is None else labels[index])
+        day = _day(message)
+        if day is not None and day != shown and message.at is not None:
+            line, shown = f"{day_line(message.at)}\n{line}", day
+        parts.append(line)
+    return "\n\n".join(parts)
+
+
 def citation_labels(count: int) -> tuple[str, ...]:
     """The labels of ``count`` new messages, oldest first: short, and the same for the same
     position in every prompt, so an answer can cite them."""
@@ -81,12 +113,12 @@ class ConversationSlice:
 
     @property
     def text(self) -> str:
-        return "\n\n".join(render_line(m) for m in self.messages)
+        return render_conversation(self.messages)
 
     def labelled_text(self, labels: tuple[str, ...]) -> str:
-        return "\n\n".join(
-            render_line(m, label) for m, label in zip(self.messages, labels, strict=True)
-        )
+        if len(labels) != len(self.messages):
+            raise ValueError("one label per message")
+        return render_conversation(self.messages, labels)
 
 
 def _shrink_to_fit(message: Message, budget: int, count_tokens: TokenCounter) -> Message:
@@ -96,11 +128,11 @@ def _shrink_to_fit(message: Message, budget: int, count_tokens: TokenCounter) ->
     while low <= high:
         mid = (low + high) // 2
         candidate = truncate_middle(message.content, mid)
-        if count_tokens(render_line(Message(message.role, candidate, message.id))) <= budget:
+        if count_tokens(render_line(replace(message, content=candidate))) <= budget:
             best, low = candidate, mid + 1
         else:
             high = mid - 1
-    return Message(message.role, best, message.id)
+    return replace(message, content=best)
 
 
 def budget_conversation(
@@ -117,15 +149,23 @@ def budget_conversation(
     model must see); without it (context that is nice to have) nothing is sent then.
     """
     kept: list[Message] = []
-    used = 0
     truncated = 0
     usable = [m for m in messages if message_text(m)]
+    # The oldest message kept shows its day whatever came before it: reserved up front.
+    used = count_tokens(day_line(usable[-1].at)) + 1 if usable and usable[-1].at else 0
     for index in range(len(usable) - 1, -1, -1):
         original = usable[index]
         content = message_text(original)
         cut = truncate_middle(content, message_max_chars)
-        message = Message(original.role, cut, original.id)
+        message = replace(original, content=cut)
         cost = count_tokens(render_line(message)) + 1  # +1: the blank line between messages
+        day = _day(original)
+        if (
+            day is not None
+            and original.at is not None
+            and (index == 0 or _day(usable[index - 1]) != day)
+        ):
+            cost += count_tokens(day_line(original.at)) + 1  # the day starts here
         if used + cost > max_tokens:
             if not kept and shrink:
                 kept.append(_shrink_to_fit(message, max_tokens, count_tokens))

@@ -9,6 +9,9 @@ never hides the facts ranked below it); facts of the guaranteed categories (corr
 draw from their own budget first, and are never cut: when the text overflows, only the leading
 sections are shortened.
 
+A fact that knows when it was said shows that day, and the day of its event where the model gave
+one, inside its bracket: ``- [context | 0.95 | 2023-05-08 | event 2023-05-06] …``.
+
 Every slot that came from a conversation (summaries, content, category, the corrected mistake) goes
 through :func:`prompts.escaping.one_line`, the update prompt's own rule: nothing can close the
 ``<user_memory>`` block around it or forge a section or a fact line, and everything else (quotes,
@@ -18,11 +21,13 @@ through :func:`prompts.escaping.one_line`, the update prompt's own rule: nothing
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
+from memq.core.timestamps import day_of
 from prompts.escaping import one_line
 from prompts.tokens import make_token_counter
-from storage.document import CORRECTION, DEFAULT_CATEGORY, Fact, MemoryDocument
+from storage.document import CORRECTION, DEFAULT_CATEGORY, Fact, MemoryDocument, said_within
 from storage.search import rank_by_relevance
 from storage.vocabulary import category_set
 
@@ -44,9 +49,21 @@ SECTION_SEPARATOR = "\n\n"
 CUT_MARKER = "\n..."
 
 
+def fact_dates(fact: Fact) -> str:
+    """`` | 2023-05-08`` (the day it was said) and `` | event 2023-05-06`` (the day of the event,
+    where the model gave one): what a reader needs to answer "when?", in few tokens. Nothing for
+    a fact from before memq knew when facts were said (its block line is as it was)."""
+    said = "" if fact.said_at is None else f" | {day_of(fact.said_at)}"
+    event = "" if not fact.event_date else f" | event {one_line(fact.event_date)}"
+    return said + event
+
+
 def render_fact(fact: Fact) -> str:
     category = fact.category.strip() or DEFAULT_CATEGORY
-    line = f"- [{one_line(category)} | {fact.confidence:.2f}] {one_line(fact.content)}"
+    line = (
+        f"- [{one_line(category)} | {fact.confidence:.2f}{fact_dates(fact)}] "
+        f"{one_line(fact.content)}"
+    )
     if category == CORRECTION and fact.source_error:
         line += f" (avoid: {one_line(fact.source_error)})"
     return line
@@ -122,6 +139,8 @@ def format_memory_for_injection(
     count_tokens: Callable[[str], int] | None = None,
     query: str | None = None,
     relevance_weight: float = 0.7,
+    since: datetime | None = None,
+    until: datetime | None = None,
 ) -> str:
     """The memory as prompt text (no wrapper tags), opening with :data:`FRAME_LINE`; ``""`` when
     there is nothing to say. The frame line counts against ``max_tokens``.
@@ -130,6 +149,7 @@ def format_memory_for_injection(
     False). A DeerFlow-shaped mapping is accepted and read as a document. With a non-blank
     ``query`` facts are ordered by ``relevance_weight × relevance + (1 − weight) × confidence``
     (guaranteed categories still first, from their own budget); without one, by confidence.
+    ``since``/``until`` keep only the facts said within that window (:func:`said_within`).
     """
     guaranteed = guaranteed_set(guaranteed_categories)
     if memory is None:
@@ -137,6 +157,8 @@ def format_memory_for_injection(
     document = (
         memory if isinstance(memory, MemoryDocument) else MemoryDocument.model_validate(memory)
     )
+    if since is not None or until is not None:
+        document = document.model_copy(update={"facts": said_within(document.facts, since, until)})
     count = count_tokens or make_token_counter(token_counting)
     frame = FRAME_LINE + "\n"
     body = _render_body(

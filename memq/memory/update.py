@@ -29,7 +29,7 @@ from pydantic.alias_generators import to_camel
 
 from storage.document import DEFAULT_CATEGORY, HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS
 from storage.sections import either_spelling
-from storage.vocabulary import known_category, parse_confidence
+from storage.vocabulary import known_category, parse_confidence, parse_event_date
 
 _TRUE_STRINGS = {"true", "yes", "1"}
 _MAX_CITES = 32  # labels read per fact: a fact cannot come from more messages than a prompt holds
@@ -110,6 +110,9 @@ class NewFact(_Answer):
     # Labels of the new messages the fact comes from (``m1``…); empty or wrong labels make the
     # fact's source the whole run.
     cites: tuple[str, ...] = ()
+    # The day (``YYYY-MM-DD``; ``YYYY-MM`` or ``YYYY`` when only that is known) the event the fact
+    # tells of happened or will happen; unreadable → None, never a dropped fact.
+    event_date: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -133,6 +136,11 @@ class NewFact(_Answer):
     @classmethod
     def _source_error(cls, value: Any) -> str | None:
         return _text(value)
+
+    @field_validator("event_date", mode="before")
+    @classmethod
+    def _event_date(cls, value: Any) -> str | None:
+        return parse_event_date(value)
 
     @field_validator("cites", mode="before")
     @classmethod
