@@ -380,3 +380,36 @@ def test_staleness_goes_by_when_a_fact_was_said() -> None:
 )
 def test_the_scripted_model_resolves_relative_dates(text: str, expected: date | None) -> None:
     assert resolve_relative(text, date(2023, 5, 8)) == expected
+
+
+# --- the offline extractor keeps the dates --------------------------------------------------------
+def test_the_offline_extractor_keeps_when_each_fact_was_said() -> None:
+    from tests.support.memory_storage import InMemoryStorage
+    from worker.offline import RulesUpdateModel
+    from worker.pipeline import ExtractionPipeline
+
+    later = MAY_8_MS + 3 * 86_400_000
+    context = ConversationContext(
+        key=KEY,
+        messages=(
+            Message("user", "I prefer tabs.", at=MAY_8_MS),
+            Message("assistant", "Noted.", at=MAY_8_MS),
+            Message("user", "I like green tea.", at=later),
+            Message("assistant", "Nice.", at=later),
+        ),
+    )
+    storage = InMemoryStorage()
+    learnt = datetime(2026, 7, 15, tzinfo=UTC)
+    ExtractionPipeline(
+        MemqSettings(llm_provider="rules"),
+        storage,
+        RulesUpdateModel(count_tokens=len),
+        count_tokens=len,
+        clock=lambda: learnt,
+    ).run(context)
+    said = {f.content: f.said_at for f in storage.load("alice", None).facts}
+    assert said == {
+        "User prefers tabs": MAY_8,
+        "User likes green tea": datetime(2023, 5, 11, 13, 56, tzinfo=UTC),
+    }
+    assert all(f.created_at == learnt for f in storage.load("alice", None).facts)

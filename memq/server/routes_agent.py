@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Annotated, Any
 
 from fastapi import Depends, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from memq.server.auth import AGENT
@@ -42,7 +42,8 @@ class HandOff(BaseModel):
     thread_id: str = Field(description="the conversation's id in your framework")
     agent_name: str | None = Field(default=None, description="omitted: user-global memory")
     messages: list[dict[str, Any]] = Field(
-        description="`{role, content}` objects (OpenAI / LangChain shapes accepted)"
+        description="`{role, content}` objects (OpenAI / LangChain shapes accepted); each may say "
+        "when it was said in `created_at` (ISO 8601 or epoch; default: now)"
     )
     flush: bool = Field(
         default=False, description="due now (before a summary drops messages), skip the debounce"
@@ -96,6 +97,8 @@ class ContextQuery(BaseModel):
         ge=TOKEN_BUDGET["ge"],
         le=TOKEN_BUDGET["le"],
     )
+    since: AwareDatetime | None = Field(default=None, description="only facts said from then")
+    until: AwareDatetime | None = Field(default=None, description="only facts said until then")
 
 
 @router.post(
@@ -103,7 +106,14 @@ class ContextQuery(BaseModel):
 )
 def context(user_id: str, body: ContextQuery, svc: Service) -> ContextBlock:
     """The `<user_memory>` block for the next prompt (empty when there is nothing to inject)."""
-    block = svc.block(user_id, body.agent_name, query=body.query, max_tokens=body.max_tokens)
+    block = svc.block(
+        user_id,
+        body.agent_name,
+        query=body.query,
+        max_tokens=body.max_tokens,
+        since=body.since,
+        until=body.until,
+    )
     return ContextBlock(block=block)
 
 
@@ -136,6 +146,8 @@ class SearchQuery(BaseModel):
     agent_name: str | None = None
     category: str | None = None
     limit: int = Field(default=10, ge=1, le=200)
+    since: AwareDatetime | None = Field(default=None, description="only facts said from then")
+    until: AwareDatetime | None = Field(default=None, description="only facts said until then")
 
 
 @router.post(
@@ -144,7 +156,13 @@ class SearchQuery(BaseModel):
 def search_facts(user_id: str, body: SearchQuery, svc: Service) -> FactsOut:
     """The facts most relevant to a query (BM25 over English and Chinese words)."""
     found = svc.manager.search(
-        user_id, body.query, agent_name=body.agent_name, category=body.category, limit=body.limit
+        user_id,
+        body.query,
+        agent_name=body.agent_name,
+        category=body.category,
+        limit=body.limit,
+        since=body.since,
+        until=body.until,
     )
     return FactsOut(facts=found)
 

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from memq.core.errors import RedisUnavailable
@@ -151,9 +152,18 @@ class MemqService:
             return injector
 
     def block(
-        self, user_id: str, agent_name: str | None, *, query: str | None, max_tokens: int | None
+        self,
+        user_id: str,
+        agent_name: str | None,
+        *,
+        query: str | None,
+        max_tokens: int | None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> str:
-        return self.injector(max_tokens).block(user_id, agent_name, query=query)
+        return self.injector(max_tokens).block(
+            user_id, agent_name, query=query, since=since, until=until
+        )
 
     # --- operations
     @property
