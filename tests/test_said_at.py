@@ -413,3 +413,49 @@ def test_the_offline_extractor_keeps_when_each_fact_was_said() -> None:
         "User likes green tea": datetime(2023, 5, 11, 13, 56, tzinfo=UTC),
     }
     assert all(f.created_at == learnt for f in storage.load("alice", None).facts)
+
+
+# --- memq eval --ideal: the temporal figure ---------------------------------------------------
+def test_ideal_recall_counts_the_evidence_and_the_days_the_block_states(tmp_path: Path) -> None:
+    from memq.evaluation.evaluate import EvalRequest, run_eval
+
+    out = tmp_path / "ideal"
+    written: list[str] = []
+
+    class Sink:
+        def write(self, text: str) -> int:
+            written.append(text)
+            return len(text)
+
+    request = EvalRequest(
+        benchmark="locomo", path=DATA / "eval" / "locomo_small.json", out_dir=out, ideal=True
+    )
+    assert run_eval(request, out=Sink()) == 0  # type: ignore[arg-type]
+    report = json.loads((out / "ideal.json").read_text())
+    # 7 answerable questions have an observation as evidence; each fits a 2,000-token block.
+    assert report["overall"] == {
+        "questions": 7,
+        "any": 7,
+        "all": 7,
+        "any_rate": 1.0,
+        "all_rate": 1.0,
+    }
+    assert report["temporal_reached"] == 2 and report["temporal_day_stated"] == 2
+    text = "".join(written)
+    assert "temporal: day stated — 2 of 2 temporal questions" in text
+    assert (out / "report.md").read_text() == text
+
+
+def test_a_block_without_days_states_none() -> None:
+    from memq.evaluation.dataset import Observation, Question
+    from memq.evaluation.ideal import IdealResult, score_question
+
+    observation = Observation("c", "Ann", "session_2", "Ann moved to Lisbon.", ("D2:1",))
+    question = Question("c#q1", "c", "temporal", "When?", "20 May 2023", False, None, ("D2:1",))
+    dated = fact("Ann moved to Lisbon.", datetime(2023, 5, 20, 15, tzinfo=UTC))
+    for said, stated in ((dated.said_at, 1), (None, 0)):
+        shown = dated.model_copy(update={"said_at": said})
+        block = format_memory_for_injection(MemoryDocument(facts=[shown]), 2000, count_tokens=chars)
+        result = IdealResult(2000)
+        score_question(question, [(observation, dated)], {"Ann": block}, result)
+        assert (result.temporal_reached, result.temporal_day_stated) == (1, stated)
