@@ -459,3 +459,27 @@ def test_a_block_without_days_states_none() -> None:
         result = IdealResult(2000)
         score_question(question, [(observation, dated)], {"Ann": block}, result)
         assert (result.temporal_reached, result.temporal_day_stated) == (1, stated)
+
+
+def test_newest_first_goes_by_when_a_fact_was_said() -> None:
+    from memq.integrations.deerflow_format import newest_first
+
+    learnt = MAY_8 + timedelta(days=100)
+    imported = fact("said in May, imported later", MAY_8, created_at=learnt)
+    recent = fact("said in June", MAY_8 + timedelta(days=30), created_at=MAY_8)
+    old = Fact(content="from before memq knew", created_at=MAY_8 + timedelta(days=10))
+    assert newest_first([imported, recent, old]) == [recent, old, imported]
+
+
+def test_longmemeval_haystack_dates_are_the_messages_times() -> None:
+    from memq.evaluation.dataset import messages_for
+    from memq.evaluation.longmemeval import read_longmemeval
+
+    raw = json.loads((DATA / "eval" / "longmemeval_small.json").read_text())
+    evalset = read_longmemeval(raw)
+    conversation = evalset.conversations[0]
+    session = conversation.sessions[0]
+    times = {m.get("created_at") for m in messages_for(conversation, session, "user")}
+    assert times == {
+        datetime.strptime(session.date, "%Y/%m/%d (%a) %H:%M").replace(tzinfo=UTC).isoformat()
+    }

@@ -84,7 +84,14 @@ async def hand_off(user_id: str, body: HandOff, request: Request, svc: Service) 
     )
 
 
-class ContextQuery(BaseModel):
+class TimeWindow(BaseModel):
+    """When the facts recalled were said (both ends optional, ISO 8601 with a zone)."""
+
+    since: AwareDatetime | None = Field(default=None, description="only facts said from then")
+    until: AwareDatetime | None = Field(default=None, description="only facts said until then")
+
+
+class ContextQuery(TimeWindow):
     model_config = ConfigDict(extra="forbid")
 
     agent_name: str | None = None
@@ -97,8 +104,6 @@ class ContextQuery(BaseModel):
         ge=TOKEN_BUDGET["ge"],
         le=TOKEN_BUDGET["le"],
     )
-    since: AwareDatetime | None = Field(default=None, description="only facts said from then")
-    until: AwareDatetime | None = Field(default=None, description="only facts said until then")
 
 
 @router.post(
@@ -139,15 +144,13 @@ def list_facts(
     return FactsOut(facts=facts)
 
 
-class SearchQuery(BaseModel):
+class SearchQuery(TimeWindow):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1)
     agent_name: str | None = None
     category: str | None = None
     limit: int = Field(default=10, ge=1, le=200)
-    since: AwareDatetime | None = Field(default=None, description="only facts said from then")
-    until: AwareDatetime | None = Field(default=None, description="only facts said until then")
 
 
 @router.post(
