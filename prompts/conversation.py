@@ -81,20 +81,33 @@ def _day(message: Message) -> str | None:
     return None if message.at is None else day_of(ms_datetime(message.at))
 
 
+def day_cost(message: Message, before: Message | None, count_tokens: TokenCounter) -> int:
+    """The tokens :func:`render_conversation` spends on ``message``'s day line, after ``before``
+    (None: it is the first): its day line and line break when its day starts there, else 0. The
+    one rule the prompt's budget and the worker's chunk budget both count by."""
+    if message.at is None or not starts_day(message, before):
+        return 0
+    return count_tokens(day_line(message.at)) + 1
+
+
 def render_conversation(
     messages: Sequence[Message], labels: Sequence[str | None] | None = None
 ) -> str:
-    """The messages one blank line apart, each day's :func:`day_line` before its first message
-    (a message without a time continues the day before it)."""
+    """The messages one blank line apart, a :func:`day_line` before each dated message whose day
+    differs from the message before it (the first one's always): a day's messages show it once."""
     parts: list[str] = []
-    shown: str | None = None
     for index, message in enumerate(messages):
         line = render_line(message, None if labels is None else labels[index])
-        day = _day(message)
-        if day is not None and day != shown and message.at is not None:
-            line, shown = f"{day_line(message.at)}\n{line}", day
+        if message.at is not None and starts_day(message, messages[index - 1] if index else None):
+            line = f"{day_line(message.at)}\n{line}"
         parts.append(line)
     return "\n\n".join(parts)
+
+
+def starts_day(message: Message, before: Message | None) -> bool:
+    """Whether ``message`` shows its day: it has one, and ``before`` (None: it is the first)
+    is of another day or has none."""
+    return message.at is not None and (before is None or _day(before) != _day(message))
 
 
 def citation_labels(count: int) -> tuple[str, ...]:
@@ -151,21 +164,19 @@ def budget_conversation(
     kept: list[Message] = []
     truncated = 0
     usable = [m for m in messages if message_text(m)]
-    # The oldest message kept shows its day whatever came before it: reserved up front.
-    used = count_tokens(day_line(usable[-1].at)) + 1 if usable and usable[-1].at else 0
+    used = oldest_day = 0  # oldest_day: the day line the oldest message kept so far pays for
     for index in range(len(usable) - 1, -1, -1):
         original = usable[index]
         content = message_text(original)
         cut = truncate_middle(content, message_max_chars)
         message = replace(original, content=cut)
         cost = count_tokens(render_line(message)) + 1  # +1: the blank line between messages
-        day = _day(original)
-        if (
-            day is not None
-            and original.at is not None
-            and (index == 0 or _day(usable[index - 1]) != day)
-        ):
-            cost += count_tokens(day_line(original.at)) + 1  # the day starts here
+        # Exactly as rendered: the oldest message kept shows its day; the one before it (kept
+        # so far as the oldest) no longer does when it is of the same day.
+        own_day = day_cost(original, None, count_tokens)
+        if kept and day_cost(kept[-1], original, count_tokens) == 0:
+            cost -= oldest_day
+        cost += own_day
         if used + cost > max_tokens:
             if not kept and shrink:
                 kept.append(_shrink_to_fit(message, max_tokens, count_tokens))
@@ -182,4 +193,5 @@ def budget_conversation(
             truncated += 1
         kept.append(message)
         used += cost
+        oldest_day = own_day
     return ConversationSlice(tuple(reversed(kept)), 0, truncated)

@@ -483,3 +483,23 @@ def test_longmemeval_haystack_dates_are_the_messages_times() -> None:
     assert times == {
         datetime.strptime(session.date, "%Y/%m/%d (%a) %H:%M").replace(tzinfo=UTC).isoformat()
     }
+
+
+@pytest.mark.parametrize("budget", [40, 90, 200, 500])
+def test_the_worker_chunk_and_the_prompt_count_day_lines_alike(budget: int) -> None:
+    """A chunk the worker's budget cuts must fit the prompt's whole: a message dropped there
+    would be covered by the watermark without ever being extracted."""
+    from worker.watermark import ChunkBudget, split_at_watermark
+
+    hour = 3_600_000
+    messages = [
+        Message("user" if i % 2 == 0 else "assistant", f"message {i} " * (1 + i % 4), at=at)
+        for i, at in enumerate(MAY_8_MS + (i // 3) * 24 * hour + i * hour for i in range(40))
+    ]
+    selection = split_at_watermark(messages, None, 0, ChunkBudget(budget, 1000, chars))
+    assert selection.more and selection.new
+    sliced = budget_conversation(
+        selection.new, max_tokens=budget, message_max_chars=1000, count_tokens=chars
+    )
+    assert sliced.dropped == 0 and len(sliced.messages) == len(selection.new)
+    assert chars(render_conversation(sliced.messages)) <= budget + len(sliced.messages)
