@@ -462,7 +462,7 @@ def test_a_block_without_days_states_none() -> None:
 
 
 def test_newest_first_goes_by_when_a_fact_was_said() -> None:
-    from memq.integrations.deerflow_format import newest_first
+    from memq.memory.deerflow_format import newest_first
 
     learnt = MAY_8 + timedelta(days=100)
     imported = fact("said in May, imported later", MAY_8, created_at=learnt)
