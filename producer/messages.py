@@ -40,9 +40,10 @@ _KINDS: dict[str, str] = {
     "AIMessageChunk": _AI,
 }
 _NO_EXTRA: Mapping[str, Any] = {}
-# Where a message's time may be, first found wins: its own keys, then its metadata's.
-_TIME_KEYS = ("created_at", "timestamp", "createdAt")
+# Where a message's time may be, first found wins: its own keys (created_at, timestamp,
+# createdAt: ``_first_time``), then its metadata's.
 _METADATA = ("additional_kwargs", "response_metadata")
+_TIMED = frozenset(("created_at", "timestamp", "createdAt", *_METADATA))
 
 
 @dataclass(slots=True)
@@ -101,15 +102,16 @@ def _extra(item: Any, is_map: bool) -> Mapping[str, Any]:
 
 
 def _said_at(item: Any, is_map: bool, tally: TimeTally | None) -> int | None:
-    """When the message says it was said (epoch ms), or None: absent or unreadable."""
-    raw: object = None
-    if is_map:
-        raw = next((item[k] for k in _TIME_KEYS if item.get(k) is not None), None)
+    """When the message says it was said (epoch ms), or None: absent or unreadable. Plain
+    lookups, no generator: this runs for every message of every hand-off."""
+    if is_map and _TIMED.isdisjoint(item):
+        return None  # the common case: a plain {role, content} dict
+    raw: object = _first_time(item) if is_map else None
     if raw is None:
         for name in _METADATA:
             meta = item.get(name) if is_map else getattr(item, name, None)
             if meta and isinstance(meta, Mapping):
-                raw = next((meta[k] for k in _TIME_KEYS if meta.get(k) is not None), None)
+                raw = _first_time(meta)
                 if raw is not None:
                     break
     if raw is None:
@@ -118,6 +120,15 @@ def _said_at(item: Any, is_map: bool, tally: TimeTally | None) -> int | None:
     if ms is None and tally is not None:
         tally.dropped += 1
     return ms
+
+
+def _first_time(fields: Mapping[str, Any]) -> object:
+    raw = fields.get("created_at")
+    if raw is None:
+        raw = fields.get("timestamp")
+        if raw is None:
+            raw = fields.get("createdAt")
+    return raw
 
 
 def _has_tool_calls(item: Any, is_map: bool) -> bool:
