@@ -18,6 +18,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from memq.core.settings import MemqSettings
 from memq.testing.celery_procs import REPO_ROOT
+from memq.testing.waiting import DEADLINE_SECONDS
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, learn_items, stack_settings
@@ -26,7 +27,6 @@ from tests.support.serve import Keys, bearer
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 TOOLS = {"remember", "recall", "list_facts", "edit_fact", "delete_fact"}
-RECALL_TIMEOUT_SECONDS = 30.0
 
 
 def _text(result: Any) -> str:
@@ -50,14 +50,21 @@ async def remember_then_recall(
     assert _text(said) == reply
 
     recalled = ""
-    with anyio.fail_after(RECALL_TIMEOUT_SECONDS):
+    with anyio.fail_after(DEADLINE_SECONDS):
         while fact_for(item) not in recalled:
             recalled = _text(await session.call_tool("recall", {"query": "what do I own?"}))
             if fact_for(item) not in recalled:
                 await anyio.sleep(0.2)  # wait-ok: polling the worker's result under a deadline
     listed = await session.call_tool("list_facts", {})
-    facts = json.loads(_text(listed)) if listed.structured_content is None else None
-    return {"recalled": recalled, "listed": listed, "facts": facts}
+    assert not listed.is_error, listed
+    # The structured result when the SDK gives one, else one JSON text part per fact.
+    if listed.structured_content is not None:
+        facts = listed.structured_content["result"]
+    else:
+        facts = [json.loads(part.text) for part in listed.content]
+    assert [fact["content"] for fact in facts] == [fact_for(item)]
+    assert all(fact["id"].startswith("fact_") for fact in facts)
+    return {"recalled": recalled, "facts": facts}
 
 
 def _stack(

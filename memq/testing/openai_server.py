@@ -214,7 +214,7 @@ class ScriptedOpenAI:
                     return
                 reply = server.reply_for(request)
                 if reply.delay_seconds:
-                    time.sleep(reply.delay_seconds)
+                    time.sleep(reply.delay_seconds)  # wait-ok: a slow model, as scripted
                 if isinstance(reply.body, bytes):
                     payload = reply.body
                 elif reply.body is not None:
