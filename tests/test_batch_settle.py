@@ -335,7 +335,7 @@ def test_a_batch_answer_is_billed_with_its_cached_tokens_its_turns_and_the_batch
 
 
 def answer_one_run(
-    lane: str, runtime: WorkerRuntime, lane_: BatchLane, clock: Clock, server: ScriptedOpenAI
+    lane: str, runtime: WorkerRuntime, lane_: BatchLane, clock: ShiftedClock, server: ScriptedOpenAI
 ) -> None:
     """Run what is due through ``lane`` until its answer is settled."""
     if lane == "sync":
