@@ -100,10 +100,12 @@ def test_stats_names_depths_and_totals_apart(
         recorder.stale_run()
 
     code, out, _ = run("doctor", "--json")
-    assert {c["name"]: c for c in json.loads(out)}["ticker"]["status"] == "warn"  # long ago
+    assert {c["name"]: c for c in json.loads(out)["checks"]}["ticker"][
+        "status"
+    ] == "warn"  # long ago
     recorder.tick(TickReport(), int(time.time() * 1000))
     code, out, _ = run("doctor", "--json")
-    assert {c["name"]: c for c in json.loads(out)}["ticker"]["status"] == "ok"
+    assert {c["name"]: c for c in json.loads(out)["checks"]}["ticker"]["status"] == "ok"
 
     code, out, _ = run("stats")
     assert code == 0
@@ -125,7 +127,16 @@ def test_stats_names_depths_and_totals_apart(
     stats = json.loads(out)
     assert stats["extractions"] == {"dead": 1, "retry": 1, "updated": 2}
     assert stats["shards"] == [
-        {"shard": 0, "due": 0, "inflight": 0, "dead": 0, "oldest_due_lag_ms": 0}
+        {
+            "shard": 0,
+            "due": 0,
+            "inflight": 0,
+            "dead": 0,
+            "batch_pending": 0,
+            "batch_out": 0,
+            "batch_jobs": 0,
+            "oldest_due_lag_ms": 0,
+        }
     ]
 
 
@@ -232,7 +243,7 @@ def test_doctor_says_what_to_fix(
 
 def test_doctor_reports_offline_extractor(run: Run, cli_env: MemqSettings) -> None:
     _, out, _ = run("doctor", "--json")
-    checks = {c["name"]: c for c in json.loads(out)}
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
     assert checks["ticker"]["status"] == "warn"  # no beat has ticked on this prefix
     assert "no tick recorded yet" in checks["ticker"]["detail"]
     assert "offline rules extractor is in use" in checks["llm"]["detail"]
@@ -246,7 +257,7 @@ def test_doctor_and_config_show_file_storage_absolute_and_warn_it_is_not_shared(
     monkeypatch.setenv("MEMQ_STORAGE", "file")
     monkeypatch.setenv("MEMQ_STORAGE_DIR", "relative/memory")
     _, out, _ = run("doctor", "--json")
-    storage = {c["name"]: c for c in json.loads(out)}["storage"]
+    storage = {c["name"]: c for c in json.loads(out)["checks"]}["storage"]
     assert storage["status"] == "warn"
     assert str(tmp_path / "relative" / "memory") in storage["detail"]
     assert "other hosts" in storage["detail"]
@@ -254,7 +265,7 @@ def test_doctor_and_config_show_file_storage_absolute_and_warn_it_is_not_shared(
     assert code == 0 and (tmp_path / "relative" / "memory").as_posix() in out
     monkeypatch.delenv("MEMQ_STORAGE")
     _, out, _ = run("doctor", "--json")
-    assert {c["name"]: c for c in json.loads(out)}["storage"]["status"] == "ok"
+    assert {c["name"]: c for c in json.loads(out)["checks"]}["storage"]["status"] == "ok"
 
 
 def test_config_masks_secrets(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -71,7 +71,14 @@ def eval_stack(
     `memq eval` derives from the user's by default."""
     openai_server.responder = evaluation_responder
     settings: MemqSettings = stack_settings(make_settings, openai_server)
-    evaluation = settings.model_copy(update={"key_prefix": f"{settings.key_prefix}-eval"})
+    # The workers keep the bill `memq eval` reports, at the prices its command line names.
+    evaluation = settings.model_copy(
+        update={
+            "key_prefix": f"{settings.key_prefix}-eval",
+            "llm_price_input_per_million": 1.0,
+            "llm_price_output_per_million": 2.0,
+        }
+    )
     env = memq_env(evaluation)
     celery_procs.start_worker(env, concurrency=4, pool="threads")
     celery_procs.start_beat(env)
@@ -126,10 +133,13 @@ def test_locomo_scores_cost_and_latency_come_out_as_computed_by_hand(
         billed_prompt,
         billed_completion,
     )
-    assert ex["cached_tokens_recorded"] is False
+    assert ex["cached_tokens"] == 0  # the scripted server caches nothing here
     expected_cost = (billed_prompt * 1.0 + billed_completion * 2.0) / 1e6
     assert ex["cost_usd"] == pytest.approx(expected_cost)
-    assert ex["cost_per_1000_turns_usd"] == pytest.approx(expected_cost * 1000 / 12)  # 12 turns
+    # Per 1,000 turns as `memq stats` counts them: the messages sent for extraction, each
+    # session's messages once for each of its two speakers (2 x (4 + 2) x 2).
+    assert ex["turns_extracted"] == 24
+    assert ex["cost_per_1000_turns_usd"] == pytest.approx(expected_cost * 1000 / 24)
     # The estimate printed before the run: the same calls, tokens and cost within a quarter.
     estimated = result["estimate"]
     assert estimated["extraction"]["calls"] == 8

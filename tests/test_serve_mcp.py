@@ -34,15 +34,20 @@ def _text(result: Any) -> str:
     return "".join(getattr(part, "text", "") for part in result.content)
 
 
-async def remember_then_recall(session: ClientSession, item: str) -> dict[str, Any]:
+async def remember_then_recall(
+    session: ClientSession, item: str, said_at: str | None = None, reply: str = "will be remembered"
+) -> dict[str, Any]:
     await session.initialize()
     tools = {tool.name: tool for tool in (await session.list_tools()).tools}
     assert set(tools) == TOOLS
     assert all(tool.description for tool in tools.values())
     assert "user_id" not in json.dumps([t.input_schema for t in tools.values()])
 
-    said = await session.call_tool("remember", {"text": f"Please remember that I own {item}."})
-    assert _text(said) == "will be remembered"
+    when = {} if said_at is None else {"said_at": said_at}
+    said = await session.call_tool(
+        "remember", {"text": f"Please remember that I own {item}.", **when}
+    )
+    assert _text(said) == reply
 
     recalled = ""
     with anyio.fail_after(DEADLINE_SECONDS):
@@ -98,7 +103,7 @@ def test_mcp_over_stdio_remembers_through_a_worker_and_recalls(
 
     async def main() -> dict[str, Any]:
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-            out = await remember_then_recall(session, "item-5")
+            out = await remember_then_recall(session, "item-5", said_at="2023-05-08T13:56:00Z")
             document = await session.read_resource("memq://users/frank/memory")
             out["document"] = json.loads(document.contents[0].text)  # type: ignore[union-attr]
             return out
@@ -106,6 +111,8 @@ def test_mcp_over_stdio_remembers_through_a_worker_and_recalls(
     out = _run(main)
     assert out["recalled"].startswith("<user_memory>")
     assert [f["content"] for f in out["document"]["facts"]] == [fact_for("item-5")]
+    assert out["document"]["facts"][0]["said_at"] == "2023-05-08T13:56:00Z"
+    assert "8 May 2023:" in out["recalled"]
 
 
 def test_mcp_over_streamable_http_with_a_key_remembers_and_recalls(
@@ -124,7 +131,14 @@ def test_mcp_over_streamable_http_with_a_key_remembers_and_recalls(
             streamable_http_client(server.url + "/mcp", http_client=http) as (read, write),
             ClientSession(read, write) as session,
         ):
-            out = await remember_then_recall(session, "item-6")
+            # A time that is none is no refusal: the call's own time stands in, and it says so.
+            out = await remember_then_recall(
+                session,
+                "item-6",
+                said_at="99999-01-01",
+                reply="will be remembered (said_at is no ISO 8601 time: the time of this call "
+                "stands in)",
+            )
             # An agent key may not delete: the tool says so, nothing changes.
             refused = await session.call_tool("delete_fact", {"fact_id": "fact_00000000"})
             out["refused"] = refused
