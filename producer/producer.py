@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 
 from memq.core.connection import RedisClient, redis_client
@@ -27,7 +28,7 @@ from memq.core.settings import MemqSettings, load_settings
 from producer.backoff import Backoff
 from producer.enqueue import Enqueuer, EnqueueRequest, EnqueueResult, build_request
 from producer.replay import SpoolReplay
-from producer.spool import Spool
+from producer.spool_disk import open_spool
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ class MemoryProducer:
             context_max_bytes=s.context_max_bytes,
         )
         self._clock_ms = clock_ms or _wall_clock_ms
-        self._spool = Spool(s.spool_max_contexts)
+        self._spool = open_spool(s)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("enqueued", "spooled", "replayed", "dropped", "errors", "poisoned"), 0
@@ -97,6 +98,8 @@ class MemoryProducer:
             self._count,
             spool_max_contexts=s.spool_max_contexts,
         )
+        if len(self._spool):  # left on disk by a process that ended during an outage
+            self._replay.ensure_running()
 
     # --- the agent-facing hooks
     def after_agent(
@@ -148,6 +151,7 @@ class MemoryProducer:
             if older is not None:
                 self._spool.put_back(older)
             raise
+        self._spool.sent(request.context_id)
         self._count("enqueued")
         return result
 
@@ -160,6 +164,16 @@ class MemoryProducer:
     @property
     def spool_size(self) -> int:
         return len(self._spool)
+
+    @property
+    def spool_folder(self) -> Path | None:
+        """Where the spool is kept on disk (it outlives this process), or None: in memory."""
+        return self._spool.folder
+
+    def keeps(self, context_id: str) -> bool:
+        """Whether a context this producer could not send is kept for a later replay (on disk
+        when :attr:`spool_folder` is set)."""
+        return self._spool.holds(context_id)
 
     def drain_spool(self) -> int:
         """Replay the spool now, in the caller's thread, ignoring the back-off; stops at the first
@@ -177,13 +191,21 @@ class MemoryProducer:
 
     def close(self) -> None:
         """Stop the replay thread, try one last drain (bounded by the socket timeouts), and close
-        the client if the producer built it. Whatever is still spooled then is lost."""
+        the client if the producer built it. Whatever is still spooled then is lost, unless the
+        spool is on disk: the next process started with its folder replays it."""
         self._replay.close()
         self.drain_spool()
-        if len(self._spool):
+        left = len(self._spool)
+        if left and self._spool.folder is not None:
             log.warning(
-                "memq: closing with %d contexts still spooled; they are lost", len(self._spool)
+                "memq: closing with %d contexts still spooled in %s; the next memq process "
+                "started with that folder sends them",
+                left,
+                self._spool.folder,
             )
+        elif left:
+            log.warning("memq: closing with %d contexts still spooled; they are lost", left)
+        self._spool.close()
         if self._owns_client:
             self._redis.close()
 
@@ -269,7 +291,9 @@ class MemoryProducer:
         return True
 
     def _send(self, request: EnqueueRequest) -> EnqueueResult:
-        return self._enqueue(request, self._clock_ms())
+        result = self._enqueue(request, self._clock_ms())
+        self._spool.sent(request.context_id)
+        return result
 
     def _count(self, name: str, amount: int = 1) -> None:
         with self._lock:

@@ -7,13 +7,14 @@ that README and model agree, so the documentation cannot drift from the code.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import SecretStr
 
 from memq.commands.common import CommandContext, format_table, mask_url
-from memq.core.settings import MemqSettings
+from memq.core.settings import MemqSettings, unknown_setting_lines
 
 # One line per setting; a setting without a line fails `settings_markdown` (and so the README test).
 DESCRIPTIONS: dict[str, str] = {
@@ -58,6 +59,12 @@ DESCRIPTIONS: dict[str, str] = {
         "Redis timeout of the memory read before each agent turn (then skipped for a back-off)"
     ),
     "spool_max_contexts": "contexts a producer keeps for a later retry while Redis is unreachable",
+    "spool_max_bytes": "bytes of messages a producer's spool keeps (the oldest contexts go first)",
+    "spool_dir": (
+        "folder of the producer's spool on disk (a process that ends during an outage loses "
+        "nothing); unset → `<data_dir>/spool` when the data folder exists"
+    ),
+    "spool_durable": "keep the spool on disk when a folder is known (off: in memory only)",
     "producer_max_chars": (
         "size cap of one enqueue, in characters of the JSON sent (ids and escapes count); a "
         "message over half of it keeps its tail"
@@ -223,12 +230,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.add_argument(
         "--markdown", action="store_true", help="print the README's table of every MEMQ_* default"
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when a setting is invalid or a MEMQ_* variable or YAML key is unknown",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
     if args.markdown:
         print(settings_markdown())
+        return 0
+    if args.check:
+        context.settings  # noqa: B018 - builds them: an invalid value fails here, one line
+        unknown = unknown_setting_lines()
+        for line in unknown:
+            print(line, file=sys.stderr)
+        if unknown:
+            return 1
+        print("memq config: every setting is known and valid")
         return 0
     settings = context.settings
     rows = [

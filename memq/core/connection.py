@@ -20,6 +20,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from memq.core.errors import RedisRefused, RedisUnavailable
 from memq.core.redis_urls import RedisTarget, parse_redis_url
 from memq.core.settings import MemqSettings
 
@@ -32,6 +33,43 @@ UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.TimeoutError,
     RedisClusterException,
 )
+
+# Redis answered and said no: retrying will not help until the settings change.
+_AUTH_MARKERS = ("WRONGPASS", "NOAUTH", "invalid username-password", "Authentication required")
+
+
+def describe_redis_failure(exc: BaseException) -> str:
+    """What went wrong talking to Redis, in one line an operator can act on: authentication,
+    permission or unreachable (no password: redis-py's messages never carry one)."""
+    text = " ".join(str(exc).split())[:200] or type(exc).__name__
+    if isinstance(exc, redis.AuthenticationError) or any(m in text for m in _AUTH_MARKERS):
+        return (
+            "Redis refused memq's credentials (authentication failed): check the user and "
+            "password in MEMQ_REDIS_URL"
+        )
+    if isinstance(exc, redis.exceptions.NoPermissionError) or text.startswith("NOPERM"):
+        return (
+            "Redis refused a command (permission: the ACL user in MEMQ_REDIS_URL may not run "
+            f"it): {text}"
+        )
+    if isinstance(exc, redis.TimeoutError):
+        return f"Redis did not answer in time (unreachable): {text}"
+    if isinstance(exc, UNREACHABLE_ERRORS):
+        return f"Redis is unreachable: {text}"
+    return f"Redis failed: {text}"
+
+
+def unavailable(exc: BaseException, what: str) -> RedisUnavailable:
+    """The memq error for a failed Redis call: :class:`RedisRefused` when Redis refused the
+    credentials or the command, else :class:`RedisUnavailable`; the message is ``what`` and
+    :func:`describe_redis_failure`."""
+    line = f"{what}: {describe_redis_failure(exc)}"
+    text = str(exc)
+    refused = isinstance(exc, (redis.AuthenticationError, redis.exceptions.NoPermissionError))
+    if refused or text.startswith("NOPERM") or any(m in text for m in _AUTH_MARKERS):
+        return RedisRefused(line)
+    return RedisUnavailable(line)
+
 
 # What every part of memq talks to. Both share the commands memq uses (Lua scripts included:
 # each script's keys sit in one hash slot) and pipelines without MULTI.

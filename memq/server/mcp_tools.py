@@ -24,7 +24,13 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from memq.core.connection import REDIS_ERRORS
-from memq.core.errors import InvalidIdentifier, MemqError, RedisUnavailable, StorageError
+from memq.core.errors import (
+    InvalidIdentifier,
+    MemqError,
+    RedisUnavailable,
+    StorageError,
+    TurnNotKept,
+)
 from memq.core.identity import validate_agent_name
 from memq.core.settings import MemqSettings
 from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal, bearer_token
@@ -68,9 +74,15 @@ def _as_tool_error() -> Iterator[None]:
     try:
         yield
     except unavailable as exc:
-        raise ToolError("memq's store is unavailable; try again shortly") from exc
+        # The one line says which: unreachable, authentication or permission (never a secret).
+        raise ToolError(f"memq's store is unavailable: {_first_line(exc)}") from exc
     except MemqError as exc:
         raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
@@ -88,18 +100,31 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
                 {"role": "user", "content": text},
                 {"role": "assistant", "content": "I will remember that."},
             ]
-            outcome = service.hand_off(
-                REMEMBER_THREAD,
-                caller.user_id,
-                caller.agent_name,
-                messages,
-                flush=True,
-                trace_id=None,
-            )
+            try:
+                outcome = service.hand_off(
+                    REMEMBER_THREAD,
+                    caller.user_id,
+                    caller.agent_name,
+                    messages,
+                    flush=True,
+                    trace_id=None,
+                )
+            except TurnNotKept as exc:
+                raise ToolError(_first_line(exc)) from exc
+            except RedisUnavailable as exc:  # never "will be remembered" for a lost turn
+                raise ToolError(f"not kept: {_first_line(exc)}") from exc
             if outcome.status == "nothing_to_remember":
                 return "nothing to remember in that text"
+            if outcome.status == "spooled" and outcome.durable:
+                return (
+                    "will be remembered (memq's store is unavailable; kept on disk and sent "
+                    "when it is back)"
+                )
             if outcome.status == "spooled":
-                return "will be remembered (kept by the server until memq's store is back)"
+                return (
+                    "will be remembered if this server runs until memq's store is back (kept in "
+                    "its memory only)"
+                )
             return "will be remembered"
 
     @mcp.tool()
@@ -116,7 +141,11 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
             caller = caller_of(ctx)
             caller.require("agent")
             return service.block(
-                caller.user_id, caller.agent_name, query=query or None, max_tokens=max_tokens
+                caller.user_id,
+                caller.agent_name,
+                query=query or None,
+                max_tokens=max_tokens,
+                strict=True,  # an outage is an error here, not "nothing known"
             )
 
     @mcp.tool()
@@ -193,7 +222,8 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
 
 # --- stdio: one user per process, the local user's own trust
 async def run_stdio(settings: MemqSettings, user_id: str, agent_name: str | None) -> None:
-    service = MemqService(settings)
+    # The client may end this process any time: a turn is kept only on disk, or refused.
+    service = MemqService(settings, keep_in_memory=False)
     caller = Caller(OPEN_ACCESS, user_id, agent_name)
     try:
         await build_mcp(service, lambda _ctx: caller).run_stdio_async()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from memq.core.errors import RedisUnavailable
+from memq.core.errors import RedisRefused, RedisUnavailable, TurnNotKept
 from memq.core.identity import ContextKey
 from memq.core.settings import MemqSettings
 from producer.enqueue import build_request
@@ -43,15 +43,30 @@ class HandOffOutcome:
     context_id: str | None = None
     version: int | None = None
     deadline_ms: int | None = None
+    # Spooled on disk: it outlives this process (the next one with the folder replays it).
+    durable: bool = False
+    # Why Redis did not take it (one line), when spooled.
+    reason: str | None = None
 
 
 class MemqService:
     """The server's handles on memq; ``close`` at shutdown hands the spool to Redis."""
 
-    def __init__(self, settings: MemqSettings, *, redis: RedisClient | None = None) -> None:
+    def __init__(
+        self,
+        settings: MemqSettings,
+        *,
+        redis: RedisClient | None = None,
+        keep_in_memory: bool = True,
+    ) -> None:
+        """``keep_in_memory``: whether a turn Redis did not take may wait in this process's
+        spool when it is not on disk (a server that lives on); False for a process that may end
+        any time (MCP over stdio): without a disk spool its caller is told the turn was not
+        kept."""
         from memq.core.connection import redis_client
 
         self.settings = settings
+        self._keep_in_memory = keep_in_memory
         self._owns_redis = redis is None
         self.redis = (
             redis
@@ -70,6 +85,7 @@ class MemqService:
         self._lock = threading.Lock()
         self._queue: QueueClient | None = None
         self._strict_after = 0.0  # time.monotonic() before which a hand-off goes fail-open
+        self._last_failure = "Redis did not answer"
 
     # --- hand-off
     def hand_off(
@@ -84,20 +100,26 @@ class MemqService:
     ) -> HandOffOutcome:
         """Queue a conversation; when Redis does not answer, the producer's spool keeps it and
         replays it once Redis is back. Bad input raises (InvalidIdentifier, InvalidMessages)."""
-        if time.monotonic() < self._strict_after:
+        if time.monotonic() < self._strict_after and self._may_spool():
             return self._fail_open(thread_id, user_id, agent_name, messages, flush, trace_id)
         try:
             result = self.producer.enqueue(
                 thread_id, user_id, agent_name, messages, flush=flush, trace_id=trace_id
             )
-        except RedisUnavailable:
+        except RedisRefused:
+            raise  # the credentials or the ACL: no replay helps until the settings change
+        except RedisUnavailable as exc:
+            if not self._may_spool():
+                raise
             # The strict call keeps no back-off of its own: for a while, go straight to the
             # fail-open one, which skips a Redis that just failed (one timeout per back-off,
             # not one per request, while Redis hangs).
             self._strict_after = time.monotonic() + _STRICT_BACKOFF_SECONDS
+            self._last_failure = str(exc)
             submit = self.producer.flush if flush else self.producer.after_agent
             taken = submit(thread_id, user_id, agent_name, messages, trace_id=trace_id)
-            return HandOffOutcome("queued" if taken else "spooled")
+            key = ContextKey.create(thread_id, user_id, agent_name)
+            return self._spooled(taken, key.id)
         if result is None:
             return HandOffOutcome("nothing_to_remember")
         return HandOffOutcome("queued", result.context_id, result.version, result.deadline_ms)
@@ -131,7 +153,27 @@ class MemqService:
         taken = submit(thread_id, user_id, agent_name, messages, trace_id=trace_id)
         if taken:
             self._strict_after = 0.0
-        return HandOffOutcome("queued" if taken else "spooled", request.context_id)
+        return self._spooled(taken, request.context_id)
+
+    def _may_spool(self) -> bool:
+        return self._keep_in_memory or self.producer.spool_folder is not None
+
+    def _spooled(self, taken: bool, context_id: str) -> HandOffOutcome:
+        """How a fail-open hand-off ended: queued, spooled (kept for the replay), or refused
+        with the reason when the spool did not keep it (full, or nowhere durable to keep it)."""
+        if taken:
+            return HandOffOutcome("queued", context_id)
+        if not self.producer.keeps(context_id) or not self._may_spool():
+            raise TurnNotKept(
+                f"not kept: {self._last_failure}; and the producer's spool "
+                + ("is full" if self._may_spool() else "is not on disk (no data folder)")
+            )
+        return HandOffOutcome(
+            "spooled",
+            context_id,
+            durable=self.producer.spool_folder is not None,
+            reason=self._last_failure,
+        )
 
     # --- reading
     def injector(self, max_tokens: int | None) -> MemoryInjector:
@@ -151,9 +193,15 @@ class MemqService:
             return injector
 
     def block(
-        self, user_id: str, agent_name: str | None, *, query: str | None, max_tokens: int | None
+        self,
+        user_id: str,
+        agent_name: str | None,
+        *,
+        query: str | None,
+        max_tokens: int | None,
+        strict: bool = False,
     ) -> str:
-        return self.injector(max_tokens).block(user_id, agent_name, query=query)
+        return self.injector(max_tokens).block(user_id, agent_name, query=query, strict=strict)
 
     # --- operations
     @property
