@@ -69,6 +69,7 @@ def run_serve(args: argparse.Namespace, context: CommandContext) -> int:
 
     from memq.server.app import create_app
     from memq.server.auth import Keyring, check_bind
+    from memq.server.slow_clients import header_deadline_protocol
 
     host = args.host or context.settings.serve_host
     port = context.settings.serve_port if args.port is None else args.port
@@ -93,6 +94,11 @@ def run_serve(args: argparse.Namespace, context: CommandContext) -> int:
         proxy_headers=True,
         forwarded_allow_ips=settings.serve_forwarded_allow_ips,
         server_header=False,
+        # Slow clients (memq/server/slow_clients.py): a deadline on each request head, idle
+        # connections closed, a ceiling on connections.
+        http=header_deadline_protocol(settings.serve_header_timeout_seconds),
+        timeout_keep_alive=settings.serve_keep_alive_seconds,
+        limit_concurrency=settings.serve_limit_concurrency,
     )
     print("memq serve: stopped", file=sys.stderr)
     return 0
@@ -130,6 +136,8 @@ def run_api_key_new(args: argparse.Namespace, context: CommandContext) -> int:
     write_private(path, json.dumps({"keys": entries}, indent=2) + "\n")
     print(key)
     print(
-        f"memq api-key: {args.name!r} added to {path} (only its digest is stored)", file=sys.stderr
+        f"memq api-key: {args.name!r} added to {path} (only its digest is stored); a running "
+        "`memq serve` that reads this file accepts it from its next request",
+        file=sys.stderr,
     )
     return 0

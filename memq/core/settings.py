@@ -208,10 +208,19 @@ class MemqSettings(BaseSettings):
     # Addresses whose X-Forwarded-For / X-Forwarded-Proto uvicorn trusts (a reverse proxy).
     serve_forwarded_allow_ips: str = "127.0.0.1"
     serve_root_path: str = ""
+    # Host names `memq serve` answers to besides loopback ones (DNS-rebinding protection):
+    # `name` (any port) or `name:port`, comma-separated. See memq/server/hosts.py.
+    serve_allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     # The inspector at /ui: its session cookies are signed with this secret. Unset: a random one
     # per process (sessions end when it restarts; several processes behind one address need it).
     serve_session_secret: SecretStr | None = None
     serve_session_max_age_seconds: int = Field(default=28_800, ge=60, le=2_592_000)
+    # Slow clients: a request's line and headers must arrive within this (slowloris), an idle
+    # keep-alive connection is closed after the other, and past `serve_limit_concurrency` open
+    # connections and requests uvicorn answers 503 at once.
+    serve_header_timeout_seconds: float = Field(default=10.0, gt=0.0, le=300.0)
+    serve_keep_alive_seconds: int = Field(default=5, ge=1, le=300)
+    serve_limit_concurrency: int = Field(default=1000, ge=10)
 
     @field_validator("redis_url")
     @classmethod
@@ -234,7 +243,12 @@ class MemqSettings(BaseSettings):
         # and handed these settings, still means the same folder.
         return Path(os.path.abspath(value.expanduser()))
 
-    @field_validator("guaranteed_categories", "staleness_protected_categories", mode="before")
+    @field_validator(
+        "guaranteed_categories",
+        "staleness_protected_categories",
+        "serve_allowed_hosts",
+        mode="before",
+    )
     @classmethod
     def _csv(cls, value: Any) -> Any:
         return split_csv(value)

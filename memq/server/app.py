@@ -17,6 +17,7 @@ from fastapi.routing import APIRoute
 from memq.core.settings import MemqSettings
 from memq.server import problems
 from memq.server.auth import Authorize, Keyring
+from memq.server.hosts import HostGuard, allowed_hosts
 from memq.server.limits import RequestGuard
 from memq.server.routing import operation_id
 from memq.server.service import MemqService
@@ -92,6 +93,9 @@ def create_app(
 
     app.mount("/ui", build_inspector(settings, keys, handles), name="ui")
     app.add_middleware(RequestGuard, max_body_bytes=settings.serve_max_body_bytes)
+    hosts = allowed_hosts(settings)
+    if hosts is not None:  # outermost: a rebinding page's request reaches nothing
+        app.add_middleware(HostGuard, allowed=hosts, root_path=settings.serve_root_path)
     _document_public_routes(app)
     return app
 

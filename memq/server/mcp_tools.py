@@ -18,6 +18,7 @@ from urllib.parse import unquote
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import Field
 from starlette.requests import Request
 from starlette.routing import Route
@@ -80,6 +81,18 @@ def _as_tool_error() -> Iterator[None]:
         raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
 
 
+def memq_version() -> str:
+    """The installed memq's version (what MCP clients are told the server is)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("memq")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from memq import __version__
+
+        return __version__
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc)
     return text.splitlines()[0] if text else type(exc).__name__
@@ -87,7 +100,9 @@ def _first_line(exc: BaseException) -> str:
 
 def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
     # Warnings only: the SDK logs each tool error at INFO, and a refusal may name what was sent.
-    mcp = MCPServer(name="memq", instructions=INSTRUCTIONS, log_level="WARNING")
+    mcp = MCPServer(
+        name="memq", version=memq_version(), instructions=INSTRUCTIONS, log_level="WARNING"
+    )
 
     @mcp.tool()
     def remember(text: str, ctx: Context) -> str:
@@ -245,11 +260,22 @@ class KeyGuard:
     """The ``/mcp`` endpoint behind the same keys as every route: resolve the key, require
     ``agent``, bind the user from ``X-Memq-User`` (checked against the key's prefix)."""
 
+    # The access log's name for every call here (it logs route templates, and this route is a
+    # plain Starlette one, which leaves no route in the scope).
+    template = MCP_PATH
+
     def __init__(self, app: Any, keyring: Keyring) -> None:
         self.app = app
         self.keyring = keyring
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("method") == "GET":
+            # The stream of server-initiated messages: a stateless server sends none, and an
+            # open GET would be held forever. 405 is the spec's answer for "no such stream".
+            response = problem(405, "this MCP server offers no GET stream; POST requests")
+            response.headers["Allow"] = "POST, DELETE"
+            await response(scope, receive, send)
+            return
         request = Request(scope)
         try:
             caller = self.authorize(request)
@@ -293,6 +319,8 @@ class HttpMcp:
             json_response=True,
             max_request_body_size=settings.serve_max_body_bytes,
             host=settings.serve_host,
+            # The app's own Host rule (memq/server/hosts.py), not the SDK's loopback default.
+            transport_security=_transport_security(settings),
         )
         self._routes = [r for r in starlette_app.routes if isinstance(r, Route)]
 
@@ -304,6 +332,15 @@ class HttpMcp:
     async def lifespan(self) -> AsyncIterator[None]:
         async with self.server.session_manager.run():
             yield
+
+
+def _transport_security(settings: MemqSettings) -> TransportSecuritySettings:
+    from memq.server.hosts import allowed_hosts
+
+    hosts = allowed_hosts(settings)
+    if hosts is None:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    return hosts.transport_security()
 
 
 def build_http_mcp(service: MemqService, settings: MemqSettings) -> HttpMcp:
