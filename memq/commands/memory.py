@@ -110,6 +110,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a DeerFlow memory folder (every user and agent, old and current layout); merges, "
         "safe to re-run",
     )
+    load.add_argument(
+        "--replace",
+        action="store_true",
+        help="empty the memory when the file holds no fact (refused without it)",
+    )
     load.set_defaults(run=run_import)
 
     forget = sub.add_parser(
@@ -142,7 +147,10 @@ def _user_agent(parser: argparse.ArgumentParser) -> None:
 def _manager(context: CommandContext) -> MemoryManager:
     from storage.management import MemoryManager
 
-    return MemoryManager(context.storage, fact_max_chars=context.settings.fact_max_chars)
+    settings = context.settings
+    return MemoryManager(
+        context.storage, max_facts=settings.max_facts, fact_max_chars=settings.fact_max_chars
+    )
 
 
 def _require(
@@ -342,7 +350,7 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
     if not isinstance(data, dict):
         raise CommandError(f"{args.file}: a memory document must be a JSON object")
     document, cut = _manager(context).import_document_counted(
-        args.user, data, agent_name=args.agent
+        args.user, data, agent_name=args.agent, replace=args.replace
     )
     agent = agent_label(validate_agent_name(args.agent))
     limit = context.settings.fact_max_chars

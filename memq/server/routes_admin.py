@@ -109,9 +109,15 @@ def import_memory(
     svc: Service,
     document: Annotated[dict[str, Any], Body(description="a memq or DeerFlow memory.json")],
     agent_name: AgentName = None,
+    replace: Annotated[
+        bool, Query(description="empty the memory when the document holds no fact (on purpose)")
+    ] = False,
 ) -> Imported:
-    """Replace the memory with an imported memq or DeerFlow document."""
-    imported = svc.manager.import_document(user_id, document, agent_name=agent_name)
+    """Replace the memory with an imported memq or DeerFlow document (refused above the fact
+    cap, or with no readable fact unless `replace=true`)."""
+    imported = svc.manager.import_document(
+        user_id, document, agent_name=agent_name, replace=replace
+    )
     return Imported(facts=len(imported.facts))
 
 

@@ -80,7 +80,9 @@ class MemqService:
         self._read_storage = get_storage(settings, redis=self._read_redis)
         # Its own client with the producer's short timeouts: a hand-off costs one round trip.
         self.producer = MemoryProducer(settings)
-        self.manager = MemoryManager(self.storage, max_facts=settings.max_facts)
+        self.manager = MemoryManager(
+            self.storage, max_facts=settings.max_facts, fact_max_chars=settings.fact_max_chars
+        )
         self._injectors: dict[int, MemoryInjector] = {}
         self._lock = threading.Lock()
         self._queue: QueueClient | None = None
