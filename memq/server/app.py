@@ -19,7 +19,7 @@ from memq.server import problems
 from memq.server.auth import Authorize, Keyring
 from memq.server.hosts import HostGuard, allowed_hosts
 from memq.server.limits import RequestGuard
-from memq.server.routing import operation_id
+from memq.server.routing import operation_id, problem_components
 from memq.server.service import MemqService
 
 API_VERSION = "v1"
@@ -115,7 +115,10 @@ def _document_public_routes(app: FastAPI) -> None:
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
         schema = generate()
+        problem_components(schema)
         for path in public:
             for operation in schema["paths"].get(path, {}).values():
                 operation.pop("security", None)

@@ -27,6 +27,7 @@ from memq.server.models import (
     SupersededOut,
 )
 from memq.server.routing import AgentName, Service, new_router
+from storage.document import MemoryDocument
 
 router = new_router()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
@@ -111,10 +112,11 @@ def context(user_id: str, body: ContextQuery, svc: Service) -> ContextBlock:
     USER + "/memory",
     tags=_TAGS,
     dependencies=[Depends(AGENT)],
+    response_model=MemoryDocument,
 )
-def memory(user_id: str, svc: Service, agent_name: AgentName = None) -> dict[str, Any]:
+def memory(user_id: str, svc: Service, agent_name: AgentName = None) -> MemoryDocument:
     """The whole memory document (memq memory.json) of the (user, agent)."""
-    return svc.manager.document(user_id, agent_name=agent_name).to_json()
+    return svc.manager.document(user_id, agent_name=agent_name)
 
 
 @router.get(USER + "/facts", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=FactsOut)

@@ -22,20 +22,34 @@ class Problem(BaseModel):
     detail: str
 
 
+# One schema for every error answer, referenced (never inlined): a generated client gets one
+# `Problem` type and parses every 4xx/5xx into it. `problem_components` adds it to the document.
+PROBLEM_REF = "#/components/schemas/Problem"
+
+
 def _problem(description: str) -> dict[str, Any]:
     return {
         "description": description,
-        "content": {PROBLEM_JSON: {"schema": Problem.model_json_schema()}},
+        "content": {PROBLEM_JSON: {"schema": {"$ref": PROBLEM_REF}}},
     }
 
 
 PROBLEMS: dict[int | str, dict[str, Any]] = {
     401: _problem("no API key, or one nobody issued"),
     403: _problem("the key lacks the scope, or the user is outside its user-id prefix"),
+    404: _problem("no such fact, thread or dead letter"),
     413: _problem("body or message count above the server's caps"),
+    421: _problem("a Host header this server does not answer to (DNS-rebinding protection)"),
     422: _problem("a body, parameter or identifier memq cannot take"),
+    500: _problem("an unexpected error (the server log has its type)"),
     503: _problem("Redis does not answer"),
 }
+
+
+def problem_components(schema: dict[str, Any]) -> None:
+    """Add the shared ``Problem`` schema to an OpenAPI document (in place)."""
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Problem"] = Problem.model_json_schema()
 
 
 def operation_id(route: APIRoute) -> str:
