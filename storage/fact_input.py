@@ -123,7 +123,8 @@ def refuse_duplicate(document: MemoryDocument, fact: Fact) -> None:
     """Raise :class:`DuplicateFact` when the same fact as ``fact`` is stored."""
     key = content_key(fact.content)
     if any(content_key(f.content) == key for f in document.facts):
-        raise DuplicateFact(f"a fact with this content is already stored: {fact.content!r:.80}")
+        # Not quoted back: an error may travel to logs and clients the content should not.
+        raise DuplicateFact("a fact with this content is already stored")
 
 
 def append_capped(

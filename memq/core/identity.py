@@ -103,7 +103,9 @@ def describe_user(user_id: str) -> str:
 
 def _check_text(kind: str, value: object, max_length: int) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise InvalidIdentifier(f"{kind} must be a non-blank string, got {value!r:.80}")
+        # The type, never the value: the caller's text does not travel on in an error.
+        got = "a blank string" if isinstance(value, str) else type(value).__name__
+        raise InvalidIdentifier(f"{kind} must be a non-blank string, got {got}")
     if len(value) > max_length:
         raise InvalidIdentifier(f"{kind} is longer than {max_length} characters")
     if not value.isprintable():

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import unquote
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import Field
 from starlette.requests import Request
@@ -69,16 +70,18 @@ CallerOf = Callable[[Context], Caller]
 
 
 @contextlib.contextmanager
-def _as_tool_error() -> Iterator[None]:
-    """memq's refusals as the one line a model reads (the SDK hides other errors' text)."""
+def _as_tool_error(error: type[ToolError | ResourceError] = ToolError) -> Iterator[None]:
+    """memq's refusals as the one line the client reads: a ``ToolError`` for a tool, a
+    ``ResourceError`` for a resource (the SDK hides any other exception's text behind a generic
+    error and logs its traceback; an expected refusal must do neither)."""
     unavailable: tuple[type[Exception], ...] = (RedisUnavailable, StorageError, *REDIS_ERRORS)
     try:
         yield
     except unavailable as exc:
         # The one line says which: unreachable, authentication or permission (never a secret).
-        raise ToolError(f"memq's store is unavailable: {_first_line(exc)}") from exc
+        raise error(f"memq's store is unavailable: {_first_line(exc)}") from exc
     except MemqError as exc:
-        raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+        raise error(_first_line(exc)) from exc
 
 
 def memq_version() -> str:
@@ -111,9 +114,12 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         with _as_tool_error():
             caller = caller_of(ctx)
             caller.require("agent")
+            # Ids of their own: the same words remembered again (say, after their fact was
+            # deleted) are a new turn, extracted again, not merged away as already seen.
+            said = uuid.uuid4().hex
             messages = [
-                {"role": "user", "content": text},
-                {"role": "assistant", "content": "I will remember that."},
+                {"role": "user", "content": text, "id": f"mcp-{said}-u"},
+                {"role": "assistant", "content": "I will remember that.", "id": f"mcp-{said}-a"},
             ]
             try:
                 outcome = service.hand_off(
@@ -224,7 +230,7 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
     @mcp.resource("memq://users/{user_id}/memory", mime_type="application/json")
     def memory_document(user_id: str, ctx: Context) -> str:
         """The user's whole memory document (memq memory.json); only the connection's user."""
-        with _as_tool_error():
+        with _as_tool_error(ResourceError):
             caller = caller_of(ctx)
             caller.require("agent")
             if user_id != caller.user_id:
