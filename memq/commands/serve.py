@@ -33,8 +33,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "and delete facts, and the memory document as a resource. Logs go to stderr."
         ),
     )
-    # Neither --user nor --anonymous: the anonymous user, as an agent that passes no user id.
-    add_user_argument(mcp, option=True, optional=True)
+    # --user U or --anonymous: never a silent anonymous default for a process serving one user.
+    add_user_argument(mcp, option=True)
     mcp.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
     mcp.set_defaults(run=run_mcp)
 
@@ -52,7 +52,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     new.add_argument(
         "--scope", action="append", choices=("agent", "admin"), required=True, dest="scopes"
     )
-    new.add_argument("--user-prefix", default=None, help="only user ids starting with this")
+    bound = new.add_mutually_exclusive_group()
+    bound.add_argument("--user-prefix", default=None, help="only user ids starting with this")
+    bound.add_argument(
+        "--user", default=None, help="only this user (MCP requests without X-Memq-User mean it)"
+    )
     new.add_argument("--file", default=None, help="key file (default MEMQ_SERVE_API_KEYS_FILE)")
     new.set_defaults(run=run_api_key_new)
 
@@ -130,7 +134,9 @@ def run_api_key_new(args: argparse.Namespace, context: CommandContext) -> int:
         data = json.loads(path.read_text(encoding="utf-8") or "{}")
         entries = list(data.get("keys", []) if isinstance(data, dict) else data)
     key = new_key()
-    entries.append(json.loads(key_file_entry(args.name, key, args.scopes, args.user_prefix)))
+    entries.append(
+        json.loads(key_file_entry(args.name, key, args.scopes, args.user_prefix, args.user))
+    )
     Keyring.from_entries(entries)  # a duplicate name or a bad file: refuse before writing
     path.parent.mkdir(parents=True, exist_ok=True)
     write_private(path, json.dumps({"keys": entries}, indent=2) + "\n")

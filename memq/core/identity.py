@@ -135,6 +135,17 @@ def validate_user_id(user_id: object) -> str:
     return user
 
 
+def validate_named_user(user_id: object, *, ask: str) -> str:
+    """A user id a door's caller named: never None (no silent anonymous default) and never the
+    anonymous user's internal id (``%00anonymous`` in a path): the anonymous user is reached only
+    by asking for it the way ``ask`` says."""
+    if user_id is None or user_id == "":
+        raise InvalidIdentifier(f"no user named: {ask}")
+    if user_id == ANONYMOUS_USER_ID:
+        raise InvalidIdentifier(f"user_id: the anonymous user is not addressed by id; {ask}")
+    return validate_user_id(user_id)
+
+
 def validate_agent_name(agent_name: object) -> str | None:
     """`None` is the user-global memory. Names are case-insensitive and stored lower-cased,
     so ``MyAgent`` and ``myagent`` share one document (DeerFlow keyed its cache by the raw name

@@ -26,6 +26,7 @@ from fastapi import Request
 from fastapi.security import HTTPBearer
 
 from memq.core.errors import ConfigError, MemqError
+from memq.core.identity import validate_named_user
 from memq.core.settings import MemqSettings
 
 Scope = Literal["agent", "admin"]
@@ -36,6 +37,10 @@ IMPLIED: Mapping[Scope, frozenset[Scope]] = {
     "admin": frozenset({"agent", "admin"}),
 }
 KEY_PREFIX = "memq_"
+HTTP_ANONYMOUS_HINT = (
+    "the HTTP API serves named users only (the anonymous user is the CLI's `--anonymous` and "
+    "MCP's `X-Memq-Anonymous: true`)"
+)
 log = logging.getLogger("memq.server")
 
 
@@ -54,12 +59,16 @@ class Principal:
     name: str
     scopes: frozenset[Scope]
     user_prefix: str | None = None
+    # Bound to exactly this user: a request that names no user means this one.
+    user_id: str | None = None
 
     def require_scope(self, scope: Scope) -> None:
         if scope not in self.scopes:
             raise Forbidden(f"key {self.name!r} lacks the {scope!r} scope")
 
     def require_user(self, user_id: str) -> None:
+        if self.user_id is not None and user_id != self.user_id:
+            raise Forbidden(f"key {self.name!r} is bound to one user, not this one")
         if self.user_prefix is not None and not user_id.startswith(self.user_prefix):
             raise Forbidden(
                 f"key {self.name!r} is bound to user ids starting with {self.user_prefix!r}"
@@ -67,6 +76,10 @@ class Principal:
 
     def require_all_users(self) -> None:
         """Routes that reach every user's data (queue stats, dead letters)."""
+        if self.user_id is not None:
+            raise Forbidden(
+                f"key {self.name!r} is bound to one user; this operation spans every user"
+            )
         if self.user_prefix is not None:
             raise Forbidden(
                 f"key {self.name!r} is bound to user ids starting with {self.user_prefix!r}; "
@@ -225,7 +238,10 @@ def parse_entry(entry: Any, index: int) -> tuple[str, Principal]:
     prefix = entry.get("user_prefix")
     if prefix is not None and (not isinstance(prefix, str) or not prefix):
         raise ConfigError(f"{where}: `user_prefix` must be a non-empty string or absent")
-    return sha, Principal(name.strip(), frozenset(granted), prefix)
+    user = entry.get("user")
+    if user is not None and (not isinstance(user, str) or not user or prefix is not None):
+        raise ConfigError(f"{where}: `user` must be a non-empty string, and not with user_prefix")
+    return sha, Principal(name.strip(), frozenset(granted), prefix, user)
 
 
 def _read(path: Path) -> Any:
@@ -271,11 +287,15 @@ def check_bind(host: str, keyring: Keyring) -> None:
         )
 
 
-def key_file_entry(name: str, key: str, scopes: list[Scope], user_prefix: str | None) -> str:
+def key_file_entry(
+    name: str, key: str, scopes: list[Scope], user_prefix: str | None, user: str | None = None
+) -> str:
     """The line to add to the key file for a new key: its digest, never the key."""
     entry: dict[str, Any] = {"name": name, "sha256": digest(key), "scopes": scopes}
     if user_prefix is not None:
         entry["user_prefix"] = user_prefix
+    if user is not None:
+        entry["user"] = user
     return json.dumps(entry)
 
 
@@ -317,6 +337,8 @@ class Authorize(HTTPBearer):
         if user_id is None:
             principal.require_all_users()
         else:
+            # The anonymous user has no id a path may name (`%00anonymous` included).
+            validate_named_user(str(user_id), ask=HTTP_ANONYMOUS_HINT)
             principal.require_user(str(user_id))
         return principal
 

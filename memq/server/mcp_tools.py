@@ -43,6 +43,11 @@ from memq.server.service import MemqService
 
 USER_HEADER = "x-memq-user"
 AGENT_HEADER = "x-memq-agent"
+ANONYMOUS_HEADER = "x-memq-anonymous"
+MCP_USER_HINT = (
+    "send the X-Memq-User header (the user id, percent-encoded), or X-Memq-Anonymous: true for "
+    "the anonymous user"
+)
 MCP_PATH = "/mcp"
 # One thread for every `remember`: its messages accumulate until extracted, and the watermark
 # then skips what was extracted, so a fact handed over twice is extracted once.
@@ -292,14 +297,27 @@ class KeyGuard:
         await self.app(scope, receive, send)
 
     def authorize(self, request: Request) -> Caller:
-        from memq.core.identity import validate_user_id
-
         principal = self.keyring.resolve(bearer_token(request.headers.get("authorization")))
         principal.require_scope("agent")
-        user = validate_user_id(_header_id(request, USER_HEADER))
+        user = _named_user(request, principal)
         principal.require_user(user)
         agent = validate_agent_name(_header_id(request, AGENT_HEADER))
         return Caller(principal, user, agent)
+
+
+def _named_user(request: Request, principal: Principal) -> str:
+    """The user a request names: its ``X-Memq-User``; the anonymous user only when asked for with
+    ``X-Memq-Anonymous: true``; the key's own user when the key is bound to exactly one. Never a
+    default: a request that names no user is refused, naming the header."""
+    from memq.core.identity import ANONYMOUS_USER_ID, validate_named_user
+
+    named = _header_id(request, USER_HEADER)
+    anonymous = request.headers.get(ANONYMOUS_HEADER, "").strip().lower() in ("1", "true", "yes")
+    if anonymous and named is None:
+        return ANONYMOUS_USER_ID
+    if named is None and principal.user_id is not None:
+        return principal.user_id
+    return validate_named_user(named, ask=MCP_USER_HINT)
 
 
 def _header_id(request: Request, name: str) -> str | None:
