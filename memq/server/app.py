@@ -18,6 +18,7 @@ from memq.core.settings import MemqSettings
 from memq.server import problems
 from memq.server.auth import Authorize, Keyring
 from memq.server.hosts import HostGuard, allowed_hosts
+from memq.server.ids import RawPathRouting
 from memq.server.limits import RequestGuard
 from memq.server.routing import operation_id, problem_components
 from memq.server.service import MemqService
@@ -93,6 +94,8 @@ def create_app(
 
     app.mount("/ui", build_inspector(settings, keys, handles), name="ui")
     app.add_middleware(RequestGuard, max_body_bytes=settings.serve_max_body_bytes)
+    # Routing on the raw path: an id with an encoded `/` reaches its own route (ids.py).
+    app.add_middleware(RawPathRouting)
     hosts = allowed_hosts(settings)
     if hosts is not None:  # outermost: a rebinding page's request reaches nothing
         app.add_middleware(HostGuard, allowed=hosts, root_path=settings.serve_root_path)

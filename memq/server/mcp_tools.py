@@ -234,11 +234,18 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
 
     @mcp.resource("memq://users/{user_id}/memory", mime_type="application/json")
     def memory_document(user_id: str, ctx: Context) -> str:
-        """The user's whole memory document (memq memory.json); only the connection's user."""
+        """The user's whole memory document (memq memory.json); only the connection's user, its
+        id percent-encoded as one segment (``memq://users/slack%2FC1/memory``)."""
         with _as_tool_error(ResourceError):
             caller = caller_of(ctx)
             caller.require("agent")
-            if user_id != caller.user_id:
+            try:
+                named = unquote(user_id, errors="strict")
+            except UnicodeDecodeError:
+                raise InvalidIdentifier(
+                    "the user id in the URI is not percent-encoded UTF-8"
+                ) from None
+            if named != caller.user_id:
                 raise Forbidden("this connection reads only its own user's memory")
             document = service.manager.document(caller.user_id, agent_name=caller.agent_name)
             return json.dumps(document.to_json(), ensure_ascii=False)

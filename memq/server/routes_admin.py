@@ -12,12 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memq.commands.memory import check_category
 from memq.server.auth import ADMIN
+from memq.server.ids import ID
 from memq.server.routing import AgentName, Service, new_router
 from storage.document import DEFAULT_CATEGORY, Fact
 
 router = new_router()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
-USER = "/v1/users/{user_id:path}"
+USER = f"/v1/users/{{user_id:{ID}}}"  # one percent-encoded segment: memq/server/ids.py
 _TAGS: list[str | Enum] = ["admin"]
 
 
@@ -56,7 +57,10 @@ class FactEdit(BaseModel):
 
 
 @router.patch(
-    USER + "/facts/{fact_id}", tags=_TAGS, dependencies=[Depends(ADMIN)], response_model=Fact
+    USER + f"/facts/{{fact_id:{ID}}}",
+    tags=_TAGS,
+    dependencies=[Depends(ADMIN)],
+    response_model=Fact,
 )
 def edit_fact(user_id: str, fact_id: str, body: FactEdit, svc: Service) -> Fact:
     """Change a fact's content, category or confidence (only the fields given)."""
@@ -73,7 +77,10 @@ def edit_fact(user_id: str, fact_id: str, body: FactEdit, svc: Service) -> Fact:
 
 
 @router.delete(
-    USER + "/facts/{fact_id}", tags=_TAGS, dependencies=[Depends(ADMIN)], response_model=Fact
+    USER + f"/facts/{{fact_id:{ID}}}",
+    tags=_TAGS,
+    dependencies=[Depends(ADMIN)],
+    response_model=Fact,
 )
 def delete_fact(user_id: str, fact_id: str, svc: Service, agent_name: AgentName = None) -> Fact:
     """Delete a fact; answers the fact deleted."""
@@ -137,7 +144,7 @@ class ThreadForgotten(BaseModel):
 
 # Declared before the user's own DELETE: `{user_id:path}` would otherwise take the whole path.
 @router.delete(
-    USER + "/threads/{thread_id}",
+    USER + f"/threads/{{thread_id:{ID}}}",
     tags=_TAGS,
     dependencies=[Depends(ADMIN)],
     response_model=ThreadForgotten,

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from memq.server.auth import AGENT
+from memq.server.ids import ID
 from memq.server.limits import check_count
 from memq.server.models import (
     TOKEN_BUDGET,
@@ -31,7 +32,7 @@ from storage.document import MemoryDocument
 
 router = new_router()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
-USER = "/v1/users/{user_id:path}"
+USER = f"/v1/users/{{user_id:{ID}}}"  # one percent-encoded segment: memq/server/ids.py
 _TAGS: list[str | Enum] = ["agent"]
 
 
@@ -164,7 +165,10 @@ def history(
 
 
 @router.get(
-    USER + "/facts/{fact_id}/why", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=FactWhy
+    USER + f"/facts/{{fact_id:{ID}}}/why",
+    tags=_TAGS,
+    dependencies=[Depends(AGENT)],
+    response_model=FactWhy,
 )
 def why(user_id: str, fact_id: str, svc: Service, agent_name: AgentName = None) -> FactWhy:
     """Where a fact came from (`memq why`): its sources, confirmations, what it superseded or
