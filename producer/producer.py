@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 
 from memq.core.connection import RedisClient, redis_client
-from memq.core.errors import MemqError, RedisUnavailable
+from memq.core.errors import MemqError, RedisRefused, RedisUnavailable, TurnNotKept
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings, load_settings
@@ -46,6 +47,28 @@ class ProducerStats:
     dropped: int = 0
     errors: int = 0
     poisoned: int = 0
+
+
+OfferStatus = Literal["queued", "spooled", "nothing_to_remember"]
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """How a door's hand-off ended: in Redis (``queued``, with the enqueue's answer), kept in the
+    spool for the replay (``spooled``: Redis did not answer), or nothing worth keeping."""
+
+    status: OfferStatus
+    context_id: str | None = None
+    result: EnqueueResult | None = None
+    # Spooled on disk: the turn outlives this process (the next one with the folder sends it).
+    durable: bool = False
+    # Why Redis did not take it (one line: unreachable, authentication, permission), if spooled.
+    reason: str | None = None
+
+
+_NOWHERE_TO_KEEP = (
+    "this process keeps no spool on disk (give it a data folder: MEMQ_DATA_DIR or MEMQ_SPOOL_DIR)"
+)
 
 
 def _wall_clock_ms() -> int:
@@ -91,6 +114,7 @@ class MemoryProducer:
             ("enqueued", "spooled", "replayed", "dropped", "errors", "poisoned"), 0
         )
         self._backoff = Backoff()
+        self._last_failure = "Redis did not answer"  # the last failure's one line, for doors
         self._replay = SpoolReplay(
             self._spool,
             self._send,
@@ -154,6 +178,46 @@ class MemoryProducer:
         self._spool.sent(request.context_id)
         self._count("enqueued")
         return result
+
+    def offer(
+        self,
+        thread_id: str,
+        user_id: str | None,
+        agent_name: str | None,
+        messages: Iterable[object],
+        *,
+        flush: bool = False,
+        trace_id: str | None = None,
+        keep_in_memory: bool = True,
+    ) -> Offered:
+        """A door's variant (HTTP, MCP): bad input raises (InvalidIdentifier, InvalidMessages);
+        a Redis that does not answer spools the context, under the same back-off as the hooks,
+        so a hung Redis costs one timeout per back-off, never two per call.
+
+        A door must not promise what it may lose, so: a Redis that refuses memq (authentication,
+        permission: :class:`RedisRefused`) raises, no replay helps; a spool that could not keep
+        the turn (full) raises :class:`TurnNotKept`; and with ``keep_in_memory`` False (a process
+        that may end any time, such as MCP over stdio) a spool that is not on disk raises
+        :class:`TurnNotKept` instead of keeping it in memory."""
+        request = self._build(thread_id, user_id, agent_name, messages, flush, trace_id)
+        if request is None:
+            return Offered("nothing_to_remember")
+        durable = self._spool.folder is not None
+        if not keep_in_memory and not durable and self._backoff.skipping():
+            raise TurnNotKept(f"not kept: {self._last_failure}; {_NOWHERE_TO_KEEP}")
+        try:
+            result = self._offer(request, refuse=True, keep=keep_in_memory or durable)
+        except TurnNotKept:
+            raise
+        except RedisRefused:
+            raise  # the credentials or the ACL: no replay helps until the settings change
+        except RedisUnavailable as exc:
+            raise TurnNotKept(f"not kept: {self._last_failure}; {_NOWHERE_TO_KEEP}") from exc
+        if result is not None:
+            return Offered("queued", request.context_id, result)
+        if not self._spool.holds(request.context_id):
+            raise TurnNotKept(f"not kept: {self._last_failure}; the producer's spool is full")
+        return Offered("spooled", request.context_id, durable=durable, reason=self._last_failure)
 
     # --- spool and lifecycle
     @property
@@ -266,29 +330,42 @@ class MemoryProducer:
             return False
         if request is None:
             return False
+        return self._offer(request) is not None
+
+    def _offer(
+        self, request: EnqueueRequest, *, refuse: bool = False, keep: bool = True
+    ) -> EnqueueResult | None:
+        """Send ``request`` (merged with what the spool holds of its context), or keep it for the
+        replay; None when it was kept. Never raises, but for a door (``refuse``): a Redis that
+        refused memq raises :class:`RedisRefused`, and without ``keep`` an unreachable one
+        raises :class:`RedisUnavailable` instead of spooling."""
         if self._backoff.skipping():
-            self._replay.keep_for_later(
-                request
-            )  # Redis failed just now: do not pay the timeout again
-            return False
+            # Redis failed just now: do not pay the timeout again.
+            self._replay.keep_for_later(request)
+            return None
         older = self._spool.take(request.context_id)
         if older is not None:
             request = older.merged_under(request)
         try:
-            self._send(request)
+            result = self._send(request)
         except RedisUnavailable as exc:
+            self._last_failure = exc.summary or "Redis did not answer"
             self._replay.record_failure(exc)
+            if refuse and (isinstance(exc, RedisRefused) or not keep):
+                if older is not None:
+                    self._spool.put_back(older)
+                raise
             self._replay.keep_for_later(request)
-            return False
+            return None
         except Exception as exc:
             # Not the agent's problem, and not Redis failing: the replay tries it a few more times.
             self._replay.failed_unexpectedly(request, exc)
-            return False
+            return None
         self._count("enqueued")
         self._replay.record_recovery()
         if len(self._spool):
             self._replay.ensure_running()
-        return True
+        return result
 
     def _send(self, request: EnqueueRequest) -> EnqueueResult:
         result = self._enqueue(request, self._clock_ms())

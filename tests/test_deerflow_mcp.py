@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from memq.testing.celery_procs import REPO_ROOT
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.serve import Keys

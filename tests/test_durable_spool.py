@@ -22,8 +22,8 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 
 from memq.core.identity import ContextKey
 from memq.core.settings import MemqSettings
-from memq.redis_server import WORKER_USER, AclUser, RedisServer, agent_rules, redis_password
-from memq.redis_server import write_private as write_private_file
+from memq.local.redis_server import WORKER_USER, AclUser, RedisServer, agent_rules, redis_password
+from memq.local.redis_server import write_private as write_private_file
 from memq.testing.celery_procs import REPO_ROOT
 from producer.enqueue import EnqueueRequest
 from producer.spool_disk import DiskSpool

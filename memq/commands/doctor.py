@@ -17,10 +17,11 @@ from typing import Literal
 import redis
 from redis.cluster import RedisCluster
 
-from memq.commands.common import CommandContext, mask_url, shown
+from memq.commands.common import CommandContext, shown
 from memq.core.connection import RedisClient
 from memq.core.errors import ConfigError
 from memq.core.keys import CLUSTER_SLOTS
+from memq.core.redis_urls import mask_url
 from memq.core.settings import MemqSettings
 
 Status = Literal["ok", "warn", "fail"]
@@ -114,7 +115,7 @@ def _stack_client(settings: MemqSettings) -> redis.Redis | None:
     when the settings point at that Redis (its port file) and its password file is readable."""
     from urllib.parse import urlsplit
 
-    from memq.redis_server import WORKER_USER
+    from memq.local.redis_server import WORKER_USER
 
     redis_dir = settings.data_dir / "redis"
     target = urlsplit(settings.redis_url)

@@ -38,37 +38,45 @@ UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
 _AUTH_MARKERS = ("WRONGPASS", "NOAUTH", "invalid username-password", "Authentication required")
 
 
-def describe_redis_failure(exc: BaseException) -> str:
-    """What went wrong talking to Redis, in one line an operator can act on: authentication,
-    permission or unreachable (no password: redis-py's messages never carry one)."""
-    text = " ".join(str(exc).split())[:200] or type(exc).__name__
+def redis_failure_summary(exc: BaseException) -> str:
+    """What went wrong talking to Redis, in words a caller anywhere may read: authentication,
+    permission, or unreachable (no host, no password, none of Redis's own text)."""
+    text = str(exc)
     if isinstance(exc, redis.AuthenticationError) or any(m in text for m in _AUTH_MARKERS):
         return (
             "Redis refused memq's credentials (authentication failed): check the user and "
             "password in MEMQ_REDIS_URL"
         )
     if isinstance(exc, redis.exceptions.NoPermissionError) or text.startswith("NOPERM"):
-        return (
-            "Redis refused a command (permission: the ACL user in MEMQ_REDIS_URL may not run "
-            f"it): {text}"
-        )
+        return "Redis refused a command (permission: the ACL user in MEMQ_REDIS_URL may not run it)"
     if isinstance(exc, redis.TimeoutError):
-        return f"Redis did not answer in time (unreachable): {text}"
+        return "Redis did not answer in time (unreachable)"
     if isinstance(exc, UNREACHABLE_ERRORS):
-        return f"Redis is unreachable: {text}"
-    return f"Redis failed: {text}"
+        return "Redis is unreachable"
+    return "Redis failed"
+
+
+def describe_redis_failure(exc: BaseException) -> str:
+    """:func:`redis_failure_summary` with Redis's own one line (for the operator: logs, the CLI;
+    redis-py's messages never carry a password)."""
+    text = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return f"{redis_failure_summary(exc)}: {text}"
 
 
 def unavailable(exc: BaseException, what: str) -> RedisUnavailable:
     """The memq error for a failed Redis call: :class:`RedisRefused` when Redis refused the
     credentials or the command, else :class:`RedisUnavailable`; the message is ``what`` and
-    :func:`describe_redis_failure`."""
-    line = f"{what}: {describe_redis_failure(exc)}"
+    :func:`describe_redis_failure`, its ``summary`` the words a remote caller may read."""
     text = str(exc)
     refused = isinstance(exc, (redis.AuthenticationError, redis.exceptions.NoPermissionError))
-    if refused or text.startswith("NOPERM") or any(m in text for m in _AUTH_MARKERS):
-        return RedisRefused(line)
-    return RedisUnavailable(line)
+    kind = (
+        RedisRefused
+        if refused or text.startswith("NOPERM") or any(m in text for m in _AUTH_MARKERS)
+        else RedisUnavailable
+    )
+    error = kind(f"{what}: {describe_redis_failure(exc)}")
+    error.summary = redis_failure_summary(exc)
+    return error
 
 
 # What every part of memq talks to. Both share the commands memq uses (Lua scripts included:

@@ -27,6 +27,10 @@ class InvalidMessages(MemqError, ValueError):
 class RedisUnavailable(MemqError, ConnectionError):
     """Redis did not answer (connection refused, timeout, loading)."""
 
+    # What went wrong in words any caller may read (authentication, permission, unreachable),
+    # without Redis's own text; set where the error is made from a driver error.
+    summary: str | None = None
+
 
 class RedisRefused(RedisUnavailable):
     """Redis answered but refused memq: a wrong password or user (authentication), or an ACL
@@ -115,3 +119,11 @@ class RunDeferred(MemqError):
         self.retry_at_ms = retry_at_ms
         self.reason = reason  # "rate_limit" or "budget": the counter it adds to
         self.slot_ms = slot_ms  # a rate-limit slot reserved for the next run (None: none)
+
+
+class NotFound(MemqError, LookupError):
+    """The user, agent, thread or dead letter asked for does not exist: 404."""
+
+
+class PayloadTooLarge(MemqError, ValueError):
+    """A body, a message list or an import above the configured cap: 413."""

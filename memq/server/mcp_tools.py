@@ -26,20 +26,15 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from memq.core.connection import REDIS_ERRORS
-from memq.core.errors import (
-    InvalidIdentifier,
-    MemqError,
-    RedisUnavailable,
-    StorageError,
-    TurnNotKept,
-)
+from memq.core.errors import InvalidIdentifier, MemqError
 from memq.core.identity import validate_agent_name
 from memq.core.settings import MemqSettings
-from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal, bearer_token
-from memq.server.auth import Scope as KeyScope
+from memq.operations.access import LOCAL, Forbidden, Principal
+from memq.operations.refusals import reason, status_of
+from memq.operations.service import MemqService
+from memq.server.auth import Keyring, bearer_token
 from memq.server.models import TOKEN_BUDGET
-from memq.server.problems import problem, status_of
-from memq.server.service import MemqService
+from memq.server.problems import problem
 
 USER_HEADER = "x-memq-user"
 AGENT_HEADER = "x-memq-agent"
@@ -49,10 +44,21 @@ MCP_USER_HINT = (
     "the anonymous user"
 )
 MCP_PATH = "/mcp"
-# One thread for every `remember`: its messages accumulate until extracted, and the watermark
-# then skips what was extracted, so a fact handed over twice is extracted once.
+# One thread for every `remember`: its messages accumulate until extracted. Each call's messages
+# carry ids of their own, so words remembered again (say, after their fact was deleted) are a new
+# turn, extracted again, never merged away as already seen.
 REMEMBER_THREAD = "mcp-remember"
 _STATE_KEY = "memq_mcp"
+
+# Each tool is one operation of memq.operations.table (its scope and span come from there).
+TOOL_OPERATIONS = {
+    "remember": "hand_off",
+    "recall": "recall",
+    "list_facts": "read_memory",
+    "edit_fact": "edit_fact",
+    "delete_fact": "delete_fact",
+}
+RESOURCE_OPERATIONS = {"memq://users/{user_id}/memory": "read_memory"}
 
 INSTRUCTIONS = (
     "Long-term memory about the user. Call `recall` with the user's message before answering "
@@ -67,9 +73,6 @@ class Caller:
     user_id: str
     agent_name: str | None
 
-    def require(self, scope: KeyScope) -> None:
-        self.principal.require_scope(scope)
-
 
 CallerOf = Callable[[Context], Caller]
 
@@ -79,14 +82,11 @@ def _as_tool_error(error: type[ToolError | ResourceError] = ToolError) -> Iterat
     """memq's refusals as the one line the client reads: a ``ToolError`` for a tool, a
     ``ResourceError`` for a resource (the SDK hides any other exception's text behind a generic
     error and logs its traceback; an expected refusal must do neither)."""
-    unavailable: tuple[type[Exception], ...] = (RedisUnavailable, StorageError, *REDIS_ERRORS)
+    refused: tuple[type[Exception], ...] = (MemqError, *REDIS_ERRORS)
     try:
         yield
-    except unavailable as exc:
-        # The one line says which: unreachable, authentication or permission (never a secret).
-        raise error(f"memq's store is unavailable: {_first_line(exc)}") from exc
-    except MemqError as exc:
-        raise error(_first_line(exc)) from exc
+    except refused as exc:
+        raise error(reason(exc)) from exc
 
 
 def memq_version() -> str:
@@ -101,11 +101,6 @@ def memq_version() -> str:
         return __version__
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc)
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
     # Warnings only: the SDK logs each tool error at INFO, and a refusal may name what was sent.
     mcp = MCPServer(
@@ -118,27 +113,19 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         seconds). Pass their own words; one topic per call is best."""
         with _as_tool_error():
             caller = caller_of(ctx)
-            caller.require("agent")
-            # Ids of their own: the same words remembered again (say, after their fact was
-            # deleted) are a new turn, extracted again, not merged away as already seen.
             said = uuid.uuid4().hex
             messages = [
                 {"role": "user", "content": text, "id": f"mcp-{said}-u"},
                 {"role": "assistant", "content": "I will remember that.", "id": f"mcp-{said}-a"},
             ]
-            try:
-                outcome = service.hand_off(
-                    REMEMBER_THREAD,
-                    caller.user_id,
-                    caller.agent_name,
-                    messages,
-                    flush=True,
-                    trace_id=None,
-                )
-            except TurnNotKept as exc:
-                raise ToolError(_first_line(exc)) from exc
-            except RedisUnavailable as exc:  # never "will be remembered" for a lost turn
-                raise ToolError(f"not kept: {_first_line(exc)}") from exc
+            outcome = service.hand_off(
+                caller.principal,
+                caller.user_id,
+                caller.agent_name,
+                REMEMBER_THREAD,
+                messages,
+                flush=True,
+            )
             if outcome.status == "nothing_to_remember":
                 return "nothing to remember in that text"
             if outcome.status == "spooled" and outcome.durable:
@@ -165,8 +152,8 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         a <user_memory> block to read before answering; empty when nothing is known."""
         with _as_tool_error():
             caller = caller_of(ctx)
-            caller.require("agent")
-            return service.block(
+            return service.recall(
+                caller.principal,
                 caller.user_id,
                 caller.agent_name,
                 query=query or None,
@@ -180,9 +167,8 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         first; use the ids with edit_fact and delete_fact."""
         with _as_tool_error():
             caller = caller_of(ctx)
-            caller.require("agent")
-            facts = service.manager.list_facts(
-                caller.user_id, agent_name=caller.agent_name, category=category
+            facts = service.list_facts(
+                caller.principal, caller.user_id, caller.agent_name, category=category
             )
             return [
                 {
@@ -204,17 +190,13 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
     ) -> dict[str, Any]:
         """Correct a stored fact (only the fields given change), when the user says it is
         wrong or out of date."""
-        from memq.commands.memory import check_category
-
         with _as_tool_error():
             caller = caller_of(ctx)
-            caller.require("admin")
-            if category is not None:
-                check_category(category)
-            fact = service.manager.edit_fact(
+            fact = service.edit_fact(
+                caller.principal,
                 caller.user_id,
+                caller.agent_name,
                 fact_id,
-                agent_name=caller.agent_name,
                 content=content,
                 category=category,
                 confidence=confidence,
@@ -226,10 +208,7 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         """Delete a stored fact, when the user asks to forget it."""
         with _as_tool_error():
             caller = caller_of(ctx)
-            caller.require("admin")
-            fact = service.manager.delete_fact(
-                caller.user_id, fact_id, agent_name=caller.agent_name
-            )
+            fact = service.delete_fact(caller.principal, caller.user_id, caller.agent_name, fact_id)
             return f"deleted {fact.id}"
 
     @mcp.resource("memq://users/{user_id}/memory", mime_type="application/json")
@@ -238,7 +217,6 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         id percent-encoded as one segment (``memq://users/slack%2FC1/memory``)."""
         with _as_tool_error(ResourceError):
             caller = caller_of(ctx)
-            caller.require("agent")
             try:
                 named = unquote(user_id, errors="strict")
             except UnicodeDecodeError:
@@ -247,7 +225,7 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
                 ) from None
             if named != caller.user_id:
                 raise Forbidden("this connection reads only its own user's memory")
-            document = service.manager.document(caller.user_id, agent_name=caller.agent_name)
+            document = service.document(caller.principal, caller.user_id, caller.agent_name)
             return json.dumps(document.to_json(), ensure_ascii=False)
 
     return mcp
@@ -257,7 +235,7 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
 async def run_stdio(settings: MemqSettings, user_id: str, agent_name: str | None) -> None:
     # The client may end this process any time: a turn is kept only on disk, or refused.
     service = MemqService(settings, keep_in_memory=False)
-    caller = Caller(OPEN_ACCESS, user_id, agent_name)
+    caller = Caller(LOCAL, user_id, agent_name)
     try:
         await build_mcp(service, lambda _ctx: caller).run_stdio_async()
     finally:
