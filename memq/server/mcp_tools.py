@@ -96,9 +96,7 @@ def memq_version() -> str:
     try:
         return version("memq")
     except PackageNotFoundError:  # run from a source tree that was never installed
-        from memq import __version__
-
-        return __version__
+        return "0+unknown"
 
 
 def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
