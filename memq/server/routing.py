@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
+from memq.operations.paging import MAX_LIMIT
 from memq.operations.service import MemqService
 from memq.server.auth import Authorize
 from memq.server.problems import PROBLEM_JSON
@@ -79,3 +80,13 @@ def caller(operation: str) -> Any:
     """A route's caller, checked against the operation table for ``operation``:
     ``who: Annotated[Principal, caller("add_fact")]``."""
     return Depends(Authorize(operation))
+
+
+Limit = Annotated[
+    int,
+    Query(ge=1, le=MAX_LIMIT, description=f"items per page (at most {MAX_LIMIT})"),
+]
+Cursor = Annotated[
+    str | None,
+    Query(max_length=16, description="`next_cursor` of the previous page; omitted: the first"),
+]
