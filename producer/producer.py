@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
+from memq.core.clock import now_ms
 from memq.core.connection import RedisClient, redis_client
 from memq.core.errors import MemqError, RedisRefused, RedisUnavailable, TurnNotKept
 from memq.core.identity import ContextKey
@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 class ProducerStats:
     """Counters since the producer was built: contexts sent on the call (``enqueued``), kept for
     later (``spooled``), sent later from the spool (``replayed``), lost to a full spool
-    (``dropped``), calls refused for bad input or an unexpected failure (``errors``), and requests
-    dropped because they kept failing for a reason other than Redis (``poisoned``)."""
+    (``dropped``), calls refused for bad input or an unexpected failure (``errors``), requests
+    dropped because they kept failing for a reason other than Redis (``poisoned``), and message
+    times that could not be read, the hand-off time standing in for them (``times_dropped``)."""
 
     enqueued: int = 0
     spooled: int = 0
@@ -47,6 +48,7 @@ class ProducerStats:
     dropped: int = 0
     errors: int = 0
     poisoned: int = 0
+    times_dropped: int = 0
 
 
 OfferStatus = Literal["queued", "spooled", "nothing_to_remember"]
@@ -69,10 +71,6 @@ class Offered:
 _NOWHERE_TO_KEEP = (
     "this process keeps no spool on disk (give it a data folder: MEMQ_DATA_DIR or MEMQ_SPOOL_DIR)"
 )
-
-
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class MemoryProducer:
@@ -107,11 +105,17 @@ class MemoryProducer:
             pending_max_bytes=s.pending_max_bytes,
             context_max_bytes=s.context_max_bytes,
         )
+<<<<<<< HEAD
         self._clock_ms = clock_ms or _wall_clock_ms
         self._spool = open_spool(s)
+=======
+        self._clock_ms = clock_ms or now_ms
+        self._spool = Spool(s.spool_max_contexts)
+>>>>>>> main
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
-            ("enqueued", "spooled", "replayed", "dropped", "errors", "poisoned"), 0
+            ("enqueued", "spooled", "replayed", "dropped", "errors", "poisoned", "times_dropped"),
+            0,
         )
         self._backoff = Backoff()
         self._last_failure = "Redis did not answer"  # the last failure's one line, for doors
@@ -297,7 +301,7 @@ class MemoryProducer:
         if not self._settings.enabled:
             return None
         key = ContextKey.create(thread_id, user_id, agent_name)
-        return build_request(
+        request = build_request(
             key,
             messages,
             flush=flush,
@@ -308,6 +312,14 @@ class MemoryProducer:
             # Stamped now, not when sent: a spooled request must never pass for a newer turn.
             captured_ms=self._clock_ms(),
         )
+        if request is not None and request.times_dropped:
+            self._count("times_dropped", request.times_dropped)
+            log.info(
+                "memq: %s: %d message times unreadable; the hand-off time stands in",
+                key.describe(),
+                request.times_dropped,
+            )
+        return request
 
     def _submit(
         self,

@@ -7,17 +7,18 @@ ARGV and return codes), assembled with its shared fragments (``includes/``) by
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, cast
 
+from memq.core.clock import now_ms
 from memq.core.connection import RedisClient
 from memq.core.errors import InvalidIdentifier
-from memq.core.identity import user_id_of
+from memq.core.identity import decode_user, encode_user, user_id_of
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.metrics import MetricsRecorder, read_snapshot, summarise
 from memq.core.scripts import LuaScripts
@@ -40,10 +41,6 @@ _SCRIPTS = (
 _PERMANENT = "-1"  # fail.lua's retry_at_ms meaning "dead at once"
 _DEAD_BATCH = 500  # ids per dead_retry/dead_purge script call
 _SCRIPT_BATCH = 500  # ids per reap_expired script call
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class CompleteResult(Enum):
@@ -90,6 +87,18 @@ class DeadEntry:
     expires_at_ms: int = 0  # when the dead letter (and the text it holds) is deleted
 
 
+@functools.lru_cache(maxsize=65_536)
+def _canonical_user_segment(segment: str) -> bool:
+    """Whether ``segment`` is a user's key part exactly as :func:`encode_user` writes it (pure,
+    so memoised: the ticker meets the same users tick after tick)."""
+    if not segment:
+        return False
+    try:
+        return encode_user(decode_user(segment)) == segment
+    except InvalidIdentifier:
+        return False
+
+
 class QueueClient:
     """The worker side of the Redis contract, on one client (its scripts registered once)."""
 
@@ -128,7 +137,7 @@ class QueueClient:
         ):
             if not ids:
                 continue
-            keys = [shard.due, shard.inflight, shard.epoch]
+            keys = [shard.due, shard.inflight, shard.epoch, shard.batch_pending, shard.batched]
             for context_id in ids:
                 keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
             raw = self._scripts["claim_due"](
@@ -382,6 +391,10 @@ class QueueClient:
     @staticmethod
     def user_inflight_key(q: QueueKeys, context_id: str) -> str:
         """The per-user lease set of a context's user, in the context's own shard."""
+        parts = context_id.split(":")
+        if len(parts) == 3 and _canonical_user_segment(parts[1]):
+            # The id already carries the user's key part: no decode and encode per candidate.
+            return q.user_inflight_segment(parts[1])
         try:
             user_id = user_id_of(context_id)
         except InvalidIdentifier:

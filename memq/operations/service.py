@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from memq.core.settings import MemqSettings
@@ -137,6 +138,7 @@ class MemqService:
         *,
         query: str | None = None,
         max_tokens: int | None = None,
+<<<<<<< HEAD
         strict: bool = False,
     ) -> str:
         """The ``<user_memory>`` block (``""`` when nothing is known or Redis does not answer:
@@ -144,6 +146,18 @@ class MemqService:
         tool that must not pass it off as "nothing known")."""
         authorize(who, "recall", user_id)
         return self.injector(max_tokens).block(user_id, agent_name, query=query, strict=strict)
+=======
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> str:
+        """The ``<user_memory>`` block (``""`` when nothing is known or Redis does not answer:
+        the injector fails open, as before an agent's turn); ``since``/``until``: only facts said
+        within that window."""
+        authorize(who, "recall", user_id)
+        return self.injector(max_tokens).block(
+            user_id, agent_name, query=query, since=since, until=until
+        )
+>>>>>>> main
 
     # --- reading a memory
     def document(self, who: Principal, user_id: str, agent_name: str | None) -> MemoryDocument:
@@ -170,10 +184,18 @@ class MemqService:
         *,
         category: str | None = None,
         limit: int = 10,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[Fact]:
         authorize(who, "search", user_id)
         return self.manager.search(
-            user_id, query, agent_name=agent_name, category=category, limit=limit
+            user_id,
+            query,
+            agent_name=agent_name,
+            category=category,
+            limit=limit,
+            since=since,
+            until=until,
         )
 
     def why(
@@ -308,8 +330,8 @@ class MemqService:
 
     def stats(self, who: Principal) -> dict[str, Any]:
         """What `memq stats --json` prints: depths, lag, outcomes, tokens and the bill."""
+        from memq.core.clock import now_ms
         from memq.core.metrics import read_snapshot, summarise
-        from worker.queue import now_ms
 
         authorize(who, "stats")
         return summarise(read_snapshot(self.redis, self.settings, now_ms()))
