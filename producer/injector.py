@@ -137,21 +137,14 @@ class MemoryInjector:
         agent_name: str | None = None,
         *,
         query: str | None = None,
-<<<<<<< HEAD
+        since: datetime | None = None,
+        until: datetime | None = None,
         strict: bool = False,
     ) -> str:
         """``"<user_memory>\\n…\\n</user_memory>"``, or ``""`` when there is nothing to inject,
         injection is disabled, or anything went wrong (logged; never raised into the agent).
-        ``query``: see :meth:`text`. ``strict``: failures raise as :meth:`text` raises them (a
-        tool that must not pass an outage off as "nothing known")."""
-=======
-        since: datetime | None = None,
-        until: datetime | None = None,
-    ) -> str:
-        """``"<user_memory>\\n…\\n</user_memory>"``, or ``""`` when there is nothing to inject,
-        injection is disabled, or anything went wrong (logged; never raised into the agent).
-        ``query``, ``since``, ``until``: see :meth:`text`."""
->>>>>>> main
+        ``query``, ``since``, ``until``: see :meth:`text`. ``strict``: failures raise as
+        :meth:`text` raises them (a tool that must not pass an outage off as "nothing known")."""
         try:
             content = self.text(user_id, agent_name, query=query, since=since, until=until)
         except RedisUnavailable:

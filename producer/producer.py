@@ -105,13 +105,8 @@ class MemoryProducer:
             pending_max_bytes=s.pending_max_bytes,
             context_max_bytes=s.context_max_bytes,
         )
-<<<<<<< HEAD
-        self._clock_ms = clock_ms or _wall_clock_ms
-        self._spool = open_spool(s)
-=======
         self._clock_ms = clock_ms or now_ms
-        self._spool = Spool(s.spool_max_contexts)
->>>>>>> main
+        self._spool = open_spool(s)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("enqueued", "spooled", "replayed", "dropped", "errors", "poisoned", "times_dropped"),

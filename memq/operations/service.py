@@ -138,26 +138,18 @@ class MemqService:
         *,
         query: str | None = None,
         max_tokens: int | None = None,
-<<<<<<< HEAD
+        since: datetime | None = None,
+        until: datetime | None = None,
         strict: bool = False,
     ) -> str:
         """The ``<user_memory>`` block (``""`` when nothing is known or Redis does not answer:
-        the injector fails open, as before an agent's turn; ``strict``: an outage raises, for a
-        tool that must not pass it off as "nothing known")."""
-        authorize(who, "recall", user_id)
-        return self.injector(max_tokens).block(user_id, agent_name, query=query, strict=strict)
-=======
-        since: datetime | None = None,
-        until: datetime | None = None,
-    ) -> str:
-        """The ``<user_memory>`` block (``""`` when nothing is known or Redis does not answer:
         the injector fails open, as before an agent's turn); ``since``/``until``: only facts said
-        within that window."""
+        within that window; ``strict``: an outage raises, for a tool that must not pass it off
+        as "nothing known"."""
         authorize(who, "recall", user_id)
         return self.injector(max_tokens).block(
-            user_id, agent_name, query=query, since=since, until=until
+            user_id, agent_name, query=query, since=since, until=until, strict=strict
         )
->>>>>>> main
 
     # --- reading a memory
     def document(self, who: Principal, user_id: str, agent_name: str | None) -> MemoryDocument:

@@ -113,17 +113,16 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         it (ISO 8601), if not just now."""
         with _as_tool_error():
             caller = caller_of(ctx)
-<<<<<<< HEAD
-            said = uuid.uuid4().hex
-            messages = [
-                {"role": "user", "content": text, "id": f"mcp-{said}-u"},
-                {"role": "assistant", "content": "I will remember that.", "id": f"mcp-{said}-a"},
-=======
             said: dict[str, str] = {} if said_at is None else {"created_at": said_at}
+            turn = uuid.uuid4().hex
             messages = [
-                {"role": "user", "content": text, **said},
-                {"role": "assistant", "content": "I will remember that.", **said},
->>>>>>> main
+                {"role": "user", "content": text, "id": f"mcp-{turn}-u", **said},
+                {
+                    "role": "assistant",
+                    "content": "I will remember that.",
+                    "id": f"mcp-{turn}-a",
+                    **said,
+                },
             ]
             outcome = service.hand_off(
                 caller.principal,
@@ -135,29 +134,23 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
             )
             if outcome.status == "nothing_to_remember":
                 return "nothing to remember in that text"
-<<<<<<< HEAD
-            if outcome.status == "spooled" and outcome.durable:
-                return (
-                    "will be remembered (memq's store is unavailable; kept on disk and sent "
-                    "when it is back)"
-                )
-            if outcome.status == "spooled":
-                return (
-                    "will be remembered if this server runs until memq's store is back (kept in "
-                    "its memory only)"
-                )
-            return "will be remembered"
-=======
             # Never refused for its time: an unreadable one is the time of this call (counted).
             late = (
                 ""
                 if said_at is None or timestamp_ms(said_at) is not None
                 else (" (said_at is no ISO 8601 time: the time of this call stands in)")
             )
+            if outcome.status == "spooled" and outcome.durable:
+                return (
+                    "will be remembered (memq's store is unavailable; kept on disk and sent "
+                    "when it is back)" + late
+                )
             if outcome.status == "spooled":
-                return "will be remembered (kept by the server until memq's store is back)" + late
+                return (
+                    "will be remembered if this server runs until memq's store is back (kept in "
+                    "its memory only)" + late
+                )
             return "will be remembered" + late
->>>>>>> main
 
     @mcp.tool()
     def recall(

@@ -11,13 +11,8 @@ import functools
 from enum import Enum
 from typing import Annotated, Any
 
-<<<<<<< HEAD
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field
-=======
-from fastapi import Query, Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
->>>>>>> main
 from starlette.concurrency import run_in_threadpool
 
 from memq.operations.access import Principal
