@@ -139,15 +139,21 @@ class MemoryInjector:
         query: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        strict: bool = False,
     ) -> str:
         """``"<user_memory>\\n…\\n</user_memory>"``, or ``""`` when there is nothing to inject,
         injection is disabled, or anything went wrong (logged; never raised into the agent).
-        ``query``, ``since``, ``until``: see :meth:`text`."""
+        ``query``, ``since``, ``until``: see :meth:`text`. ``strict``: failures raise as
+        :meth:`text` raises them (a tool that must not pass an outage off as "nothing known")."""
         try:
             content = self.text(user_id, agent_name, query=query, since=since, until=until)
         except RedisUnavailable:
+            if strict:
+                raise
             return ""  # logged once per outage by the read itself
         except Exception:
+            if strict:
+                raise
             log.exception("memory injection failed for user=%s agent=%s", user_id, agent_name)
             return ""
         if not content.strip():

@@ -9,6 +9,7 @@ corrupt: an operator can always repair a document with them.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from datetime import datetime
@@ -24,6 +25,7 @@ from storage.fact_input import (
     parse_import,
     refuse_duplicate,
     refuse_too_long,
+    refuse_unfit_import,
     valid_category,
     valid_confidence,
     valid_content,
@@ -228,9 +230,14 @@ class MemoryManager:
         data: Mapping[str, Any] | str | bytes,
         *,
         agent_name: str | None = None,
+        replace: bool = False,
     ) -> MemoryDocument:
-        """Replace the document with an imported DeerFlow or memq memory.json."""
-        return self.import_document_counted(user_id, data, agent_name=agent_name)[0]
+        """Replace the document with an imported DeerFlow or memq memory.json. Refused (nothing
+        written) above ``max_facts`` facts, or with no readable fact unless ``replace`` says
+        emptying the memory is meant."""
+        return self.import_document_counted(user_id, data, agent_name=agent_name, replace=replace)[
+            0
+        ]
 
     def import_document_counted(
         self,
@@ -238,9 +245,22 @@ class MemoryManager:
         data: Mapping[str, Any] | str | bytes,
         *,
         agent_name: str | None = None,
+        replace: bool = False,
     ) -> tuple[MemoryDocument, int]:
         """:meth:`import_document`, and how many facts were cut to ``fact_max_chars``."""
+        if isinstance(data, str | bytes):
+            try:
+                data = json.loads(data)
+            except ValueError as exc:
+                raise InvalidMemoryData(f"not JSON: {exc}") from exc
         imported = parse_import(data)
+        entries = data.get("facts") if isinstance(data, Mapping) else None
+        refuse_unfit_import(
+            imported,
+            len(entries) if isinstance(entries, list) else 0,
+            max_facts=self.max_facts,
+            replace=replace,
+        )
         imported.facts, cut = cap_facts_length(imported.facts, self.fact_max_chars)
         reason = f"imported {len(imported.facts)} facts"
         if cut:

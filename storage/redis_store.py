@@ -15,12 +15,17 @@ import random
 import time
 from collections.abc import Iterator
 
-from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS, RedisClient, redis_client
+from memq.core.connection import (
+    REDIS_ERRORS,
+    UNREACHABLE_ERRORS,
+    RedisClient,
+    redis_client,
+    unavailable,
+)
 from memq.core.errors import (
     CorruptMemoryFile,
     InvalidIdentifier,
     LockTimeout,
-    RedisUnavailable,
     StaleClaim,
     StorageError,
 )
@@ -52,7 +57,7 @@ def _redis_errors(what: str) -> Iterator[None]:
     try:
         yield
     except UNREACHABLE_ERRORS as exc:
-        raise RedisUnavailable(f"{what}: Redis did not answer: {exc}") from exc
+        raise unavailable(exc, what) from exc
     except REDIS_ERRORS as exc:
         raise StorageError(f"{what}: {exc}") from exc
 

@@ -55,10 +55,21 @@ class MemqService:
     in-process integrations pass :data:`memq.operations.access.LOCAL`).
     """
 
-    def __init__(self, settings: MemqSettings, *, redis: RedisClient | None = None) -> None:
+    def __init__(
+        self,
+        settings: MemqSettings,
+        *,
+        redis: RedisClient | None = None,
+        keep_in_memory: bool = True,
+    ) -> None:
+        """``keep_in_memory``: whether a turn Redis did not take may wait in this process's
+        spool when it is not on disk (a server that lives on); False for a process that may end
+        any time (MCP over stdio): without a disk spool its caller is told the turn was not
+        kept."""
         from memq.core.connection import redis_client
 
         self.settings = settings
+        self._keep_in_memory = keep_in_memory
         self._owns_redis = redis is None
         self.redis = (
             redis
@@ -94,7 +105,13 @@ class MemqService:
         replays it once Redis is back. Bad input raises (InvalidIdentifier, InvalidMessages)."""
         authorize(who, "hand_off", user_id)
         return self.producer.offer(
-            thread_id, user_id, agent_name, messages, flush=flush, trace_id=trace_id
+            thread_id,
+            user_id,
+            agent_name,
+            messages,
+            flush=flush,
+            trace_id=trace_id,
+            keep_in_memory=self._keep_in_memory,
         )
 
     def injector(self, max_tokens: int | None) -> MemoryInjector:
@@ -123,13 +140,15 @@ class MemqService:
         max_tokens: int | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        strict: bool = False,
     ) -> str:
         """The ``<user_memory>`` block (``""`` when nothing is known or Redis does not answer:
         the injector fails open, as before an agent's turn); ``since``/``until``: only facts said
-        within that window."""
+        within that window; ``strict``: an outage raises, for a tool that must not pass it off
+        as "nothing known"."""
         authorize(who, "recall", user_id)
         return self.injector(max_tokens).block(
-            user_id, agent_name, query=query, since=since, until=until
+            user_id, agent_name, query=query, since=since, until=until, strict=strict
         )
 
     # --- reading a memory
@@ -266,11 +285,16 @@ class MemqService:
         user_id: str,
         agent_name: str | None,
         data: Mapping[str, Any] | str | bytes,
+        *,
+        replace: bool = False,
     ) -> tuple[MemoryDocument, int]:
         """Replace the memory with an imported memq or DeerFlow document, held to the fact cap
-        and fact length; answers the document and how many facts were cut to length."""
+        and fact length (refused above the cap, or with no readable fact unless ``replace``);
+        answers the document and how many facts were cut to length."""
         authorize(who, "import", user_id)
-        return self.manager.import_document_counted(user_id, data, agent_name=agent_name)
+        return self.manager.import_document_counted(
+            user_id, data, agent_name=agent_name, replace=replace
+        )
 
     # --- forgetting
     def forget_user(self, who: Principal, user_id: str) -> ErasureReport:
