@@ -23,7 +23,7 @@ from typing import Any
 from prompts.escaping import one_line
 from prompts.tokens import make_token_counter
 from storage.document import CORRECTION, DEFAULT_CATEGORY, Fact, MemoryDocument
-from storage.search import rank_by_relevance
+from storage.search import Meaning, rank_by_relevance
 from storage.vocabulary import category_set
 
 USER_LINES = (
@@ -122,6 +122,7 @@ def format_memory_for_injection(
     count_tokens: Callable[[str], int] | None = None,
     query: str | None = None,
     relevance_weight: float = 0.7,
+    meaning: Meaning | None = None,
 ) -> str:
     """The memory as prompt text (no wrapper tags), opening with :data:`FRAME_LINE`; ``""`` when
     there is nothing to say. The frame line counts against ``max_tokens``.
@@ -130,6 +131,8 @@ def format_memory_for_injection(
     False). A DeerFlow-shaped mapping is accepted and read as a document. With a non-blank
     ``query`` facts are ordered by ``relevance_weight × relevance + (1 − weight) × confidence``
     (guaranteed categories still first, from their own budget); without one, by confidence.
+    ``meaning`` (the query's embedding, :func:`storage.search.meaning_for`) ranks by meaning and
+    words fused, through the same :func:`storage.search.rank_by_relevance` as every recall.
     """
     guaranteed = guaranteed_set(guaranteed_categories)
     if memory is None:
@@ -147,6 +150,7 @@ def format_memory_for_injection(
         count=count,
         query=query,
         relevance_weight=relevance_weight,
+        meaning=meaning,
     )
     return frame + body if body else ""
 
@@ -160,6 +164,7 @@ def _render_body(
     count: Callable[[str], int],
     query: str | None,
     relevance_weight: float,
+    meaning: Meaning | None = None,
 ) -> str:
     """The sections under the frame line, within ``max_tokens`` (plus the guaranteed facts)."""
 
@@ -173,7 +178,9 @@ def _render_body(
     )
     ranked = rank_facts(document.facts)
     if query is not None and query.strip():
-        ranked = rank_by_relevance(ranked, query, relevance_weight=relevance_weight)
+        ranked = rank_by_relevance(
+            ranked, query, relevance_weight=relevance_weight, meaning=meaning
+        )
     must = [render_fact(f) for f in ranked if f.category in guaranteed]
     regular = [render_fact(f) for f in ranked if f.category not in guaranteed]
 

@@ -33,6 +33,7 @@ from storage.sections import HistoryContext as HistoryContext
 from storage.sections import Section as Section
 from storage.sections import UserContext as UserContext
 from storage.sources import Source, repaired_source
+from storage.vectors import VectorSet
 
 # The category names are defined with the rest of the vocabulary and re-exported here, where
 # most code looks for them.
@@ -242,6 +243,9 @@ class MemoryDocument(BaseModel):
     facts: list[Fact] = Field(default_factory=list)
     # Contradicted and stale facts, oldest first and bounded (``superseded_max_facts``).
     superseded: list[SupersededFact] = Field(default_factory=list)
+    # Embedding model name → the vectors of the facts' texts (storage/vectors.py); pruned to the
+    # current facts on every save, absent until an embedding model is configured.
+    embeddings: dict[str, VectorSet] = Field(default_factory=dict)
 
     @field_validator("version", mode="before")
     @classmethod
@@ -276,6 +280,22 @@ class MemoryDocument(BaseModel):
                     log.warning("dropping an unreadable memory fact %.80r: %s", item, exc)
         return facts
 
+    @field_validator("embeddings", mode="wrap")
+    @classmethod
+    def _readable_embeddings(
+        cls, value: Any, handler: ValidatorFunctionWrapHandler
+    ) -> dict[str, VectorSet]:
+        # Vectors can always be made again (`memq reembed`): unreadable ones are dropped.
+        if not isinstance(value, dict):
+            return {}
+        try:
+            return handler(value)  # type: ignore[no-any-return]
+        except ValidationError:
+            log.warning("dropping unreadable fact embeddings")
+            return handler(  # type: ignore[no-any-return]
+                {k: v for k, v in value.items() if _valid_vector_set(v)}
+            )
+
     @field_validator("superseded", mode="wrap")
     @classmethod
     def _readable_superseded(
@@ -299,9 +319,18 @@ class MemoryDocument(BaseModel):
     def superseded_fact(self, fact_id: str) -> SupersededFact | None:
         return next((s for s in reversed(self.superseded) if s.fact.id == fact_id), None)
 
-    def to_json(self) -> dict[str, Any]:
-        """The memory.json shape."""
-        return self.model_dump(mode="json")
+    def to_json(self, *, vectors: bool = False) -> dict[str, Any]:
+        """The memory.json shape. The fact vectors only with ``vectors`` (export and the stored
+        file): what an agent, a tool or a page reads is the memory, not kilobytes of base64."""
+        return self.model_dump(mode="json", exclude=None if vectors else {"embeddings"})
+
+
+def _valid_vector_set(value: Any) -> bool:
+    try:
+        VectorSet.model_validate(value)
+    except ValidationError:
+        return False
+    return True
 
 
 def empty_document() -> MemoryDocument:
@@ -329,7 +358,14 @@ def copy_document(document: MemoryDocument) -> MemoryDocument:
     # Superseded entries are replaced, never changed in place: copying the list is enough.
     return _copied(
         document,
-        {"user": user, "history": history, "facts": facts, "superseded": list(document.superseded)},
+        {
+            "user": user,
+            "history": history,
+            "facts": facts,
+            "superseded": list(document.superseded),
+            # Vector sets are replaced, never changed in place (storage/vectors.py).
+            "embeddings": dict(document.embeddings),
+        },
     )
 
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from memq.core.connection import RedisClient
     from memq.core.scripts import LuaScripts
     from memq.core.settings import MemqSettings
+    from producer.injector import MemoryInjector
     from storage.base import MemoryStorage
 
 
@@ -42,6 +43,7 @@ class ManagementCalls:
         _redis: RedisClient
         _storage: MemoryStorage
         _erase_lua: LuaScripts
+        _reader: MemoryInjector
 
         @property
         def settings(self) -> MemqSettings: ...
@@ -57,6 +59,7 @@ class ManagementCalls:
             self._storage,
             max_facts=self.settings.max_facts,
             fact_max_chars=self.settings.fact_max_chars,
+            embedder=self._reader.embedder(),
         )
 
     @staticmethod

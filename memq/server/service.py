@@ -20,6 +20,7 @@ from memq.core.settings import MemqSettings
 from producer.enqueue import build_request
 from producer.injector import MemoryInjector
 from producer.producer import MemoryProducer
+from producer.query_embedding import query_embedder
 from storage import get_storage
 from storage.erasure import ErasureReport, ThreadErasureReport, erase, erase_thread
 from storage.management import MemoryManager
@@ -65,7 +66,11 @@ class MemqService:
         self._read_storage = get_storage(settings, redis=self._read_redis)
         # Its own client with the producer's short timeouts: a hand-off costs one round trip.
         self.producer = MemoryProducer(settings)
-        self.manager = MemoryManager(self.storage, max_facts=settings.max_facts)
+        # One query embedder (None without MEMQ_EMBEDDING_MODEL) for every recall of this server.
+        self.embedder = query_embedder(settings, self._read_redis)
+        self.manager = MemoryManager(
+            self.storage, max_facts=settings.max_facts, embedder=self.embedder
+        )
         self._injectors: dict[int, MemoryInjector] = {}
         self._lock = threading.Lock()
         self._queue: QueueClient | None = None
@@ -146,7 +151,7 @@ class MemqService:
                     settings = self.settings.model_copy(
                         update={"injected_memory_max_tokens": budget}
                     )
-                    injector = MemoryInjector(settings, self._read_storage)
+                    injector = MemoryInjector(settings, self._read_storage, embedder=self.embedder)
                     self._injectors[budget] = injector
             return injector
 
@@ -175,6 +180,8 @@ class MemqService:
 
     def close(self) -> None:
         self.producer.close()
+        if self.embedder is not None:
+            self.embedder.close()
         self._read_redis.close()
         if self._owns_redis:
             self.redis.close()
