@@ -72,11 +72,14 @@ class QueryEmbedder:
         self._transport = transport
         self._client: httpx.Client | None = None
         self.fallbacks: collections.Counter[str] = collections.Counter()
+        # Built now, not on the first query: importing httpx and making its client take a
+        # tenth of a second or more, which would eat the first recall's timeout.
+        self._http()
 
     def _http(self) -> httpx.Client:
         with self._lock:
             if self._client is None:
-                import httpx  # on first use: an agent without embeddings never loads it
+                import httpx  # here: an agent without an embedding model never loads it
 
                 headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
                 self._client = httpx.Client(
