@@ -208,3 +208,59 @@ def test_unit_refuses_empty_and_zero_vectors() -> None:
     assert unit([]) is None and unit([0.0, 0.0]) is None
     vector = unit([3.0, 4.0])
     assert vector is not None and abs(float(vector[0]) - 0.6) < 1e-6
+
+
+def _reembed_env(
+    monkeypatch: pytest.MonkeyPatch, settings: MemqSettings, server: ScriptedOpenAI, **extra: Any
+) -> None:
+    for name in ("redis_url", "key_prefix", "storage_dir", "data_dir"):
+        monkeypatch.setenv(f"MEMQ_{name.upper()}", str(getattr(settings, name)))
+    monkeypatch.setenv("MEMQ_EMBEDDING_MODEL", MODEL)
+    monkeypatch.setenv("MEMQ_EMBEDDING_BASE_URL", server.base_url)
+    for name, value in extra.items():
+        monkeypatch.setenv(f"MEMQ_{name.upper()}", str(value))
+
+
+def test_reembed_embeds_existing_memories_and_resumes(
+    make_settings: Any,
+    openai_server: ScriptedOpenAI,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from memq.cli import main
+
+    settings = make_settings()
+    storage = get_storage(settings)
+    storage.save(USER, None, document_of(FACTS[:2]))
+    storage.save("bob", AGENT, document_of(FACTS[2:]))
+    # A token budget the first memory's request spends: the run stops at the second user, says
+    # when to go on, and the next run (with room again) sends only what is still missing.
+    _reembed_env(monkeypatch, settings, openai_server, llm_budget_tokens_total=5)
+    assert main(["reembed"]) == 3
+    assert "run `memq reembed` again" in capsys.readouterr().out
+    done_first = openai_server.embeddings.inputs
+    assert sorted(done_first) == sorted(FACTS[:2])
+
+    monkeypatch.delenv("MEMQ_LLM_BUDGET_TOKENS_TOTAL")
+    assert main(["reembed"]) == 0
+    assert "2 facts embedded" in capsys.readouterr().out
+    assert sorted(openai_server.embeddings.inputs) == sorted(FACTS)  # nothing sent twice
+    for user, agent, texts in ((USER, None, FACTS[:2]), ("bob", AGENT, FACTS[2:])):
+        stored = storage.load(user, agent).embeddings[MODEL].vectors
+        assert set(stored) == {content_key(t) for t in texts}
+
+    assert main(["reembed"]) == 0  # all done: no request
+    assert len(openai_server.embeddings.requests) == 2
+
+
+def test_reembed_without_a_model_is_one_line(
+    make_settings: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memq.cli import main
+
+    settings = make_settings()
+    for name in ("redis_url", "key_prefix", "storage_dir", "data_dir"):
+        monkeypatch.setenv(f"MEMQ_{name.upper()}", str(getattr(settings, name)))
+    assert main(["reembed"]) != 0
+    err = capsys.readouterr().err
+    assert "MEMQ_EMBEDDING_MODEL" in err and len(err.strip().splitlines()) == 1
