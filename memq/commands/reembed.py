@@ -6,8 +6,8 @@ endpoint outage left facts without vectors. Each (user, agent) memory gets the v
 run that stops — interrupted, or out of token budget — is resumed by running it again: what was
 stored is not sent twice. Requests share the workers' rate limit (``MEMQ_LLM_RATE_LIMIT_RPM`` /
 ``_TPM``, counted apart for the embedding model) and count against the token budgets
-(``MEMQ_LLM_BUDGET_TOKENS_PER_USER`` / ``_TOTAL``) like extraction; a spent budget stops the run with
-the time it renews. ``--drop-other-models`` also removes vectors of other models (after a change).
+(``MEMQ_LLM_BUDGET_TOKENS_PER_USER`` / ``_TOTAL``) like extraction; a spent budget stops the run
+with the time it renews. ``--drop-other-models`` also removes the vectors of other models.
 """
 
 from __future__ import annotations
@@ -87,10 +87,10 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
                         keep_other_models=not args.drop_other_models,
                     )
                 except RunDeferred as exc:
+                    renews = time.gmtime(exc.retry_at_ms / 1000)
                     print(
                         f"stopped at user {shown(user)}: {exc}; run `memq reembed` again after "
-                        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(exc.retry_at_ms / 1000))}"
-                        " to go on"
+                        f"{time.strftime('%Y-%m-%d %H:%M UTC', renews)} to go on"
                     )
                     return 3
                 if budget is not None:
