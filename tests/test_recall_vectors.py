@@ -264,3 +264,30 @@ def test_reembed_without_a_model_is_one_line(
     assert main(["reembed"]) != 0
     err = capsys.readouterr().err
     assert "MEMQ_EMBEDDING_MODEL" in err and len(err.strip().splitlines()) == 1
+
+
+def test_http_search_and_context_rank_by_meaning(
+    make_settings: Any, openai_server: ScriptedOpenAI, serve_for: Any
+) -> None:
+    """The same ranking through a real `memq serve`: search and the block before a turn."""
+    import httpx
+
+    from tests.support.serve import Keys, bearer
+
+    settings = settings_for(make_settings, openai_server, llm_provider="rules")
+    storage = get_storage(settings)
+    # Many unrelated facts and a small budget: the block holds only the best-ranked few.
+    texts = [*(f"Mentioned item number {i} at lunch" for i in range(40)), *FACTS]
+    document = document_of(texts)
+    answer = OpenAIEmbedder(settings).embed(texts)
+    document.embeddings = with_vectors({}, MODEL, dict(zip(texts, answer.vectors, strict=True)))
+    storage.save("app1-carol", None, document)
+    server = serve_for(settings)
+    with httpx.Client(base_url=server.url, timeout=30, headers=bearer(Keys().agent)) as http:
+        searched = http.post("/v1/users/app1-carol/facts/search", json={"query": QUERY, "limit": 1})
+        assert searched.status_code == 200, searched.text
+        assert [f["content"] for f in searched.json()["facts"]] == [PHOTO]
+        block = http.post(
+            "/v1/users/app1-carol/context", json={"query": QUERY, "max_tokens": 60}
+        ).json()["block"]
+        assert PHOTO in block
