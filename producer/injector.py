@@ -57,6 +57,7 @@ class MemoryInjector:
         # None: built from the settings on first use (when they name an embedding model).
         self._embedder = embedder
         self._embedder_ready = embedder is not None
+        self._owns_embedder = embedder is None
         self._client: RedisClient | None = None
         self._counter: TokenCounter | None = None
         self._setup_lock = threading.Lock()
@@ -170,10 +171,11 @@ class MemoryInjector:
         """Close the Redis client the injector built (a storage passed in is the caller's)."""
         with self._setup_lock:
             client, self._client = self._client, None
-            embedder, self._embedder = self._embedder, None
-            self._embedder_ready = False
+            embedder = self._embedder if self._owns_embedder else None
+            if self._owns_embedder:
+                self._embedder, self._embedder_ready = None, False
         if client is not None:
             client.close()
         close = getattr(embedder, "close", None)
-        if close is not None:
+        if close is not None:  # only the embedder it built: one passed in is the caller's
             close()
