@@ -275,7 +275,7 @@ def run(env: BenchEnv) -> Result:
         f"top 5 ANY: memq {top5['memq hybrid']:.1f} %, model alone {top5['model alone']:.1f} %; "
         f"block 2,000/speaker ANY {pct('block 2,000/speaker, memq', 'ANY'):.1f} % "
         f"ALL {pct('block 2,000/speaker, memq', 'ALL'):.1f} %; meaning adds "
-        f"{latency.ranking_p50_ms:.2f} ms to the p50 ranking of 300 facts",
+        f"{latency.ranking_p50_ms:.2f} ms CPU to the p50 ranking of 300 facts",
         f"BM25 top 5 ANY {top5['BM25']:.1f} %; block 2,000/speaker by words ANY "
         f"{pct('block 2,000/speaker, words', 'ANY'):.1f} % ALL "
         f"{pct('block 2,000/speaker, words', 'ALL'):.1f} %",
@@ -312,23 +312,30 @@ def _latency(env: BenchEnv) -> Latency:
     query_vectors = [rng.standard_normal(384).astype(np.float32) for _ in queries]
     words: list[float] = []
     hybrid: list[float] = []
+    words_cpu: list[float] = []
+    hybrid_cpu: list[float] = []
     rounds = 200 if env.quick else 1000
     for i in range(rounds):  # first rounds warm the caches, as a live process would be
         q = queries[i % len(queries)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         search_facts(facts, q)
         words.append(time.perf_counter() - t0)
+        words_cpu.append(time.thread_time() - c0)
         vector = query_vectors[i % len(queries)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         search_facts(
             facts, q, meaning=meaning_for(document.embeddings, "m", vector / np.linalg.norm(vector))
         )
         hybrid.append(time.perf_counter() - t0)
-    out.ranking_p50_ms = (percentile(hybrid, 50) - percentile(words, 50)) * 1000
+        hybrid_cpu.append(time.thread_time() - c0)
+    # Judged on CPU time: on a shared machine the wall clock mostly measures the other processes.
+    out.ranking_p50_ms = (percentile(hybrid_cpu, 50) - percentile(words_cpu, 50)) * 1000
     out.lines.append(
         f"ranking 300 facts (search_facts, 384-dimension vectors, {rounds} queries): with "
         f"meaning p50 {fmt_ms(percentile(hybrid, 50))} p99 {fmt_ms(percentile(hybrid, 99))}; "
-        f"words alone p50 {fmt_ms(percentile(words, 50))} p99 {fmt_ms(percentile(words, 99))}"
+        f"words alone p50 {fmt_ms(percentile(words, 50))} p99 {fmt_ms(percentile(words, 99))}; "
+        f"CPU time p50 {fmt_ms(percentile(hybrid_cpu, 50))} with meaning, "
+        f"{fmt_ms(percentile(words_cpu, 50))} words alone"
     )
     scripted = ScriptedOpenAI().start()
     scripted.embeddings.delay_seconds = 0.02

@@ -31,6 +31,7 @@ search over an unchanged memory costs only the scoring.
 from __future__ import annotations
 
 import functools
+import heapq
 import logging
 import re
 import unicodedata
@@ -260,10 +261,13 @@ def search_facts(
     scored, by_meaning = _scores(facts, query, meaning)
     if not by_meaning:
         scored = [s for s in scored if s.score > 0.0]
-    ranked = sorted(
-        enumerate(scored), key=lambda item: (-item[1].score, -item[1].fact.confidence, item[0])
+    # The best top_k without sorting every fact: with meaning every fact is a candidate.
+    ranked = heapq.nsmallest(
+        top_k,
+        enumerate(scored),
+        key=lambda item: (-item[1].score, -item[1].fact.confidence, item[0]),
     )
-    return [s.fact for _, s in ranked[:top_k]]
+    return [s.fact for _, s in ranked]
 
 
 def rank_by_relevance(
