@@ -291,3 +291,42 @@ def test_http_search_and_context_rank_by_meaning(
             "/v1/users/app1-carol/context", json={"query": QUERY, "max_tokens": 60}
         ).json()["block"]
         assert PHOTO in block
+
+
+def test_batch_lane_settlement_embeds_like_the_synchronous_lane(
+    make_settings: Any, openai_server: ScriptedOpenAI
+) -> None:
+    """The batch lane settles a job's answer through the pipeline's ``apply_answer`` (as
+    worker/batch.py does), after the prompt was prepared hours before: its facts get vectors in
+    the same one batched request, with no model call of the synchronous kind."""
+    from worker.embeddings import FactEmbedding
+    from worker.model import ModelAnswer
+    from worker.pipeline import Prepared
+
+    settings = settings_for(make_settings, openai_server, storage="file")
+    storage = get_storage(settings)
+    pipeline = ExtractionPipeline(
+        settings,
+        storage,
+        OpenAIUpdateModel(settings),
+        embedding=FactEmbedding(OpenAIEmbedder(settings)),
+    )
+    context = ConversationContext(
+        key=ContextKey.create("batch-1", USER, None),
+        messages=(Message("user", " ".join(FACTS)), Message("assistant", "Noted.")),
+        trace_id="trace-1",
+    )
+    prepared = pipeline.prepare(context)
+    assert isinstance(prepared, Prepared)
+    answer = ModelAnswer(text=update_json(*FACTS), model="scripted")
+    report = pipeline.apply_answer(
+        context,
+        answer,
+        pipeline.run_info(context, prepared, "scripted"),
+        watermark=prepared.selection.watermark,
+    )
+    assert report.outcome == "updated"
+    assert openai_server.call_count == 0  # no chat call: the answer came from the batch job
+    assert openai_server.embeddings.requests == [FACTS]
+    stored = storage.load(USER, None)
+    assert set(stored.embeddings[MODEL].vectors) == {content_key(t) for t in FACTS}
