@@ -19,16 +19,19 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
     Vector = npt.NDArray[np.float32]
+
+log = logging.getLogger(__name__)
 
 # Longer than any model memq would be pointed at (text-embedding-3-large: 3,072); a bound, so one
 # bad answer cannot make a document grow without limit.
@@ -57,6 +60,20 @@ class VectorSet(BaseModel):
         if not isinstance(value, Mapping):
             return {}
         return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def readable_sets(value: Any) -> dict[str, VectorSet]:
+    """A document's ``embeddings`` as read: the sets that validate, the rest dropped (logged),
+    never the document — vectors can always be made again (`memq reembed`)."""
+    if not isinstance(value, Mapping):
+        return {}
+    kept: dict[str, VectorSet] = {}
+    for model, raw in value.items():
+        try:
+            kept[str(model)] = raw if isinstance(raw, VectorSet) else VectorSet.model_validate(raw)
+        except ValidationError:
+            log.warning("dropping unreadable fact vectors")
+    return kept
 
 
 def encode_vector(values: Sequence[float]) -> str:

@@ -330,3 +330,19 @@ def test_batch_lane_settlement_embeds_like_the_synchronous_lane(
     assert openai_server.embeddings.requests == [FACTS]
     stored = storage.load(USER, None)
     assert set(stored.embeddings[MODEL].vectors) == {content_key(t) for t in FACTS}
+
+
+def test_unreadable_vectors_are_dropped_never_the_document() -> None:
+    good = with_vectors({}, MODEL, {PHOTO: [1.0, 0.0]})
+    raw = {
+        "facts": [{"content": PHOTO}],
+        "embeddings": {
+            MODEL: good[MODEL].model_dump(),
+            "broken": {"dimensions": "many", "vectors": 3},
+            "odd": {"dimensions": 2, "vectors": {"k": 1, content_key(PHOTO): "AAA="}},
+        },
+    }
+    document = MemoryDocument.model_validate(raw)
+    assert [f.content for f in document.facts] == [PHOTO]
+    assert set(document.embeddings) == {MODEL, "odd"}
+    assert list(document.embeddings["odd"].vectors) == [content_key(PHOTO)]
