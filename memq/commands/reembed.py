@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
+    from memq.core.clock import now_ms
     from memq.core.keys import KeySchema
     from worker.budget import TokenBudget
     from worker.embeddings import OpenAIEmbedder, embed_missing
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
                         admission, at = limiter.acquire(tokens)
                         if admission is Admission.ADMITTED:
                             return
-                        time.sleep(max(0.0, at / 1000 - time.time()))
+                        time.sleep(max(0, at - now_ms()) / 1000)  # the slot it was given
 
                 try:
                     texts, tokens = embed_missing(
