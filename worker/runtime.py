@@ -140,17 +140,20 @@ def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPip
     """The production pipeline: configured storage and LLM (imported here, not at module load,
     so the ticker and the app factory never load the LLM client)."""
     from storage import get_storage
+    from worker.embeddings import build_fact_embedding
     from worker.llm import build_update_model
     from worker.pipeline import ExtractionPipeline
     from worker.ratelimit import SharedRateLimit
 
     limiter = SharedRateLimit.for_settings(settings, client)
+    metrics = MetricsRecorder.for_settings(settings, client)
     return ExtractionPipeline(
         settings,
         get_storage(settings, redis=client),
         build_update_model(
             settings,
-            observe=MetricsRecorder.for_settings(settings, client).llm_request,
+            observe=metrics.llm_request,
             on_limits=None if limiter is None else limiter.observe,
         ),
+        embedding=build_fact_embedding(settings, metrics.count),
     )

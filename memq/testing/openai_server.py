@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 from memq.memory.update import NewFact, UpdateAnswer
+from memq.testing.embeddings import ScriptedEmbeddings
 from memq.testing.openai_batches import ScriptedBatches
 from memq.testing.provider import Provider
 from memq.testing.relative_dates import message_days, resolve_relative
@@ -160,6 +161,7 @@ class ScriptedOpenAI:
         self.refusals: list[int] = []  # the status of each request the provider refused
         self.refusal_times: list[float] = []  # and when (time.monotonic())
         self.batches = ScriptedBatches(self)  # the files + batches endpoints
+        self.embeddings = ScriptedEmbeddings()  # /v1/embeddings (memq.testing.embeddings)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -198,6 +200,11 @@ class ScriptedOpenAI:
                     request = json.loads(raw or b"{}")
                 except ValueError:
                     request = {}
+                if self.path.rstrip("/").endswith("/embeddings"):
+                    status, answer = server.embeddings.answer(request)
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        self._send(status, json.dumps(answer).encode(), {})
+                    return
                 with server.lock:
                     server.requests.append(request)
                     server.request_times.append(time.monotonic())
@@ -277,6 +284,7 @@ class ScriptedOpenAI:
         return self
 
     def stop(self) -> None:
+        self.embeddings.release()  # a hung embeddings request must not hold the shutdown
         self.httpd.shutdown()
         self.httpd.server_close()
 
