@@ -12,6 +12,7 @@ strict variant (typed errors) for the CLI and for callers that want to know.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -45,6 +46,10 @@ class ProducerStats:
     dropped: int = 0
     errors: int = 0
     poisoned: int = 0
+
+
+_KEYS_KEPT = 4096
+_NAME_TYPES = (str, type(None))
 
 
 def _wall_clock_ms() -> int:
@@ -84,6 +89,8 @@ class MemoryProducer:
             context_max_bytes=s.context_max_bytes,
         )
         self._clock_ms = clock_ms or _wall_clock_ms
+        # Validated keys of the threads handed over lately (ids only, never text); bounded.
+        self._key_of = functools.lru_cache(maxsize=_KEYS_KEPT)(ContextKey.create)
         self._spool = Spool(s.spool_max_contexts)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
@@ -210,7 +217,10 @@ class MemoryProducer:
     ) -> EnqueueRequest | None:
         if not self._settings.enabled:
             return None
-        key = ContextKey.create(thread_id, user_id, agent_name)
+        if type(thread_id) is str and type(user_id) is str and type(agent_name) in _NAME_TYPES:
+            key = self._key_of(thread_id, user_id, agent_name)  # the same thread every turn
+        else:
+            key = ContextKey.create(thread_id, user_id, agent_name)
         return build_request(
             key,
             messages,
