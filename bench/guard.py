@@ -146,7 +146,7 @@ def committed_values(data: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def merged(
-    data: Mapping[str, Any], ratios: Mapping[str, Mapping[str, Ratio]], extra: Mapping[str, str]
+    data: Mapping[str, Any], ratios: Mapping[str, Mapping[str, Ratio]], extra: Mapping[str, Any]
 ) -> dict[str, Any]:
     """``data`` with the benchmarks of this run replaced by its ratios (the others kept)."""
     fresh = to_json(ratios)
