@@ -36,6 +36,8 @@ BENCHMARKS = {
     "P6": "bench.p6_cost",
     "P7": "bench.p7_injection",
     "P9": "bench.p9_search",
+    # Recall with a query at 300 facts through MemoryInjector.block: first call after start, warm.
+    "QUERY": "bench.p17_recall",
     "P10": "bench.p10_cache_rss",
     "HOSTILE": "bench.p11_hostile",
     "HUNG": "bench.p12_hung_read",

@@ -25,6 +25,7 @@ from memq.core.settings import MemqSettings, load_settings
 from memq.memory.blocks import INJECTED_MEMORY_TAG
 from producer.backoff import Backoff
 from prompts.injection import format_memory_for_injection
+from prompts.injection import warm as warm_recall
 from prompts.tokens import TokenCounter, make_token_counter
 from storage.base import MemoryStorage
 from storage.document import MemoryDocument
@@ -72,6 +73,16 @@ class MemoryInjector:
             if self._counter is None:
                 self._counter = make_token_counter(self._settings.token_counting)
             return self._settings, self._storage, self._counter
+
+    def warm(self) -> None:
+        """Load the tokenizer and the segmenter now, at process start, so the first recall costs
+        what later ones do (call it where the agent's process starts; it never raises: a failure
+        only means the first recall pays the loading)."""
+        try:
+            _, _, counter = self._ready()
+            warm_recall(counter)
+        except Exception:  # warming is an optimisation; the first call still works without it
+            log.warning("memq: warming the recall's tokenizer failed", exc_info=True)
 
     def load(self, user_id: str | None, agent_name: str | None = None) -> MemoryDocument:
         """The stored memory document, read with the short timeout and the back-off: the strict
