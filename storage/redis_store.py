@@ -16,6 +16,10 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError
 
 from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS, RedisClient, redis_client
 from memq.core.errors import (
@@ -242,22 +246,17 @@ class RedisMemoryStorage:
         if fence is not None:
             shard = self.keys.for_context(fence.context_id)
             keys += (shard.context(fence.context_id), shard.watermark(fence.context_id))
+        args = [
+            expected_revision,
+            dump_document(document),
+            self.history_max_entries,
+            fence.token if fence is not None else "",
+            (fence.watermark or "") if fence is not None else "",
+            self.watermark_ttl_ms,
+            *entries,
+        ]
         with _redis_errors("saving a memory document"):
-            # Indexed first: a crash between the two leaves an entry without a document (filtered
-            # on listing), never a document that `forget` cannot find.
-            self.redis.sadd(self.keys.memory_index(), self.keys.index_member(user, agent))
-            code, _revision = self._save_script(
-                keys=keys,
-                args=[
-                    expected_revision,
-                    dump_document(document),
-                    self.history_max_entries,
-                    fence.token if fence is not None else "",
-                    (fence.watermark or "") if fence is not None else "",
-                    self.watermark_ttl_ms,
-                    *entries,
-                ],
-            )
+            code, _revision = self._index_and_save(self.keys.index_member(user, agent), keys, args)
         if int(code) == 2 and fence is not None:
             with _redis_errors("saving a memory document"):
                 if not self.redis.exists(keys[0]):  # indexed above for nothing
@@ -266,6 +265,28 @@ class RedisMemoryStorage:
                 f"claim {fence.token} of {fence.context_id} is no longer current; not saved"
             )
         return int(code) == 1
+
+    def _index_and_save(self, member: str, keys: list[str], args: list[Any]) -> Any:
+        """Index the document, then run the save script. Indexed first: a crash between the two
+        leaves an entry without a document (filtered on listing), never a document that `forget`
+        cannot find. On one Redis both go in one round trip (a pipeline keeps their order);
+        the index is in no document's hash slot, so on a cluster they are two calls."""
+        index = self.keys.memory_index()
+        if not isinstance(self.redis, redis.Redis):
+            self.redis.sadd(index, member)
+            return self._save_script(keys=keys, args=args)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.sadd(index, member)
+        # EVALSHA itself: redis-py's Script in a pipeline asks SCRIPT EXISTS first, a round trip.
+        pipe.evalsha(self._save_script.sha, len(keys), *keys, *args)
+        indexed, saved = pipe.execute(raise_on_error=False)
+        if isinstance(indexed, Exception):  # what refuses the index (OOM, READONLY) refuses both
+            raise indexed
+        if isinstance(saved, NoScriptError):  # a restarted Redis: the wrapper loads it, retries
+            return self._save_script(keys=keys, args=args)
+        if isinstance(saved, Exception):
+            raise saved
+        return saved
 
     def _indexed(self) -> list[tuple[str, str | None]]:
         """Indexed (user, agent) pairs whose document still exists."""

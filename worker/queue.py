@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, cast
 
+import redis
+from redis.exceptions import NoScriptError
+
 from memq.core.connection import RedisClient
 from memq.core.errors import InvalidIdentifier
 from memq.core.identity import user_id_of
@@ -218,15 +221,54 @@ class QueueClient:
 
     def load_run(self, context_id: str) -> tuple[dict[str, str], str | None]:
         """The ``ctx:<id>`` hash and the thread's watermark (None when unset), in one round trip."""
+        data, watermark, _ = self._load_run(context_id, None, 0)
+        return data, watermark
+
+    def start_run(
+        self, context_id: str, token: str, now: int | None = None
+    ) -> tuple[dict[str, str], str | None, bool]:
+        """What a run starts with, in one round trip: the ``ctx:<id>`` hash and the watermark as
+        :meth:`load_run` reads them, then its first :meth:`renew` (which checks the token itself,
+        so sending it before the hash is seen changes nothing for a claim that is gone)."""
+        return self._load_run(context_id, token, now_ms() if now is None else now)
+
+    def _load_run(
+        self, context_id: str, token: str | None, now: int
+    ) -> tuple[dict[str, str], str | None, bool]:
         q = self._q(context_id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(q.context(context_id))
         pipe.get(q.watermark(context_id))
-        raw, watermark = pipe.execute()
+        # The renew's own EVALSHA: redis-py's Script in a pipeline asks SCRIPT EXISTS first.
+        in_pipe = isinstance(self.redis, redis.Redis)
+        if in_pipe and token is not None:
+            pipe.evalsha(
+                self._scripts["renew"].sha,
+                3,
+                q.context(context_id),
+                q.inflight,
+                self.user_inflight_key(q, context_id),
+                context_id,
+                token,
+                now + self.settings.lease_ms,
+            )
+        replies = pipe.execute(raise_on_error=False)
+        for reply in replies[:2]:
+            if isinstance(reply, Exception):
+                raise reply
+        raw, watermark = replies[0], replies[1]
+        renewed = False
+        if token is not None:
+            if in_pipe and not isinstance(replies[2], NoScriptError):
+                if isinstance(replies[2], Exception):
+                    raise replies[2]
+                renewed = int(replies[2]) == 1
+            else:  # a cluster client, or a restarted Redis: the wrapper loads it and retries
+                renewed = self.renew(context_id, token, now)
         data = {str(k): str(v) for k, v in raw.items()}
         if data.get("cut_messages"):
             self._report_cut(q, context_id)
-        return data, (str(watermark) if watermark is not None else None)
+        return data, (str(watermark) if watermark is not None else None), renewed
 
     def _report_cut(self, q: QueueKeys, context_id: str) -> None:
         """enqueue.lua cut the oldest messages to stay within context_max_bytes: take its counts
