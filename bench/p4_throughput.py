@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from importlib import resources
 from typing import Any
 
 import redis
@@ -43,22 +44,8 @@ from worker.queue import QueueClient
 LLM_SECONDS = 0.2
 THREADS_PER_PROCESS = 8
 COUNTED_CONTEXTS = 100
-# Every script memq registers, so the counting proxy names EVALSHA calls.
-SCRIPTS = {
-    "producer": ("enqueue",),
-    "storage": ("save_document", "rewrite_document"),
-    "worker": (
-        "claim_due",
-        "reap_expired",
-        "complete",
-        "fail",
-        "renew",
-        "release",
-        "defer",
-        "dead_retry",
-        "dead_purge",
-    ),
-}
+# Where memq's scripts live: every ``.lua`` file there (fragments in includes/ are not scripts).
+SCRIPT_PACKAGES = ("producer", "storage", "worker")
 
 
 def answer(request: dict[str, Any]) -> Reply:
@@ -189,8 +176,12 @@ def counted_round_trips(env: BenchEnv) -> tuple[float, Counter[str]]:
     """memq's Redis round trips per extraction (1 process), by what each carries."""
     names = script_names(
         (f"{package}/{name}", assemble(package, name))
-        for package, scripts in SCRIPTS.items()
-        for name in scripts
+        for package in SCRIPT_PACKAGES
+        for name in sorted(
+            entry.name.removesuffix(".lua")
+            for entry in resources.files(package).iterdir()
+            if entry.name.endswith(".lua")
+        )
     )
     port = int(env.redis_url.rsplit(":", 1)[1].split("/", 1)[0])
     with CountingProxy(port, names) as proxy:
