@@ -20,7 +20,7 @@ import redis
 
 from bench.guard import Ratio
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer, find_redis_server
+from memq.local.redis_server import RedisServer, find_redis_server
 
 
 @dataclass

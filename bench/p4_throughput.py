@@ -37,7 +37,8 @@ from bench.round_trips import CountingProxy, script_names
 from memq.core.scripts import assemble
 from memq.memory.update import NewFact, UpdateAnswer
 from memq.testing.celery_procs import REPO_ROOT
-from memq.testing.openai_server import Reply, update_text
+from memq.testing.openai_server import update_text
+from memq.testing.replies import Reply
 from memq.testing.waiting import wait_for
 from worker.queue import QueueClient
 

@@ -18,7 +18,7 @@ import pytest
 from memq.core.connection import redis_client
 from memq.core.metrics import read_snapshot
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from storage import get_storage
 from storage.erasure import erase
 from tests.support.celery_procs import CeleryProcs, memq_env

@@ -35,7 +35,8 @@ from worker.batch_jobs import custom_id, read_results
 from worker.cost import CallUsage, PriceTable, prompt_cache_key
 from worker.model import ModelAnswer
 from worker.queue import now_ms
-from worker.tasks import WorkerRuntime, extract
+from worker.runtime import WorkerRuntime
+from worker.tasks import extract
 
 pytestmark = [pytest.mark.integration]
 

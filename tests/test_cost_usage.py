@@ -12,14 +12,15 @@ import pytest
 import redis
 from prometheus_client.exposition import generate_latest
 
-from memq.commands.queue import stats_rows
 from memq.core.errors import TransientLLMError
 from memq.core.metrics import read_snapshot, summarise
 from memq.core.models import Message
 from memq.core.settings import MemqSettings
-from memq.exporter import build_registry
-from memq.testing.openai_server import Reply, ScriptedOpenAI, completion_body
+from memq.operations.stats_rows import stats_rows
+from memq.server.exporter import build_registry
+from memq.testing.openai_server import ScriptedOpenAI
 from memq.testing.provider import FlexCapacity, PrefixCache, Provider
+from memq.testing.replies import Reply, completion_body
 from producer import MemoryProducer
 from prompts.update_prompt import UpdatePrompt
 from tests.support.celery_procs import CeleryProcs, memq_env

@@ -15,7 +15,8 @@ from producer.producer import MemoryProducer
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import stack_settings
 from worker.queue import QueueClient, now_ms
-from worker.tasks import WorkerRuntime, extract
+from worker.runtime import WorkerRuntime
+from worker.tasks import extract
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,8 @@ from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
 from worker.queue import Claim, QueueClient, ReapResult, now_ms
 from worker.retry import backoff_ms, retry_delay_ms
-from worker.tasks import WorkerRuntime, describe_args, extract
+from worker.runtime import WorkerRuntime
+from worker.tasks import describe_args, extract
 
 pytestmark = pytest.mark.integration
 

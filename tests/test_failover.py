@@ -24,8 +24,8 @@ from memq.core.errors import StaleClaim
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
-from memq.redis_cluster import LocalCluster, LocalSentinel, replica_in_sync
-from memq.redis_server import RedisServer
+from memq.local.redis_cluster import LocalCluster, LocalSentinel, replica_in_sync
+from memq.local.redis_server import RedisServer
 from producer import MemoryProducer
 from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage

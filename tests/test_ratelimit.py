@@ -174,7 +174,7 @@ def test_a_provider_pause_holds_everyone_and_is_never_shortened(
 
 
 def test_redis_unreachable_admits_the_call(settings: MemqSettings) -> None:
-    from memq.redis_server import free_port
+    from memq.local.redis_server import free_port
 
     client = redis.Redis(port=free_port(), socket_timeout=0.5)
     rate = limiter(settings, client, Clock(), llm_rate_limit_rpm=1.0)

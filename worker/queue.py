@@ -211,60 +211,44 @@ class QueueClient:
     def renew(self, context_id: str, token: str, now: int | None = None) -> bool:
         """Extend the lease by ``lease_ms`` from now and mark the run as started (an expired lease
         then counts as an attempt); False when the claim is no longer ours."""
-        q = self._q(context_id)
         now = now_ms() if now is None else now
-        raw = self._scripts["renew"](
-            keys=[q.context(context_id), q.inflight, self.user_inflight_key(q, context_id)],
-            args=[context_id, token, now + self.settings.lease_ms],
-        )
-        return int(raw) == 1
+        keys, args = self._renew_call(self._q(context_id), context_id, token, now)
+        return int(self._scripts["renew"](keys=keys, args=args)) == 1
+
+    def _renew_call(
+        self, q: QueueKeys, context_id: str, token: str, now: int
+    ) -> tuple[list[str], list[str | int]]:
+        keys = [q.context(context_id), q.inflight, self.user_inflight_key(q, context_id)]
+        return keys, [context_id, token, now + self.settings.lease_ms]
 
     def load_run(self, context_id: str) -> tuple[dict[str, str], str | None]:
         """The ``ctx:<id>`` hash and the thread's watermark (None when unset), in one round trip."""
-        data, watermark, _ = self._load_run(context_id, None, 0)
+        data, watermark, _ = self.start_run(context_id, None)
         return data, watermark
 
     def start_run(
-        self, context_id: str, token: str, now: int | None = None
+        self, context_id: str, token: str | None, now: int | None = None
     ) -> tuple[dict[str, str], str | None, bool]:
-        """What a run starts with, in one round trip: the ``ctx:<id>`` hash and the watermark as
-        :meth:`load_run` reads them, then its first :meth:`renew` (which checks the token itself,
-        so sending it before the hash is seen changes nothing for a claim that is gone)."""
-        return self._load_run(context_id, token, now_ms() if now is None else now)
-
-    def _load_run(
-        self, context_id: str, token: str | None, now: int
-    ) -> tuple[dict[str, str], str | None, bool]:
+        """:meth:`load_run` and, with ``token``, the run's first :meth:`renew` in the same round
+        trip (renew checks the token itself: sent before the hash is seen, it changes nothing
+        for a claim that is gone); the third value says whether it renewed."""
         q = self._q(context_id)
+        now = now_ms() if now is None else now
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(q.context(context_id))
         pipe.get(q.watermark(context_id))
-        # The renew's own EVALSHA: redis-py's Script in a pipeline asks SCRIPT EXISTS first.
-        in_pipe = isinstance(self.redis, redis.Redis)
-        if in_pipe and token is not None:
-            pipe.evalsha(
-                self._scripts["renew"].sha,
-                3,
-                q.context(context_id),
-                q.inflight,
-                self.user_inflight_key(q, context_id),
-                context_id,
-                token,
-                now + self.settings.lease_ms,
-            )
-        replies = pipe.execute(raise_on_error=False)
-        for reply in replies[:2]:
-            if isinstance(reply, Exception):
+        if token is not None and isinstance(self.redis, redis.Redis):
+            # EVALSHA itself: redis-py's Script in a pipeline asks SCRIPT EXISTS first.
+            keys, args = self._renew_call(q, context_id, token, now)
+            pipe.evalsha(self._scripts["renew"].sha, len(keys), *keys, *args)
+        raw, watermark, *renewal = pipe.execute(raise_on_error=False)
+        for reply in (raw, watermark, *renewal):
+            if isinstance(reply, Exception) and not isinstance(reply, NoScriptError):
                 raise reply
-        raw, watermark = replies[0], replies[1]
         renewed = False
-        if token is not None:
-            if in_pipe and not isinstance(replies[2], NoScriptError):
-                if isinstance(replies[2], Exception):
-                    raise replies[2]
-                renewed = int(replies[2]) == 1
-            else:  # a cluster client, or a restarted Redis: the wrapper loads it and retries
-                renewed = self.renew(context_id, token, now)
+        if token is not None:  # a cluster client or a restarted Redis: the wrapper's own call
+            ok = renewal and not isinstance(renewal[0], Exception)
+            renewed = int(renewal[0]) == 1 if ok else self.renew(context_id, token, now)
         data = {str(k): str(v) for k, v in raw.items()}
         if data.get("cut_messages"):
             self._report_cut(q, context_id)

@@ -22,10 +22,10 @@ from worker.cost import CallUsage, PriceTable, bill_fields
 from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient, now_ms
 from worker.retry import content_free_traceback, public_reason, retry_delay_ms
-from worker.runtime import WorkerRuntime as WorkerRuntime
+from worker.runtime import WorkerRuntime
 
 if TYPE_CHECKING:
-    from worker.pipeline import ExtractionReport
+    from worker.report import ExtractionReport
 
 log = logging.getLogger("memq.extract")
 
@@ -170,7 +170,7 @@ def _run_pipeline(
         if not may_batch:
             return runtime.pipeline.run(context, watermark=watermark, fence=fence, gate=gate)
         from worker.batch import park
-        from worker.pipeline import ExtractionReport
+        from worker.report import ExtractionReport
 
         step = runtime.pipeline.prepare(context, watermark=watermark, fence=fence)
         if isinstance(step, ExtractionReport):

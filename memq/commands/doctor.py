@@ -17,10 +17,11 @@ from typing import Literal
 import redis
 from redis.cluster import RedisCluster
 
-from memq.commands.common import CommandContext, mask_url, shown
+from memq.commands.common import CommandContext, shown
 from memq.core.connection import RedisClient
 from memq.core.errors import ConfigError
 from memq.core.keys import CLUSTER_SLOTS
+from memq.core.redis_urls import mask_url
 from memq.core.settings import MemqSettings
 
 Status = Literal["ok", "warn", "fail"]

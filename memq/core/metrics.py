@@ -123,11 +123,8 @@ def latency_bucket(seconds: float) -> str:
 
 class MetricsRecorder:
     """Adds to the shared metrics hash; one round trip per call, errors logged, never raised.
-
-    With ``hold_llm_requests`` an LLM request's figures are held in the recorder and written
-    with its next figures instead (a worker's run always ends in one: the extraction, the stale
-    run, the deferral): one round trip per run instead of two, the counts the same.
-    """
+    ``hold_llm_requests``: LLM request figures wait for the next write (every worker run ends in
+    one: its extraction, stale run or deferral), one round trip per run instead of two."""
 
     def __init__(self, client: RedisClient, key: str, *, hold_llm_requests: bool = False) -> None:
         self._client = client
@@ -140,11 +137,8 @@ class MetricsRecorder:
     def for_settings(
         cls, settings: MemqSettings, client: RedisClient, *, hold_llm_requests: bool = False
     ) -> MetricsRecorder:
-        return cls(
-            client,
-            KeySchema(settings.key_prefix, settings.shards).metrics(),
-            hold_llm_requests=hold_llm_requests,
-        )
+        key = KeySchema(settings.key_prefix, settings.shards).metrics()
+        return cls(client, key, hold_llm_requests=hold_llm_requests)
 
     def extraction(self, outcome: str, usage: Mapping[str, int] | None = None) -> None:
         """One run ended with ``outcome``; ``usage`` adds to counters (tokens, facts dropped)."""
@@ -200,10 +194,8 @@ class MetricsRecorder:
         latest: Mapping[str, int] | None = None,
     ) -> None:
         # The one guard: whatever goes wrong here (Redis, a bad figure) is logged, never raised.
-        held: dict[str, int] = {}
-        if self._hold:
-            with self._held_lock:
-                held, self._held = self._held, {}
+        with self._held_lock:
+            held, self._held = self._held, {}
         try:
             amounts = dict(fields)
             for name, amount in held.items():

@@ -221,7 +221,8 @@ def _run(
     with ExitStack() as resources:
         on_poll: Callable[[], None] = lambda: None  # noqa: E731 - replaced when memq owns workers
         if not request.external_workers:
-            from memq.stack import Stack, StackOptions
+            from memq.local.options import StackOptions
+            from memq.local.stack import Stack
 
             options = StackOptions(flower=False, log_dir=request.out_dir / "logs")
             stack = resources.enter_context(Stack(settings, options))

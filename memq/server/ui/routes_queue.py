@@ -19,8 +19,8 @@ DONE = {"retried": "retried (due now)", "purged": "purged"}
 
 
 def _stats(page: Page) -> dict[str, Any]:
-    from memq.commands.queue import stats_rows
     from memq.core.metrics import read_snapshot, summarise
+    from memq.operations.stats_rows import stats_rows
     from worker.queue import now_ms
 
     svc = page.svc
