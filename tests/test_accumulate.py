@@ -128,6 +128,7 @@ _TEXT = st.text(st.characters(codec="utf-8") | st.sampled_from('"\\\n\t\x00\u202
             st.sampled_from(["user", "assistant"]),
             _TEXT,
             st.none() | _TEXT,
+            st.none() | st.integers(0, 2**53),
         ),
         max_size=5,
     )
