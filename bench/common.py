@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from bench.guard import Ratio
 from memq.core.settings import MemqSettings
 from memq.local.redis_server import RedisServer, find_redis_server
 
@@ -35,6 +36,8 @@ class Result:
     met: bool | None
     details: list[str] = field(default_factory=list)
     note: str = ""
+    # The run's ratios by name, compared by bench.guard with the last committed figures.
+    ratios: dict[str, Ratio] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:

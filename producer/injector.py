@@ -27,6 +27,7 @@ from memq.memory.blocks import INJECTED_MEMORY_TAG
 from producer.backoff import Backoff
 from producer.query_embedding import query_embedder
 from prompts.injection import format_memory_for_injection
+from prompts.injection import warm as warm_recall
 from prompts.tokens import TokenCounter, make_token_counter
 from storage.base import MemoryStorage
 from storage.document import MemoryDocument
@@ -95,6 +96,16 @@ class MemoryInjector:
         None without an embedding model): share it with a MemoryManager's search."""
         self._ready()
         return self._embedder
+
+    def warm(self) -> None:
+        """Load the tokenizer and the segmenter now, at process start, so the first recall costs
+        what later ones do (call it where the agent's process starts; it never raises: a failure
+        only means the first recall pays the loading)."""
+        try:
+            _, _, counter = self._ready()
+            warm_recall(counter)
+        except Exception:  # warming is an optimisation; the first call still works without it
+            log.warning("memq: warming the recall's tokenizer failed", exc_info=True)
 
     def load(self, user_id: str | None, agent_name: str | None = None) -> MemoryDocument:
         """The stored memory document, read with the short timeout and the back-off: the strict

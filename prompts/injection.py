@@ -23,6 +23,7 @@ through :func:`prompts.escaping.one_line`, the update prompt's own rule: nothing
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
@@ -51,6 +52,7 @@ FACTS_HEADER = "Facts:\n"
 DATED_FACTS_HEADER = "Facts, under the day they were said:\n"
 SECTION_SEPARATOR = "\n\n"
 CUT_MARKER = "\n..."
+RENDERED_FACTS_KEPT = 4096
 
 
 def day_header(day: date) -> str:
@@ -68,11 +70,27 @@ def said_day(fact: Fact) -> date | None:
 def render_fact(fact: Fact) -> str:
     """One fact's line; the day it was said is its group's header (:func:`render_facts`), the
     day of its event — where the model gave one — is in its bracket."""
-    category = fact.category.strip() or DEFAULT_CATEGORY
-    event = f" | event {one_line(fact.event_date)}" if fact.event_date else ""
-    line = f"- [{one_line(category)} | {fact.confidence:.2f}{event}] {one_line(fact.content)}"
-    if category == CORRECTION and fact.source_error:
-        line += f" (avoid: {one_line(fact.source_error)})"
+    return _fact_line(
+        fact.category, fact.confidence, fact.content, fact.source_error, fact.event_date
+    )
+
+
+# Every recall renders every fact of the memory to rank and fit them, and a memory changes far
+# less often than it is read: the lines of recently rendered facts are kept (bounded in entries,
+# like the token counts of prompts.tokens), so a repeated recall escapes nothing again.
+@functools.lru_cache(maxsize=RENDERED_FACTS_KEPT)
+def _fact_line(
+    category: str,
+    confidence: float,
+    content: str,
+    source_error: str | None,
+    event_date: str | None,
+) -> str:
+    category = category.strip() or DEFAULT_CATEGORY
+    event = f" | event {one_line(event_date)}" if event_date else ""
+    line = f"- [{one_line(category)} | {confidence:.2f}{event}] {one_line(content)}"
+    if category == CORRECTION and source_error:
+        line += f" (avoid: {one_line(source_error)})"
     return line
 
 
@@ -275,3 +293,13 @@ def _render_body(
     budget = max(0, limit - count(facts_block) - count(SECTION_SEPARATOR))
     shortened = _cut(preceding, budget, count)
     return SECTION_SEPARATOR.join(part for part in (shortened, facts_block) if part)
+
+
+def warm(count_tokens: Callable[[str], int]) -> None:
+    """Load now what the first recall would load on an agent's turn: ``count_tokens``'s encoding,
+    jieba's dictionary (its first Chinese text took ~0.7 s) and the ranking's imports. Called
+    explicitly where a process starts (the injector, the server, the worker); never at import."""
+    document = MemoryDocument(
+        facts=[Fact(content="User warms up the tokenizer"), Fact(content="用户预热中文分词")]
+    )
+    format_memory_for_injection(document, 200, count_tokens=count_tokens, query="warm 预热分词")
