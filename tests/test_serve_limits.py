@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,10 +13,9 @@ import pytest
 
 from memq.core.settings import MemqSettings
 from memq.local.redis_server import RedisServer
-from memq.testing.celery_procs import memq_env
 from memq.testing.serve_proc import ServeProcess
 from storage import get_storage
-from tests.support.serve import Keys, bearer
+from tests.support.serve import Keys, bearer, module_server
 from worker.queue import QueueClient
 
 pytestmark = [pytest.mark.integration]
@@ -32,20 +30,9 @@ def server(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServeProcess, MemqSettings]]:
     tmp = tmp_path_factory.mktemp("serve-limits")
-    settings = MemqSettings(
-        redis_url=redis_server.url,
-        key_prefix=f"t{uuid.uuid4().hex[:10]}",
-        storage_dir=tmp / "memory",
-        data_dir=tmp / "data",
-        llm_provider="rules",
-        serve_max_body_bytes=MAX_BODY,
-        producer_max_messages=MAX_MESSAGES,
-    )
-    keys_file = tmp / "keys.json"
-    keys_file.write_text(Keys().file_text(), encoding="utf-8")
-    env = memq_env(settings, MEMQ_SERVE_API_KEYS_FILE=str(keys_file))
-    with ServeProcess(env, tmp / "serve.log") as proc:
-        yield proc, settings
+    limits = {"serve_max_body_bytes": MAX_BODY, "producer_max_messages": MAX_MESSAGES}
+    with module_server(redis_server, tmp, **limits) as served:
+        yield served
 
 
 @pytest.fixture
@@ -234,9 +221,10 @@ def test_real_ids_with_separators_are_accepted_over_http(
     assert answer.json()["status"] == "queued"
     memory = http.get("/v1/users/alice@example.com/memory", params={"agent_name": "a/b"})
     assert memory.status_code == 200
-    # A user id with a slash, encoded or not, is one user.
+    # A user id with a slash is one user when encoded as one segment; unencoded, the slash
+    # separates segments and reaches no user (never another one).
     added = http.post("/v1/users/org%2Fana/facts", json={"content": "Ana runs the org"})
     assert added.status_code == 201, added.text
-    for path in ("/v1/users/org%2Fana/facts", "/v1/users/org/ana/facts"):
-        facts = http.get(path).json()["facts"]
-        assert [f["content"] for f in facts] == ["Ana runs the org"]
+    facts = http.get("/v1/users/org%2Fana/facts").json()["facts"]
+    assert [f["content"] for f in facts] == ["Ana runs the org"]
+    assert http.get("/v1/users/org/ana/facts").status_code == 404

@@ -3,32 +3,23 @@ to another port behind its agents' backs. A real `memq up` subprocess, the scrip
 
 from __future__ import annotations
 
-import signal
 import socket
 import stat
-from collections.abc import Iterator
+import subprocess
 from pathlib import Path
 
 import pytest
 import redis
 
 from memq.core.settings import MemqSettings
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer import MemoryProducer
 from producer.injector import MemoryInjector
+from tests.support.memq_up import MEMQ, Up, up_env
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, learn_items, turn
-from tests.support.waiting import wait_for
-from tests.test_stack_supervision import Up, up_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture
-def ups() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    yield started
-    for up in started:
-        up.stop(signal.SIGKILL if up.process.poll() is None else signal.SIGTERM, timeout=30)
 
 
 def _agent_url(up: Up) -> str:
@@ -59,7 +50,6 @@ def test_agents_can_enqueue_and_read_memory_but_not_administer_redis(
     injector = MemoryInjector(agent)
     wait_for(
         lambda: fact_for("item-1") in injector.block("alice@example.com"),
-        timeout=45,
         interval=0.2,
         what="the fact, read back through the agent URL",
     )
@@ -118,7 +108,7 @@ def test_memq_up_refuses_to_start_when_its_remembered_port_is_taken(
         (redis_dir / "port").write_text(f"{port}\n", encoding="utf-8")
         up = Up(up_env(tmp_path, openai_server), tmp_path / "up.log")
         ups.append(up)  # stopped at teardown if it wrongly started
-        code = up.process.wait(timeout=30)
+        code = up.process.wait(timeout=DEADLINE_SECONDS)
         text = up.text()
     assert code != 0
     lines = [line for line in text.splitlines() if str(port) in line]
@@ -126,3 +116,29 @@ def test_memq_up_refuses_to_start_when_its_remembered_port_is_taken(
     assert "in use" in lines[0] and "port" in lines[0]
     assert "ready." not in text
     assert (redis_dir / "port").read_text(encoding="utf-8").strip() == str(port)
+
+
+def test_doctor_passes_on_memq_up_with_the_url_it_prints_or_none_at_all(
+    tmp_path: Path, openai_server: ScriptedOpenAI, ups: list[Up]
+) -> None:
+    """The agents' ACL user may not run INFO: doctor checks as the stack's own user, and a
+    process of the data folder given no URL at all finds the stack's Redis."""
+    env = up_env(tmp_path, openai_server, MEMQ_STORAGE="redis")
+    up = Up(env, tmp_path / "up.log")
+    ups.append(up)
+    up.wait_text(" ready.")
+    for redis_env in ({"MEMQ_REDIS_URL": _agent_url(up)}, {}):
+        doctor = subprocess.run(
+            [MEMQ, "doctor"],
+            env={**env, **redis_env},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        assert "OK    redis: Redis " in doctor.stdout
+        assert "OK    persistence: AOF" in doctor.stdout
+        assert "NoPermissionError" not in doctor.stdout + doctor.stderr
+    assert up.stop() == 0

@@ -20,10 +20,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from memq.core.errors import StaleClaim
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
+from memq.core.timestamps import ms_datetime
 from memq.memory.apply import apply_to_own
 from memq.memory.signals import signals_in
 from memq.memory.update import UpdateAnswer
@@ -39,6 +41,9 @@ from worker.gates import Gate
 from worker.model import ModelAnswer, UpdateModel
 from worker.report import ExtractionReport, Usage, usage_of
 from worker.watermark import ChunkBudget, Selection, message_identity, split_at_watermark
+
+if TYPE_CHECKING:
+    from worker.embeddings import FactEmbedding
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +99,11 @@ class ExtractionPipeline:
         *,
         count_tokens: TokenCounter | None = None,
         clock: Clock | None = None,
+        embedding: FactEmbedding | None = None,
     ) -> None:
         self._settings = settings
+        # Embeds the facts a saved run added or edited (worker/embeddings.py); None: no model.
+        self._embedding = embedding
         self._storage = storage
         self._model = model
         self._count_tokens = count_tokens or make_token_counter(settings.token_counting)
@@ -228,8 +236,11 @@ class ExtractionPipeline:
             saving = None if fence is None else replace(fence, watermark=watermark)
             changes = [] if parsed.is_noop() else self._apply(context, parsed, run, saving, refused)
         except StaleClaim as exc:
-            return _stale_report(usage, elapsed_ms(), str(exc))
-        report = _saved_report(changes, usage, prompt, watermark, more, elapsed_ms())
+            return stale_report(usage, elapsed_ms(), str(exc))
+        if changes and self._embedding is not None:
+            # After the fenced save, both lanes (the batch lane settles through here too).
+            self._embedding.after_save(self._storage, context.user_id, context.agent_name)
+        report = saved_report(changes, usage, prompt, watermark, more, elapsed_ms())
         report = replace(report, facts_invalid=parsed.dropped_facts, facts_refused=refused[0])
         _log_extracted(context, report)
         return report
@@ -296,7 +307,13 @@ def run_info(
     identity is the uncut message's, the one the watermark knows it by."""
     sent = [m for m in selection.new if message_text(m)][-len(prompt.conversation) :]
     messages = tuple(
-        RunMessage(label, message_identity(m), m.role, message_excerpt(m))
+        RunMessage(
+            label,
+            message_identity(m),
+            m.role,
+            message_excerpt(m),
+            None if m.at is None else ms_datetime(m.at),
+        )
         for m, label in zip(sent, prompt.labels, strict=True)
     )
     return RunInfo(
@@ -316,7 +333,7 @@ def _stopwatch() -> Callable[[], int]:
     return lambda: int((time.monotonic() - started) * 1000)
 
 
-def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionReport:
+def stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionReport:
     """The save was fenced off: the answer is discarded, its tokens were spent all the same."""
     return ExtractionReport(
         "stale",
@@ -330,7 +347,7 @@ def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionRepo
     )
 
 
-def _saved_report(
+def saved_report(
     changes: list[Change],
     usage: Usage,
     prompt: UpdatePrompt | None,

@@ -7,6 +7,7 @@ ARGV and return codes), assembled with its shared fragments (``includes/``) by
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Iterable
@@ -14,10 +15,13 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, cast
 
+import redis
+from redis.exceptions import NoScriptError
+
 from memq.core.clock import now_ms
 from memq.core.connection import RedisClient
 from memq.core.errors import InvalidIdentifier
-from memq.core.identity import user_id_of
+from memq.core.identity import decode_user, encode_user, user_id_of
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.metrics import MetricsRecorder, read_snapshot, summarise
 from memq.core.scripts import LuaScripts
@@ -86,6 +90,18 @@ class DeadEntry:
     expires_at_ms: int = 0  # when the dead letter (and the text it holds) is deleted
 
 
+@functools.lru_cache(maxsize=65_536)
+def _canonical_user_segment(segment: str) -> bool:
+    """Whether ``segment`` is a user's key part exactly as :func:`encode_user` writes it (pure,
+    so memoised: the ticker meets the same users tick after tick)."""
+    if not segment:
+        return False
+    try:
+        return encode_user(decode_user(segment)) == segment
+    except InvalidIdentifier:
+        return False
+
+
 class QueueClient:
     """The worker side of the Redis contract, on one client (its scripts registered once)."""
 
@@ -124,7 +140,7 @@ class QueueClient:
         ):
             if not ids:
                 continue
-            keys = [shard.due, shard.inflight, shard.epoch]
+            keys = [shard.due, shard.inflight, shard.epoch, shard.batch_pending, shard.batched]
             for context_id in ids:
                 keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
             raw = self._scripts["claim_due"](
@@ -204,25 +220,48 @@ class QueueClient:
     def renew(self, context_id: str, token: str, now: int | None = None) -> bool:
         """Extend the lease by ``lease_ms`` from now and mark the run as started (an expired lease
         then counts as an attempt); False when the claim is no longer ours."""
-        q = self._q(context_id)
         now = now_ms() if now is None else now
-        raw = self._scripts["renew"](
-            keys=[q.context(context_id), q.inflight, self.user_inflight_key(q, context_id)],
-            args=[context_id, token, now + self.settings.lease_ms],
-        )
-        return int(raw) == 1
+        keys, args = self._renew_call(self._q(context_id), context_id, token, now)
+        return int(self._scripts["renew"](keys=keys, args=args)) == 1
+
+    def _renew_call(
+        self, q: QueueKeys, context_id: str, token: str, now: int
+    ) -> tuple[list[str], list[str | int]]:
+        keys = [q.context(context_id), q.inflight, self.user_inflight_key(q, context_id)]
+        return keys, [context_id, token, now + self.settings.lease_ms]
 
     def load_run(self, context_id: str) -> tuple[dict[str, str], str | None]:
         """The ``ctx:<id>`` hash and the thread's watermark (None when unset), in one round trip."""
+        data, watermark, _ = self.start_run(context_id, None)
+        return data, watermark
+
+    def start_run(
+        self, context_id: str, token: str | None, now: int | None = None
+    ) -> tuple[dict[str, str], str | None, bool]:
+        """:meth:`load_run` and, with ``token``, the run's first :meth:`renew` in the same round
+        trip (renew checks the token itself: sent before the hash is seen, it changes nothing
+        for a claim that is gone); the third value says whether it renewed."""
         q = self._q(context_id)
+        now = now_ms() if now is None else now
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(q.context(context_id))
         pipe.get(q.watermark(context_id))
-        raw, watermark = pipe.execute()
+        if token is not None and isinstance(self.redis, redis.Redis):
+            # EVALSHA itself: redis-py's Script in a pipeline asks SCRIPT EXISTS first.
+            keys, args = self._renew_call(q, context_id, token, now)
+            pipe.evalsha(self._scripts["renew"].sha, len(keys), *keys, *args)
+        raw, watermark, *renewal = pipe.execute(raise_on_error=False)
+        for reply in (raw, watermark, *renewal):
+            if isinstance(reply, Exception) and not isinstance(reply, NoScriptError):
+                raise reply
+        renewed = False
+        if token is not None:  # a cluster client or a restarted Redis: the wrapper's own call
+            ok = renewal and not isinstance(renewal[0], Exception)
+            renewed = int(renewal[0]) == 1 if ok else self.renew(context_id, token, now)
         data = {str(k): str(v) for k, v in raw.items()}
         if data.get("cut_messages"):
             self._report_cut(q, context_id)
-        return data, (str(watermark) if watermark is not None else None)
+        return data, (str(watermark) if watermark is not None else None), renewed
 
     def _report_cut(self, q: QueueKeys, context_id: str) -> None:
         """enqueue.lua cut the oldest messages to stay within context_max_bytes: take its counts
@@ -378,6 +417,10 @@ class QueueClient:
     @staticmethod
     def user_inflight_key(q: QueueKeys, context_id: str) -> str:
         """The per-user lease set of a context's user, in the context's own shard."""
+        parts = context_id.split(":")
+        if len(parts) == 3 and _canonical_user_segment(parts[1]):
+            # The id already carries the user's key part: no decode and encode per candidate.
+            return q.user_inflight_segment(parts[1])
         try:
             user_id = user_id_of(context_id)
         except InvalidIdentifier:

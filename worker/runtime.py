@@ -10,12 +10,14 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from memq.core.clock import now_ms
 from memq.core.connection import RedisClient, redis_client
 from memq.core.metrics import MetricsRecorder
 from memq.core.settings import MemqSettings
 from worker.cost import PriceTable
 from worker.gates import RunGates
 from worker.queue import QueueClient
+from worker.settle import Settlement
 
 if TYPE_CHECKING:
     from worker.batch import BatchLane
@@ -67,7 +69,11 @@ class WorkerRuntime:
         with self._lock:
             self._check_fork()
             if self._pipeline is None:
-                self._pipeline = self._pipeline_factory(self.settings, self._base_locked()[0])
+                client, _, metrics = self._base_locked()
+                if self._pipeline_factory is build_pipeline:  # its LLM figures go with the run's
+                    self._pipeline = build_pipeline(self.settings, client, metrics=metrics)
+                else:
+                    self._pipeline = self._pipeline_factory(self.settings, client)
             return self._pipeline
 
     @property
@@ -78,6 +84,10 @@ class WorkerRuntime:
             if self._gates is None:
                 self._gates = RunGates(self.settings, self._base_locked()[0])
             return self._gates
+
+    def settlement(self, clock: Callable[[], int]) -> Settlement:
+        """Where an answered run of either lane is spent, settled, counted and logged."""
+        return Settlement(self.metrics, self.gates.budget, self.prices, clock)
 
     @property
     def batches(self) -> BatchQueue:
@@ -95,7 +105,7 @@ class WorkerRuntime:
         from worker.batch import BatchLane
         from worker.batch_api import OpenAIBatchEndpoint
 
-        pipeline, batches = self.pipeline, self.batches
+        pipeline, batches, settlement = self.pipeline, self.batches, self.settlement(now_ms)
         with self._lock:
             if self._lane is None:
                 self._lane = BatchLane(
@@ -104,6 +114,7 @@ class WorkerRuntime:
                     batches,
                     pipeline,
                     OpenAIBatchEndpoint(self.settings),
+                    settlement=settlement,
                 )
             return self._lane
 
@@ -118,7 +129,10 @@ class WorkerRuntime:
             # the run's settlement and leaving its context to wait for its lease.
             self._redis = redis_client(self.settings, outage_retries=8)
             self._queue = QueueClient(self.settings, self._redis)
-            self._metrics = MetricsRecorder.for_settings(self.settings, self._redis)
+            # A run's LLM request figures are written with its extraction's, in one round trip.
+            self._metrics = MetricsRecorder.for_settings(
+                self.settings, self._redis, hold_llm_requests=True
+            )
             self._pid = os.getpid()
         return self._redis, self._queue, self._metrics
 
@@ -129,21 +143,27 @@ class WorkerRuntime:
             self._pid = None
 
 
-def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPipeline:
+def build_pipeline(
+    settings: MemqSettings, client: RedisClient, *, metrics: MetricsRecorder | None = None
+) -> ExtractionPipeline:
     """The production pipeline: configured storage and LLM (imported here, not at module load,
-    so the ticker and the app factory never load the LLM client)."""
+    so the ticker and the app factory never load the LLM client); ``metrics`` records the LLM
+    requests (the runtime's own recorder, which writes them with the run's figures)."""
     from storage import get_storage
+    from worker.embeddings import build_fact_embedding
     from worker.llm import build_update_model
     from worker.pipeline import ExtractionPipeline
     from worker.ratelimit import SharedRateLimit
 
     limiter = SharedRateLimit.for_settings(settings, client)
+    metrics = metrics or MetricsRecorder.for_settings(settings, client)
     return ExtractionPipeline(
         settings,
         get_storage(settings, redis=client),
         build_update_model(
             settings,
-            observe=MetricsRecorder.for_settings(settings, client).llm_request,
+            observe=metrics.llm_request,
             on_limits=None if limiter is None else limiter.observe,
         ),
+        embedding=build_fact_embedding(settings, metrics.count),
     )

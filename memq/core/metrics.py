@@ -16,12 +16,13 @@ better than an extraction that fails because of its bookkeeping.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from memq.core.connection import RedisClient
-from memq.core.keys import KeySchema
+from memq.core.keys import KeySchema, QueueKeys
 from memq.core.settings import MemqSettings
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,15 @@ EXTRACTION_OUTCOMES = ("updated", "unchanged", "skipped", "retry", "dead")
 # rate_limit: the shared rate limit had no slot; budget: a token budget was spent.
 DEFERRAL_REASONS = ("rate_limit", "budget")
 NANO_USD_PER_USD: Final = 1_000_000_000
+# The shape of `memq stats --json` and `/v1/queue/stats` (:func:`summarise`): raised whenever a
+# field is renamed, moved or removed (CHANGELOG.md says what changed); adding one keeps it.
+STATS_VERSION: Final = 1
+
+# "Is beat alive?": its last tick is at most this old, and never less than ten ticks. The one
+# threshold of /readyz, `memq doctor` and the MemqBeatDown alert (deploy/prometheus/alerts.yml,
+# whose expression tests/test_liveness.py holds to it).
+BEAT_ALIVE_SECONDS: Final = 30.0
+BEAT_ALIVE_TICKS: Final = 10
 LATENCY_BUCKETS_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -85,6 +95,14 @@ COUNTERS: Final[tuple[Counter, ...]] = (
     Counter("tick_released", "queue: released (broker refused the send)"),
     Counter("tick_deferred", "queue: deferred (user at in-flight cap)"),
     Counter("context_messages_cut", "messages cut to context_max_bytes"),
+    Counter(
+        "recall_fallbacks",
+        "recalls ranked by words alone: the query's embedding failed or was late",
+    ),
+    Counter("facts_embedded", "fact texts embedded (extractions and `memq reembed`)"),
+    Counter(
+        "embedding_failures", "embedding calls of the workers that failed (facts left unembedded)"
+    ),
     Counter("batch_prompt_tokens", "batch lane: prompt tokens (apart from prompt_tokens)"),
     Counter("batch_cached_tokens", "batch lane: prompt tokens: cached"),
     Counter("batch_completion_tokens", "batch lane: completion tokens"),
@@ -112,6 +130,22 @@ class TickFigures(Protocol):
     def deferred(self) -> int: ...
 
 
+def beat_alive_within_ms(tick_seconds: float) -> int:
+    """How old beat's last tick may be while beat counts as alive (milliseconds)."""
+    return int(max(BEAT_ALIVE_SECONDS, BEAT_ALIVE_TICKS * tick_seconds) * 1000)
+
+
+def beat_alive(last_tick_ms: int | None, now_ms: int, tick_seconds: float) -> bool:
+    """Whether beat ticks: a tick recorded, no older than :func:`beat_alive_within_ms`."""
+    return last_tick_ms is not None and now_ms - last_tick_ms <= beat_alive_within_ms(tick_seconds)
+
+
+def per_thousand_turns(value: float | None, turns: int) -> float | None:
+    """``value`` per 1,000 turns: the bill's turns, conversation messages sent for extraction
+    (``turns_extracted``). The one meaning `memq stats` and `memq eval` give the figure."""
+    return None if value is None or turns <= 0 else value * 1000 / turns
+
+
 def latency_bucket(seconds: float) -> str:
     """The histogram field a latency lands in (its smallest upper bound)."""
     for bound in LATENCY_BUCKETS_SECONDS:
@@ -121,15 +155,23 @@ def latency_bucket(seconds: float) -> str:
 
 
 class MetricsRecorder:
-    """Adds to the shared metrics hash; one round trip per call, errors logged, never raised."""
+    """Adds to the shared metrics hash; one round trip per call, errors logged, never raised.
+    ``hold_llm_requests``: LLM request figures wait for the next write (every worker run ends in
+    one: its extraction, stale run or deferral), one round trip per run instead of two."""
 
-    def __init__(self, client: RedisClient, key: str) -> None:
+    def __init__(self, client: RedisClient, key: str, *, hold_llm_requests: bool = False) -> None:
         self._client = client
         self._key = key
+        self._hold = hold_llm_requests
+        self._held: dict[str, int] = {}
+        self._held_lock = threading.Lock()
 
     @classmethod
-    def for_settings(cls, settings: MemqSettings, client: RedisClient) -> MetricsRecorder:
-        return cls(client, KeySchema(settings.key_prefix, settings.shards).metrics())
+    def for_settings(
+        cls, settings: MemqSettings, client: RedisClient, *, hold_llm_requests: bool = False
+    ) -> MetricsRecorder:
+        key = KeySchema(settings.key_prefix, settings.shards).metrics()
+        return cls(client, key, hold_llm_requests=hold_llm_requests)
 
     def extraction(self, outcome: str, usage: Mapping[str, int] | None = None) -> None:
         """One run ended with ``outcome``; ``usage`` adds to counters (tokens, facts dropped)."""
@@ -151,14 +193,18 @@ class MetricsRecorder:
         self._add({}, counters)
 
     def llm_request(self, result: str, seconds: float) -> None:
-        self._add(
-            {
-                f"{LLM_REQUESTS}{result}": 1,
-                latency_bucket(seconds): 1,
-                LLM_LATENCY_COUNT: 1,
-                LLM_LATENCY_SUM_MS: max(0, round(seconds * 1000)),
-            }
-        )
+        figures = {
+            f"{LLM_REQUESTS}{result}": 1,
+            latency_bucket(seconds): 1,
+            LLM_LATENCY_COUNT: 1,
+            LLM_LATENCY_SUM_MS: max(0, round(seconds * 1000)),
+        }
+        if not self._hold:
+            self._add(figures)
+            return
+        with self._held_lock:
+            for name, amount in figures.items():
+                self._held[name] = self._held.get(name, 0) + amount
 
     def tick(self, report: TickFigures, now_ms: int) -> None:
         """The heartbeat (always written, so "beat is down" is one alert) and the tick's counts."""
@@ -181,8 +227,12 @@ class MetricsRecorder:
         latest: Mapping[str, int] | None = None,
     ) -> None:
         # The one guard: whatever goes wrong here (Redis, a bad figure) is logged, never raised.
+        with self._held_lock:
+            held, self._held = self._held, {}
         try:
             amounts = dict(fields)
+            for name, amount in held.items():
+                amounts[name] = amounts.get(name, 0) + amount
             for name, amount in (counters or {}).items():
                 if name in COUNTER_FIELDS:
                     amounts[name] = amounts.get(name, 0) + int(amount)
@@ -239,8 +289,11 @@ class MetricsSnapshot:
 
     @property
     def cost_per_1000_turns_usd(self) -> float | None:
-        turns = self["turns_extracted"]
-        return self.cost_usd * 1000 / turns if turns else None
+        return per_thousand_turns(self.cost_usd, self["turns_extracted"])
+
+    def both_lanes(self, kind: str) -> int:
+        """Tokens of ``kind`` (prompt, cached, completion) over both lanes."""
+        return self[f"{kind}_tokens"] + self[f"batch_{kind}_tokens"]
 
     @property
     def dead_lettered(self) -> int:
@@ -283,6 +336,27 @@ def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchDepth:
+    """One depth of the batch lane: its name (in `memq stats`, ``/v1/queue/stats`` and, as
+    ``memq_<name>``, the exporter), the shard's zset it counts, and what it means."""
+
+    name: str
+    key: Callable[[QueueKeys], str]  # the shard's zset whose size this depth is
+    text: str
+
+
+# The batch lane's states, as depths: parked (`batch_pending`, waiting to be gathered into a
+# job), out (`batch_out`, in a job the provider holds) and the jobs out themselves.
+BATCH_DEPTHS: Final[tuple[BatchDepth, ...]] = (
+    BatchDepth(
+        "batch_pending", lambda q: q.batch_pending, "batch lane: contexts parked, waiting for a job"
+    ),
+    BatchDepth("batch_out", lambda q: q.batched, "batch lane: contexts out in a job"),
+    BatchDepth("batch_jobs", lambda q: q.batch_jobs, "batch lane: jobs out at the provider"),
+)
+
+
+@dataclass(frozen=True, slots=True)
 class ShardGauges:
     """One shard of the queue, now."""
 
@@ -291,6 +365,7 @@ class ShardGauges:
     inflight: int
     dead: int
     oldest_due_lag_ms: int  # how far the oldest due context is past its deadline (0: none due)
+    batch: dict[str, int] = field(default_factory=dict)  # by the names of BATCH_DEPTHS
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,14 +388,23 @@ def read_snapshot(client: RedisClient, settings: MemqSettings, now_ms: int) -> S
         pipe.zcard(shard.inflight)
         pipe.zcard(shard.dead)
         pipe.zrange(shard.due, 0, 0, withscores=True)
+        for depth in BATCH_DEPTHS:
+            pipe.zcard(depth.key(shard))
     pipe.hgetall(schema.metrics())
     replies = pipe.execute()
     gauges = []
+    width = 4 + len(BATCH_DEPTHS)
     for index in range(len(shards)):
-        due, inflight, dead, first = replies[index * 4 : index * 4 + 4]
+        due, inflight, dead, first, *batch = replies[index * width : (index + 1) * width]
         lag = max(0, now_ms - int(first[0][1])) if first else 0
-        gauges.append(ShardGauges(index, int(due), int(inflight), int(dead), lag))
+        depths = {d.name: int(n) for d, n in zip(BATCH_DEPTHS, batch, strict=True)}
+        gauges.append(ShardGauges(index, int(due), int(inflight), int(dead), lag, depths))
     return Snapshot(gauges, parse_metrics(replies[-1]), now_ms)
+
+
+def batch_depths(shards: list[ShardGauges]) -> dict[str, int]:
+    """The batch lane's depths over every shard, by name."""
+    return {d.name: sum(s.batch.get(d.name, 0) for s in shards) for d in BATCH_DEPTHS}
 
 
 def read_counts(client: RedisClient, settings: MemqSettings) -> dict[str, int]:
@@ -342,14 +426,17 @@ def _outcome_order(outcome: str) -> tuple[int, str]:
 
 
 def summarise(snapshot: Snapshot) -> dict[str, Any]:
-    """Everything `memq stats` knows, as plain data (what `--json` prints): totals of the shards,
-    each shard, the extractions by outcome, the LLM figures and every counter by its field."""
+    """Everything `memq stats` knows, as plain data (what `--json` prints and ``/v1/queue/stats``
+    serves, shape :data:`STATS_VERSION`): totals of the shards (the batch lane's depths
+    included), each shard, the extractions by outcome, the LLM figures and every counter."""
     shards, metrics = snapshot.shards, snapshot.metrics
     last_tick = metrics.last_tick_ms
     return {
+        "version": STATS_VERSION,
         "due": sum(s.due for s in shards),
         "inflight": sum(s.inflight for s in shards),
         "dead": sum(s.dead for s in shards),
+        **batch_depths(shards),
         "oldest_due_lag_ms": max((s.oldest_due_lag_ms for s in shards), default=0),
         "last_tick_age_ms": None if last_tick is None else snapshot.now_ms - last_tick,
         "shards": [
@@ -358,6 +445,7 @@ def summarise(snapshot: Snapshot) -> dict[str, Any]:
                 "due": s.due,
                 "inflight": s.inflight,
                 "dead": s.dead,
+                **{d.name: s.batch.get(d.name, 0) for d in BATCH_DEPTHS},
                 "oldest_due_lag_ms": s.oldest_due_lag_ms,
             }
             for s in shards

@@ -11,11 +11,13 @@ import functools
 from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Request
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from memq.operations.access import Principal
+from memq.operations.paging import DEFAULT_LIMIT, needed, page
+from memq.server.ids import ID
 from memq.server.limits import check_count
 from memq.server.models import (
     TOKEN_BUDGET,
@@ -26,11 +28,11 @@ from memq.server.models import (
     HistoryOut,
     SupersededOut,
 )
-from memq.server.routing import AgentName, Service, caller, new_router
+from memq.server.routing import AgentName, Cursor, Limit, Service, caller, new_router
+from storage.document import MemoryDocument
 
 router = new_router()
-# `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
-USER = "/v1/users/{user_id:path}"
+USER = f"/v1/users/{{user_id:{ID}}}"  # one percent-encoded segment: memq/server/ids.py
 _TAGS: list[str | Enum] = ["agent"]
 
 
@@ -42,7 +44,8 @@ class HandOff(BaseModel):
     thread_id: str = Field(description="the conversation's id in your framework")
     agent_name: str | None = Field(default=None, description="omitted: user-global memory")
     messages: list[dict[str, Any]] = Field(
-        description="`{role, content}` objects (OpenAI / LangChain shapes accepted)"
+        description="`{role, content}` objects (OpenAI / LangChain shapes accepted); each may say "
+        "when it was said in `created_at` (ISO 8601 or epoch; default: now)"
     )
     flush: bool = Field(
         default=False, description="due now (before a summary drops messages), skip the debounce"
@@ -89,7 +92,14 @@ async def hand_off(
     )
 
 
-class ContextQuery(BaseModel):
+class TimeWindow(BaseModel):
+    """When the facts recalled were said (both ends optional, ISO 8601 with a zone)."""
+
+    since: AwareDatetime | None = Field(default=None, description="only facts said from then")
+    until: AwareDatetime | None = Field(default=None, description="only facts said until then")
+
+
+class ContextQuery(TimeWindow):
     model_config = ConfigDict(extra="forbid")
 
     agent_name: str | None = None
@@ -109,22 +119,27 @@ def context(
     who: Annotated[Principal, caller("recall")], user_id: str, body: ContextQuery, svc: Service
 ) -> ContextBlock:
     """The `<user_memory>` block for the next prompt (empty when there is nothing to inject)."""
-    block = svc.recall(who, user_id, body.agent_name, query=body.query, max_tokens=body.max_tokens)
+    block = svc.recall(
+        who,
+        user_id,
+        body.agent_name,
+        query=body.query,
+        max_tokens=body.max_tokens,
+        since=body.since,
+        until=body.until,
+    )
     return ContextBlock(block=block)
 
 
-@router.get(
-    USER + "/memory",
-    tags=_TAGS,
-)
+@router.get(USER + "/memory", tags=_TAGS, response_model=MemoryDocument)
 def memory(
     who: Annotated[Principal, caller("read_memory")],
     user_id: str,
     svc: Service,
     agent_name: AgentName = None,
-) -> dict[str, Any]:
+) -> MemoryDocument:
     """The whole memory document (memq memory.json) of the (user, agent)."""
-    return svc.document(who, user_id, agent_name).to_json()
+    return svc.document(who, user_id, agent_name)
 
 
 @router.get(USER + "/facts", tags=_TAGS, response_model=FactsOut)
@@ -134,13 +149,15 @@ def list_facts(
     svc: Service,
     agent_name: AgentName = None,
     category: str | None = None,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> FactsOut:
-    """The facts, most confident first."""
-    facts = svc.list_facts(who, user_id, agent_name, category=category)
-    return FactsOut(facts=facts)
+    """The facts, most confident first, a page at a time."""
+    facts = page(svc.list_facts(who, user_id, agent_name, category=category), limit, cursor)
+    return FactsOut(facts=facts.items, next_cursor=facts.next_cursor)
 
 
-class SearchQuery(BaseModel):
+class SearchQuery(TimeWindow):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1)
@@ -155,7 +172,14 @@ def search_facts(
 ) -> FactsOut:
     """The facts most relevant to a query (BM25 over English and Chinese words)."""
     found = svc.search(
-        who, user_id, body.agent_name, body.query, category=body.category, limit=body.limit
+        who,
+        user_id,
+        body.agent_name,
+        body.query,
+        category=body.category,
+        limit=body.limit,
+        since=body.since,
+        until=body.until,
     )
     return FactsOut(facts=found)
 
@@ -166,14 +190,16 @@ def history(
     user_id: str,
     svc: Service,
     agent_name: AgentName = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> HistoryOut:
-    """Recorded changes of the document, newest first."""
-    changes = svc.history(who, user_id, agent_name, limit=limit)
-    return HistoryOut(changes=changes)
+    """Recorded changes of the document, newest first, a page at a time."""
+    loaded = svc.history(who, user_id, agent_name, limit=needed(limit, cursor))
+    changes = page(loaded, limit, cursor)
+    return HistoryOut(changes=changes.items, next_cursor=changes.next_cursor)
 
 
-@router.get(USER + "/facts/{fact_id}/why", tags=_TAGS, response_model=FactWhy)
+@router.get(USER + f"/facts/{{fact_id:{ID}}}/why", tags=_TAGS, response_model=FactWhy)
 def why(
     who: Annotated[Principal, caller("why")],
     user_id: str,
@@ -193,6 +219,10 @@ def superseded(
     user_id: str,
     svc: Service,
     agent_name: AgentName = None,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> SupersededOut:
-    """Facts that stopped being valid (contradicted or stale), with what replaced them and why."""
-    return SupersededOut(superseded=svc.superseded(who, user_id, agent_name))
+    """Facts that stopped being valid (contradicted or stale), with what replaced them and why,
+    a page at a time."""
+    facts = page(svc.superseded(who, user_id, agent_name), limit, cursor)
+    return SupersededOut(superseded=facts.items, next_cursor=facts.next_cursor)

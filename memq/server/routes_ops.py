@@ -5,20 +5,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from memq.core.connection import REDIS_ERRORS
 from memq.operations.access import Principal
+from memq.operations.paging import DEFAULT_LIMIT, needed, page
 from memq.server.auth import PUBLIC
 from memq.server.limits import check_count
 from memq.server.problems import problem
-from memq.server.routing import Service, caller, new_router
+from memq.server.routing import Cursor, Limit, Service, caller, new_router
 
 router = new_router()
-# Beat is "ticking" while its last tick is younger than this many ticks (and at least 10 s).
-_TICK_GRACE = 10
 
 
 @router.get("/healthz", tags=["ops"], dependencies=[Depends(PUBLIC)])
@@ -36,7 +35,7 @@ def healthz() -> dict[str, str]:
 def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
     """Redis answers and beat ticks (readiness): 200, else 503 naming what is missing."""
     from memq.core.clock import now_ms
-    from memq.core.metrics import read_snapshot
+    from memq.core.metrics import beat_alive, read_snapshot
 
     now = now_ms()
     try:
@@ -46,8 +45,7 @@ def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
         return problem(503, "Redis does not answer")
     last = snapshot.last_tick_ms
     age_ms = None if last is None else max(0, now - last)
-    limit_ms = max(10_000, int(svc.settings.tick_seconds * 1000 * _TICK_GRACE))
-    if age_ms is None or age_ms > limit_ms:
+    if not beat_alive(last, now, svc.settings.tick_seconds):
         seen = "never" if age_ms is None else f"{age_ms / 1000:.0f} s ago"
         return problem(503, f"beat is not ticking (last tick {seen})", redis="ok")
     return {"status": "ready", "redis": "ok", "last_tick_age_ms": age_ms}
@@ -69,16 +67,21 @@ class DeadLetter(BaseModel):
 
 class DeadLetters(BaseModel):
     dead_letters: list[DeadLetter]
+    next_cursor: str | None = Field(
+        default=None, description="where the next page starts (pass it as `cursor`)"
+    )
 
 
 @router.get("/v1/dead-letters", tags=["ops"], response_model=DeadLetters)
 def dead_letters(
     who: Annotated[Principal, caller("dead_letters")],
     svc: Service,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> DeadLetters:
-    """Dead contexts with their attempts and last error (`memq dead list`)."""
-    entries = svc.dead_letters(who, limit=limit)
+    """Dead contexts with their attempts and last error (`memq dead list`), a page at a time."""
+    loaded = page(svc.dead_letters(who, limit=needed(limit, cursor)), limit, cursor)
+    entries = loaded.items
     return DeadLetters(
         dead_letters=[
             DeadLetter(
@@ -89,7 +92,8 @@ def dead_letters(
                 expires_at_ms=e.expires_at_ms,
             )
             for e in entries
-        ]
+        ],
+        next_cursor=loaded.next_cursor,
     )
 
 

@@ -19,9 +19,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 from memq.memory.update import NewFact, UpdateAnswer
+from memq.testing.embeddings import ScriptedEmbeddings
 from memq.testing.openai_batches import ScriptedBatches
 from memq.testing.provider import Provider
+from memq.testing.relative_dates import message_days, resolve_relative
 from memq.testing.replies import Reply, completion_body
+from memq.testing.waiting import DEADLINE_SECONDS
 
 
 def update_text(answer: UpdateAnswer) -> str:
@@ -90,25 +93,32 @@ class CitingModel:
     teach: list[Teach] = field(default_factory=list)
     contradicts: list[str] = field(default_factory=list)
     delay_seconds: float = 0.0
+    release: threading.Event | None = None  # see Reply.release
 
     def __call__(self, request: dict[str, Any]) -> Reply:
         messages = labelled_messages(request)
+        days = message_days(slot_body(request_text(request), "conversation") or "")
         facts = []
         for rule in self.teach:
-            labels = tuple(
-                label
+            said = [
+                (label, text)
                 for label, role, text in messages
                 if rule.said in text and (rule.role is None or role == rule.role)
-            )
-            if not labels:
+            ]
+            if not said:
                 continue
+            labels = tuple(label for label, _ in said)
             cites = {"right": labels, "wrong": ("m999",), "none": ()}[rule.cite]
+            # As the prompt asks: a relative time in the message resolved against its day.
+            label, text = said[0]
+            event = resolve_relative(text, days[label]) if label in days else None
             facts.append(
                 NewFact(
                     content=rule.content,
                     category=rule.category,
                     confidence=rule.confidence,
                     cites=cites,
+                    event_date=None if event is None else event.isoformat(),
                 )
             )
         removals = tuple(
@@ -117,7 +127,9 @@ class CitingModel:
             if any(old in str(f.get("content", "")) for old in self.contradicts)
         )
         answer = UpdateAnswer(new_facts=tuple(facts), facts_to_remove=removals if facts else ())
-        return Reply(content=update_text(answer), delay_seconds=self.delay_seconds)
+        return Reply(
+            content=update_text(answer), delay_seconds=self.delay_seconds, release=self.release
+        )
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -149,6 +161,7 @@ class ScriptedOpenAI:
         self.refusals: list[int] = []  # the status of each request the provider refused
         self.refusal_times: list[float] = []  # and when (time.monotonic())
         self.batches = ScriptedBatches(self)  # the files + batches endpoints
+        self.embeddings = ScriptedEmbeddings()  # /v1/embeddings (memq.testing.embeddings)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -187,6 +200,11 @@ class ScriptedOpenAI:
                     request = json.loads(raw or b"{}")
                 except ValueError:
                     request = {}
+                if self.path.rstrip("/").endswith("/embeddings"):
+                    status, answer = server.embeddings.answer(request)
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        self._send(status, json.dumps(answer).encode(), {})
+                    return
                 with server.lock:
                     server.requests.append(request)
                     server.request_times.append(time.monotonic())
@@ -206,8 +224,10 @@ class ScriptedOpenAI:
                         )
                     return
                 reply = server.reply_for(request)
+                if reply.release is not None:
+                    reply.release.wait(DEADLINE_SECONDS)
                 if reply.delay_seconds:
-                    time.sleep(reply.delay_seconds)
+                    time.sleep(reply.delay_seconds)  # wait-ok: a slow model, as scripted
                 if isinstance(reply.body, bytes):
                     payload = reply.body
                 elif reply.body is not None:
@@ -264,6 +284,7 @@ class ScriptedOpenAI:
         return self
 
     def stop(self) -> None:
+        self.embeddings.release()  # a hung embeddings request must not hold the shutdown
         self.httpd.shutdown()
         self.httpd.server_close()
 

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Query
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from memq.server.ids import ID
 from memq.server.models import TOKEN_BUDGET
 from memq.server.ui import views
 from memq.server.ui.access import Page, Reader, Viewer
@@ -20,7 +21,7 @@ from storage.document import DO_NOT_LEARN_MAX, Fact, MemoryDocument
 router = APIRouter()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing). So the
 # user's own page, whose pattern matches every longer path too, is declared last.
-USER = "/users/{user_id:path}"
+USER = f"/users/{{user_id:{ID}}}"  # one percent-encoded segment: memq/server/ids.py
 TABS = ("facts", "summaries", "superseded", "history", "do-not-learn")
 # The history is bounded by history_max_entries: read all of it, page it here.
 WHOLE_HISTORY = 1_000_000
@@ -137,7 +138,7 @@ def memory(
     )
 
 
-@router.get(USER + "/facts/{fact_id}", name="ui_fact")
+@router.get(USER + f"/facts/{{fact_id:{ID}}}", name="ui_fact")
 def fact(
     user_id: str,
     fact_id: str,
