@@ -321,11 +321,6 @@ def test_the_plan_says_which_facts_were_left_out_why_in_rank_order_and_what_they
     assert ranks == sorted(ranks) and len(set(ranks)) == len(ranks)
 
 
-def test_the_agents_path_explains_nothing() -> None:
-    document = doc(*(fact(f"fact {n}", 0.5) for n in range(50)))
-    assert plan_injection(document, F + 30, count_tokens=len, explain=False).left_out == ()
-
-
 def test_warming_loads_the_tokenizer_and_the_segmenter_before_the_first_recall(
     tmp_path: Path,
 ) -> None:
