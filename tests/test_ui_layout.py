@@ -63,7 +63,7 @@ def seed(settings: MemqSettings) -> tuple[MemoryManager, str, str]:
         {
             "user": {"workContext": {"summary": "Data engineer at Zalando, " + "流式 " * 80}},
             "history": {"recentMonths": {"summary": "Moved from Munich to Berlin."}},
-            "facts": [],
+            "facts": [{"content": "Drinks tea", "confidence": 0.5}],
         },
         agent_name=AGENT,
     )

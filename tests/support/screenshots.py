@@ -74,7 +74,13 @@ def seed(settings: MemqSettings, redis_client: Any) -> None:
                 "topOfMind": {"summary": "Migrating the settlement service to Rust."},
             },
             "history": {"recentMonths": {"summary": "Moved to Berlin; started marathon training."}},
-            "facts": [],
+            "facts": [
+                {
+                    "content": "Reviews pull requests in the morning",
+                    "category": "behavior",
+                    "confidence": 0.6,
+                }
+            ],
         },
     )
     with MemoryProducer(settings) as producer:
