@@ -178,7 +178,7 @@ def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(
 def test_a_thousand_fact_memory_is_paged_in_the_browser(
     make_settings: Any, serve_for: Any, browser: WebDriver
 ) -> None:
-    settings: MemqSettings = make_settings()
+    settings: MemqSettings = make_settings(max_facts=1000)
     manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
     facts = [
         {"id": f"f{n:04d}", "content": f"Fact number {n} about 项目 {n % 37}", "confidence": 0.5}
