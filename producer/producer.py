@@ -12,6 +12,7 @@ strict variant (typed errors) for the CLI and for callers that want to know.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -50,6 +51,9 @@ class ProducerStats:
     poisoned: int = 0
     times_dropped: int = 0
 
+
+_KEYS_KEPT = 4096
+_NAME_TYPES = (str, type(None))
 
 OfferStatus = Literal["queued", "spooled", "nothing_to_remember"]
 
@@ -107,6 +111,8 @@ class MemoryProducer:
         )
         self._clock_ms = clock_ms or now_ms
         self._spool = open_spool(s)
+        # Validated keys of the threads handed over lately (ids only, never text); bounded.
+        self._key_of = functools.lru_cache(maxsize=_KEYS_KEPT)(ContextKey.create)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("enqueued", "spooled", "replayed", "dropped", "errors", "poisoned", "times_dropped"),
@@ -295,7 +301,10 @@ class MemoryProducer:
     ) -> EnqueueRequest | None:
         if not self._settings.enabled:
             return None
-        key = ContextKey.create(thread_id, user_id, agent_name)
+        if type(thread_id) is str and type(user_id) is str and type(agent_name) in _NAME_TYPES:
+            key = self._key_of(thread_id, user_id, agent_name)  # the same thread every turn
+        else:
+            key = ContextKey.create(thread_id, user_id, agent_name)
         request = build_request(
             key,
             messages,

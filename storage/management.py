@@ -31,7 +31,7 @@ from storage.fact_input import (
     valid_content,
 )
 from storage.provenance import FactExplanation, explain
-from storage.search import search_facts
+from storage.search import Meaning, QueryEmbedding, meaning_for, search_facts
 from storage.vocabulary import DEFAULT_CATEGORY
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,8 @@ class MemoryManager:
     ``agent_name=None`` is the user-global memory throughout. ``max_facts`` is the fact cap
     ``add_fact`` applies (pass ``settings.max_facts``); None leaves documents uncapped.
     ``fact_max_chars`` (pass ``settings.fact_max_chars``) is the longest fact: refused when added
-    or edited by hand, cut (and counted) on import.
+    or edited by hand, cut (and counted) on import. ``embedder`` (the recall-time query embedder,
+    ``producer.query_embedding.query_embedder(settings)``) makes search rank by meaning too.
     """
 
     def __init__(
@@ -59,6 +60,7 @@ class MemoryManager:
         *,
         max_facts: int | None = None,
         fact_max_chars: int = DEFAULT_FACT_MAX_CHARS,
+        embedder: QueryEmbedding | None = None,
     ) -> None:
         if max_facts is not None and max_facts < 1:
             raise InvalidMemoryData(f"max_facts must be at least 1, got {max_facts}")
@@ -67,6 +69,7 @@ class MemoryManager:
         self.storage = storage
         self.max_facts = max_facts
         self.fact_max_chars = fact_max_chars
+        self.embedder = embedder
 
     # --- reading
     def document(self, user_id: str, *, agent_name: str | None = None) -> MemoryDocument:
@@ -92,12 +95,26 @@ class MemoryManager:
         until: datetime | None = None,
     ) -> list[Fact]:
         """The ``limit`` facts most relevant to ``query`` (BM25 over English and Chinese words,
-        confidence breaking ties); ``category`` and the time window (``since``/``until``: when
-        the fact was said, :func:`said_within`) filter before the cut."""
+        fused with meaning when an embedder is set; confidence breaking ties); ``category`` and
+        the time window (``since``/``until``: when the fact was said, :func:`said_within`) filter
+        before the cut."""
         if not query.strip() or limit <= 0:
             return []
-        facts = said_within(self.storage.load(user_id, agent_name).facts, since, until)
-        return search_facts(facts, query, top_k=limit, category=category)
+        document = self.storage.load(user_id, agent_name)
+        return search_facts(
+            said_within(document.facts, since, until),
+            query,
+            top_k=limit,
+            category=category,
+            meaning=self.meaning(document, query),
+        )
+
+    def meaning(self, document: MemoryDocument, query: str) -> Meaning | None:
+        """The query's meaning against ``document``'s vectors, or None (no embedder, or it fell
+        back within its timeout: rank by words)."""
+        if self.embedder is None or not query.strip():
+            return None
+        return meaning_for(document.embeddings, self.embedder.model, self.embedder.embed(query))
 
     def history(
         self, user_id: str, *, agent_name: str | None = None, limit: int = 100
@@ -221,8 +238,9 @@ class MemoryManager:
 
     # --- whole documents
     def export(self, user_id: str, *, agent_name: str | None = None) -> dict[str, Any]:
-        """The memq memory.json of that (user, agent)."""
-        return self.storage.load(user_id, agent_name).to_json()
+        """The memq memory.json of that (user, agent), its fact vectors included (an import
+        then needs no re-embedding for the texts it keeps)."""
+        return self.storage.load(user_id, agent_name).to_json(vectors=True)
 
     def import_document(
         self,

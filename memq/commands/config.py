@@ -79,6 +79,18 @@ DESCRIPTIONS: dict[str, str] = {
         "hard cap of one context's stored messages (JSON bytes), checked before enqueue.lua "
         "decodes: the oldest are cut and counted (`cut_messages` on the context)"
     ),
+    "embedding_model": (
+        "embedding model for recall by meaning (OpenAI-compatible `/v1/embeddings`); unset: "
+        "recall ranks by words alone and nothing is embedded"
+    ),
+    "embedding_base_url": "embeddings endpoint (`…/v1`); unset: `MEMQ_LLM_BASE_URL`",
+    "embedding_api_key": "API key of the embeddings endpoint; unset: the LLM's key",
+    "embedding_timeout_seconds": (
+        "longest wait for the query's embedding at recall; past it (or while the endpoint is "
+        "failing) recall ranks by words alone, counted as `recall_fallbacks`"
+    ),
+    "embedding_query_cache_size": "recent query embeddings kept per process (0: none)",
+    "embedding_batch_size": "fact texts per embeddings request of the workers and `memq reembed`",
     "llm_provider": "`auto` (a model if an endpoint or key is set, else rules), `openai`, `rules`",
     "llm_base_url": "OpenAI-compatible endpoint (`…/v1`)",
     "llm_api_key": "API key (`MEMQ_LLM_API_KEY` or `OPENAI_API_KEY`)",

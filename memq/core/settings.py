@@ -49,6 +49,10 @@ RUN_SLACK_SECONDS = 15.0
 # Between the soft time limit (an exception the run settles as a failure) and the hard one.
 HARD_LIMIT_GRACE_SECONDS = 5.0
 
+# Where the `openai` SDK sends requests when no base URL is given; the embeddings endpoint defaults
+# to it the same way (a user who names only a key and a model means OpenAI).
+OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
 # Cluster and Sentinel schemes are accepted now so configurations written for them stay valid.
 REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "unix")
 
@@ -141,6 +145,14 @@ class MemqSettings(BaseSettings):
     llm_batch_max_requests: int = Field(default=1000, ge=1, le=50_000)
     llm_batch_gather_seconds: float = Field(default=60.0, ge=0.0, le=86400.0)
     llm_batch_poll_seconds: float = Field(default=60.0, gt=0.0, le=3600.0)
+
+    # --- embeddings (recall by meaning; off while no model is named)
+    embedding_model: str | None = Field(default=None, min_length=1, max_length=200)
+    embedding_base_url: str | None = None
+    embedding_api_key: SecretStr | None = None
+    embedding_timeout_seconds: float = Field(default=0.3, gt=0.0, le=10.0)
+    embedding_query_cache_size: int = Field(default=1024, ge=0, le=1_000_000)
+    embedding_batch_size: int = Field(default=256, ge=1, le=2048)
 
     # --- extraction
     max_facts: int = Field(default=200, ge=10, le=5000)
@@ -419,6 +431,15 @@ class MemqSettings(BaseSettings):
     def llm_batch_window_ms(self) -> int:
         """The completion window in milliseconds ("24h" → 86 400 000)."""
         return int(self.llm_batch_completion_window.removesuffix("h")) * 3_600_000
+
+    @property
+    def effective_embedding_base_url(self) -> str:
+        """The embeddings endpoint: its own URL, else the LLM's, else the `openai` SDK's."""
+        return self.embedding_base_url or self.llm_base_url or OPENAI_DEFAULT_BASE_URL
+
+    @property
+    def effective_embedding_api_key(self) -> SecretStr | None:
+        return self.embedding_api_key or self.llm_api_key
 
     @property
     def resolved_llm_provider(self) -> Literal["openai", "rules"]:

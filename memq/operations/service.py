@@ -20,6 +20,7 @@ from memq.operations.access import Principal
 from memq.operations.table import authorize
 from producer.injector import MemoryInjector
 from producer.producer import MemoryProducer, Offered
+from producer.query_embedding import query_embedder
 from storage import get_storage
 from storage.erasure import ALL_AGENTS, ErasureReport, ThreadErasureReport, erase, erase_thread
 from storage.management import MemoryManager
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from storage.base import Change, MemoryStorage
     from storage.document import Fact, MemoryDocument, SupersededFact
     from storage.provenance import FactExplanation
+    from storage.search import QueryEmbedding
     from worker.queue import DeadEntry, QueueClient
 
 # Distinct budgets kept as injectors (each holds a token counter); more reuse the default one.
@@ -40,10 +42,16 @@ STORAGE_TIMEOUT_SECONDS = 3.0
 ExportFormat = Literal["memq", "deerflow"]
 
 
-def memory_manager(settings: MemqSettings, storage: MemoryStorage) -> MemoryManager:
-    """The one way a door builds its memory manager: the configured fact cap and fact length."""
+def memory_manager(
+    settings: MemqSettings, storage: MemoryStorage, *, embedder: QueryEmbedding | None = None
+) -> MemoryManager:
+    """The one way a door builds its memory manager: the configured fact cap and fact length,
+    and the query embedder its search ranks by meaning with (``query_embedder(settings)``)."""
     return MemoryManager(
-        storage, max_facts=settings.max_facts, fact_max_chars=settings.fact_max_chars
+        storage,
+        max_facts=settings.max_facts,
+        fact_max_chars=settings.fact_max_chars,
+        embedder=embedder,
     )
 
 
@@ -84,7 +92,9 @@ class MemqService:
         # Its own client with the producer's short timeouts: a hand-off costs one round trip,
         # and the producer's back-off is the only one (a hung Redis costs one timeout).
         self.producer = MemoryProducer(settings)
-        self.manager = memory_manager(settings, self.storage)
+        # One query embedder (None without MEMQ_EMBEDDING_MODEL) for every recall of this process.
+        self.embedder = query_embedder(settings, self._read_redis)
+        self.manager = memory_manager(settings, self.storage, embedder=self.embedder)
         self._injectors: dict[int, MemoryInjector] = {}
         self._lock = threading.Lock()
         self._queue: QueueClient | None = None
@@ -126,7 +136,7 @@ class MemqService:
                     settings = self.settings.model_copy(
                         update={"injected_memory_max_tokens": budget}
                     )
-                    injector = MemoryInjector(settings, self._read_storage)
+                    injector = MemoryInjector(settings, self._read_storage, embedder=self.embedder)
                     self._injectors[budget] = injector
             return injector
 
@@ -342,6 +352,8 @@ class MemqService:
 
     def close(self) -> None:
         self.producer.close()
+        if self.embedder is not None:
+            self.embedder.close()
         self._read_redis.close()
         if self._owns_redis:
             self.redis.close()

@@ -57,6 +57,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # The tokenizer and the segmenter, before the first recall needs them (~0.7 s).
+        handles.injector(None).warm()
         async with AsyncExitStack() as stack:
             if mcp_app is not None:
                 await stack.enter_async_context(mcp_app.lifespan())
