@@ -37,7 +37,7 @@ BENCHMARKS = {
     "P7": "bench.p7_injection",
     "P9": "bench.p9_search",
     # Recall with a query at 300 facts through MemoryInjector.block: first call after start, warm.
-    "QUERY": "bench.p17_recall",
+    "QUERY": "bench.p18_query",
     "P10": "bench.p10_cache_rss",
     "HOSTILE": "bench.p11_hostile",
     "HUNG": "bench.p12_hung_read",
@@ -49,6 +49,9 @@ BENCHMARKS = {
     "SERVE": "bench.p15_serve",
     # The inspector's memory page over 200 facts and its queue page, against the API's JSON.
     "INSPECTOR": "bench.p16_inspector",
+    # Evidence reaching the reader (BM25, the model alone, memq's hybrid) on LoCoMo-shaped data
+    # (`--locomo PATH` for LoCoMo itself); the real model with the `embeddings-bench` extra.
+    "RECALL": "bench.p17_recall",
     # Starts its own 3-master Redis Cluster beside the one Redis; skips when it cannot.
     "CLUSTER": "bench.p9_cluster",
 }
@@ -129,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated keys: " + ",".join(BENCHMARKS))
     parser.add_argument("--quick", action="store_true", help="fewer rounds and sizes")
     parser.add_argument(
+        "--locomo",
+        type=Path,
+        help="RECALL on this LoCoMo locomo10.json (default: a shipped sample)",
+    )
+    parser.add_argument(
         "--out", type=Path, help=f"write the table here (default for a full run: {DOC})"
     )
     parser.add_argument(
@@ -150,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="memq-bench-") as scratch,
-        bench_env(Path(scratch), quick=args.quick) as env,
+        bench_env(Path(scratch), quick=args.quick, locomo=args.locomo) as env,
     ):
         machine = machine_info(env)
         machine["load average at start"] = load_average()

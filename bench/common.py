@@ -51,6 +51,7 @@ class BenchEnv:
     server: RedisServer
     work_dir: Path
     quick: bool = False
+    locomo: Path | None = None  # RECALL's data set (`--locomo`); None: the shipped sample
 
     @property
     def redis_url(self) -> str:
@@ -83,12 +84,12 @@ class BenchEnv:
 
 
 @contextmanager
-def bench_env(work_dir: Path, *, quick: bool) -> Iterator[BenchEnv]:
+def bench_env(work_dir: Path, *, quick: bool, locomo: Path | None = None) -> Iterator[BenchEnv]:
     """A private redis-server (no AOF: we measure memq, not the disk) for the whole run."""
     server = RedisServer(work_dir / "redis", appendonly=False)
     server.start()
     try:
-        yield BenchEnv(server=server, work_dir=work_dir, quick=quick)
+        yield BenchEnv(server=server, work_dir=work_dir, quick=quick, locomo=locomo)
     finally:
         server.stop()
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from redis.exceptions import NoScriptError
 
-from memq.core.connection import REDIS_ERRORS, RedisClient
-from memq.core.errors import InvalidIdentifier, RedisUnavailable
+from memq.core.connection import REDIS_ERRORS, RedisClient, unavailable
+from memq.core.errors import InvalidIdentifier
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.models import Message
@@ -257,7 +257,7 @@ class Enqueuer:
         except REDIS_ERRORS as exc:
             # Connection loss, timeout, but also OOM or READONLY: either way the context did not
             # get in, and the caller (the fail-open producer) spools it.
-            raise RedisUnavailable(f"enqueue of {key.describe()} failed: {exc}") from exc
+            raise unavailable(exc, "the conversation was not enqueued") from exc
         version, deadline_ms, code, cut = reply
         if int(cut):  # the worker reports the context's total at its next run
             log.info(

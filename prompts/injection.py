@@ -31,7 +31,7 @@ from typing import Any
 from prompts.escaping import one_line
 from prompts.tokens import make_token_counter
 from storage.document import Fact, MemoryDocument, said_within
-from storage.search import rank_by_relevance
+from storage.search import Meaning, rank_by_relevance
 from storage.vocabulary import CORRECTION, DEFAULT_CATEGORY, category_set
 
 USER_LINES = (
@@ -204,6 +204,7 @@ def format_memory_for_injection(
     relevance_weight: float = 0.7,
     since: datetime | None = None,
     until: datetime | None = None,
+    meaning: Meaning | None = None,
 ) -> str:
     """The memory as prompt text (no wrapper tags), opening with :data:`FRAME_LINE`; ``""`` when
     there is nothing to say. The frame line counts against ``max_tokens``.
@@ -213,6 +214,8 @@ def format_memory_for_injection(
     ``query`` facts are ordered by ``relevance_weight × relevance + (1 − weight) × confidence``
     (guaranteed categories still first, from their own budget); without one, by confidence.
     ``since``/``until`` keep only the facts said within that window (:func:`said_within`).
+    ``meaning`` (the query's embedding, :func:`storage.search.meaning_for`) ranks by meaning and
+    words fused, through the same :func:`storage.search.rank_by_relevance` as every recall.
     """
     guaranteed = guaranteed_set(guaranteed_categories)
     if memory is None:
@@ -232,6 +235,7 @@ def format_memory_for_injection(
         count=count,
         query=query,
         relevance_weight=relevance_weight,
+        meaning=meaning,
     )
     return frame + body if body else ""
 
@@ -245,6 +249,7 @@ def _render_body(
     count: Callable[[str], int],
     query: str | None,
     relevance_weight: float,
+    meaning: Meaning | None = None,
 ) -> str:
     """The sections under the frame line, within ``max_tokens`` (plus the guaranteed facts)."""
 
@@ -258,7 +263,9 @@ def _render_body(
     )
     ranked = rank_facts(document.facts)
     if query is not None and query.strip():
-        ranked = rank_by_relevance(ranked, query, relevance_weight=relevance_weight)
+        ranked = rank_by_relevance(
+            ranked, query, relevance_weight=relevance_weight, meaning=meaning
+        )
     must = [(render_fact(f), said_day(f)) for f in ranked if f.category in guaranteed]
     regular = [(render_fact(f), said_day(f)) for f in ranked if f.category not in guaranteed]
 

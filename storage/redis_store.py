@@ -21,12 +21,17 @@ from typing import Any
 import redis
 from redis.exceptions import NoScriptError
 
-from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS, RedisClient, redis_client
+from memq.core.connection import (
+    REDIS_ERRORS,
+    UNREACHABLE_ERRORS,
+    RedisClient,
+    redis_client,
+    unavailable,
+)
 from memq.core.errors import (
     CorruptMemoryFile,
     InvalidIdentifier,
     LockTimeout,
-    RedisUnavailable,
     StaleClaim,
     StorageError,
 )
@@ -58,7 +63,7 @@ def _redis_errors(what: str) -> Iterator[None]:
     try:
         yield
     except UNREACHABLE_ERRORS as exc:
-        raise RedisUnavailable(f"{what}: Redis did not answer: {exc}") from exc
+        raise unavailable(exc, what) from exc
     except REDIS_ERRORS as exc:
         raise StorageError(f"{what}: {exc}") from exc
 

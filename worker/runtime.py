@@ -150,17 +150,20 @@ def build_pipeline(
     so the ticker and the app factory never load the LLM client); ``metrics`` records the LLM
     requests (the runtime's own recorder, which writes them with the run's figures)."""
     from storage import get_storage
+    from worker.embeddings import build_fact_embedding
     from worker.llm import build_update_model
     from worker.pipeline import ExtractionPipeline
     from worker.ratelimit import SharedRateLimit
 
     limiter = SharedRateLimit.for_settings(settings, client)
+    metrics = metrics or MetricsRecorder.for_settings(settings, client)
     return ExtractionPipeline(
         settings,
         get_storage(settings, redis=client),
         build_update_model(
             settings,
-            observe=(metrics or MetricsRecorder.for_settings(settings, client)).llm_request,
+            observe=metrics.llm_request,
             on_limits=None if limiter is None else limiter.observe,
         ),
+        embedding=build_fact_embedding(settings, metrics.count),
     )

@@ -95,6 +95,14 @@ COUNTERS: Final[tuple[Counter, ...]] = (
     Counter("tick_released", "queue: released (broker refused the send)"),
     Counter("tick_deferred", "queue: deferred (user at in-flight cap)"),
     Counter("context_messages_cut", "messages cut to context_max_bytes"),
+    Counter(
+        "recall_fallbacks",
+        "recalls ranked by words alone: the query's embedding failed or was late",
+    ),
+    Counter("facts_embedded", "fact texts embedded (extractions and `memq reembed`)"),
+    Counter(
+        "embedding_failures", "embedding calls of the workers that failed (facts left unembedded)"
+    ),
     Counter("batch_prompt_tokens", "batch lane: prompt tokens (apart from prompt_tokens)"),
     Counter("batch_cached_tokens", "batch lane: prompt tokens: cached"),
     Counter("batch_completion_tokens", "batch lane: completion tokens"),
