@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
+from memq.core.clock import now_ms
 from memq.core.connection import RedisClient, redis_client
 from memq.core.errors import MemqError, RedisUnavailable
 from memq.core.identity import ContextKey
@@ -61,10 +61,6 @@ class Offered:
     result: EnqueueResult | None = None
 
 
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 class MemoryProducer:
     """Sends each (thread, user, agent) conversation to the memq queue.
 
@@ -97,7 +93,7 @@ class MemoryProducer:
             pending_max_bytes=s.pending_max_bytes,
             context_max_bytes=s.context_max_bytes,
         )
-        self._clock_ms = clock_ms or _wall_clock_ms
+        self._clock_ms = clock_ms or now_ms
         self._spool = Spool(s.spool_max_contexts)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from memq.core.clock import now_ms
 from memq.core.identity import ContextKey
 from memq.core.metrics import read_counts, read_snapshot, summarise
 from memq.core.models import ConversationContext
@@ -42,7 +43,6 @@ from worker.batch_jobs import custom_id, read_results
 from worker.batch_queue import parked_with
 from worker.cost import CallUsage, PriceTable, prompt_cache_key
 from worker.model import ModelAnswer
-from worker.queue import now_ms
 from worker.runtime import WorkerRuntime
 from worker.tasks import extract
 

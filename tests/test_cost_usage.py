@@ -12,6 +12,7 @@ import pytest
 import redis
 from prometheus_client.exposition import generate_latest
 
+from memq.core.clock import now_ms
 from memq.core.errors import TransientLLMError
 from memq.core.metrics import read_snapshot, summarise
 from memq.core.models import Message
@@ -29,7 +30,7 @@ from tests.support.waiting import wait_for
 from tests.test_exporter import parse, value
 from worker.cost import CallUsage, PriceTable, prompt_cache_key
 from worker.llm import OpenAIUpdateModel
-from worker.queue import QueueClient, now_ms
+from worker.queue import QueueClient
 
 LONG = " ".join(f"word{i}" for i in range(1600))  # well past 1,024 tokens
 PROMPT = UpdatePrompt(

@@ -13,6 +13,7 @@ import redis
 import yaml
 
 from memq.commands.doctor import check_ticker
+from memq.core.clock import now_ms
 from memq.core.metrics import (
     BEAT_ALIVE_SECONDS,
     MetricsRecorder,
@@ -20,7 +21,6 @@ from memq.core.metrics import (
     beat_alive_within_ms,
 )
 from memq.core.settings import MemqSettings
-from worker.queue import now_ms
 from worker.tick import TickReport
 
 ALERTS = Path(__file__).resolve().parent.parent / "deploy/prometheus/alerts.yml"

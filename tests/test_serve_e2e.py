@@ -96,7 +96,7 @@ def test_a_flush_over_http_is_extracted_on_the_next_tick(
 
 
 def _now_ms() -> int:
-    from worker.queue import now_ms
+    from memq.core.clock import now_ms
 
     return now_ms()
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import cast
 
+from memq.core.clock import now_ms
 from memq.core.errors import LLMError, MemqError
 from memq.core.keys import QueueKeys
 from memq.core.metrics import MetricsRecorder
@@ -48,7 +49,7 @@ from worker.cost import PriceTable, prompt_cache_key
 from worker.llm import chat_request
 from worker.model import ModelAnswer
 from worker.pipeline import ExtractionPipeline, Prepared, saved_report, stale_report
-from worker.queue import QueueClient, now_ms
+from worker.queue import QueueClient
 from worker.report import usage_of
 from worker.settle import AnsweredRun, Settlement
 

@@ -10,12 +10,13 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from memq.core.clock import now_ms
 from memq.core.connection import RedisClient, redis_client
 from memq.core.metrics import MetricsRecorder
 from memq.core.settings import MemqSettings
 from worker.cost import PriceTable
 from worker.gates import RunGates
-from worker.queue import QueueClient, now_ms
+from worker.queue import QueueClient
 from worker.settle import Settlement
 
 if TYPE_CHECKING:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memq.core.clock import now_ms
 from memq.core.errors import (
     MemqError,
     RunDeferred,
@@ -19,7 +20,7 @@ from memq.core.metrics import MetricsRecorder
 from memq.core.models import ConversationContext
 from storage.base import Fence
 from worker.lease import LeaseKeeper
-from worker.queue import FailResult, QueueClient, now_ms
+from worker.queue import FailResult, QueueClient
 from worker.retry import content_free_traceback, public_reason, retry_delay_ms
 from worker.runtime import WorkerRuntime
 from worker.settle import AnsweredRun

@@ -7,11 +7,11 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import regex
 
+from memq.core import json_files
 from memq.core.errors import MemqError
 from memq.core.identity import ANONYMOUS_USER_ID, describe_user
 from memq.core.settings import MemqSettings, load_settings
@@ -79,19 +79,7 @@ class CommandContext:
 
 def read_json_file(path: str) -> Any:
     """Parse a JSON file; a missing file or bad JSON becomes one clear line."""
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CommandError(f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CommandError(f"cannot read {path}: {exc}") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CommandError(
-            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from exc
+    return json_files.read_json_file(path, CommandError)
 
 
 # What a terminal would act on or that would hide text: control characters (ESC sequences move

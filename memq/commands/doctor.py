@@ -336,8 +336,8 @@ def check_ticker(
     client: RedisClient, settings: MemqSettings, now_ms: int | None = None
 ) -> list[Check]:
     """Whether beat ticks: its heartbeat is the time of the last tick, kept in Redis."""
+    from memq.core.clock import now_ms as clock
     from memq.core.metrics import beat_alive, read_snapshot
-    from worker.queue import now_ms as clock
 
     now = clock() if now_ms is None else now_ms
     last = read_snapshot(client, settings, now).metrics.last_tick_ms

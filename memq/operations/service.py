@@ -284,8 +284,8 @@ class MemqService:
 
     def stats(self, who: Principal) -> dict[str, Any]:
         """What `memq stats --json` prints: depths, lag, outcomes, tokens and the bill."""
+        from memq.core.clock import now_ms
         from memq.core.metrics import read_snapshot, summarise
-        from worker.queue import now_ms
 
         authorize(who, "stats")
         return summarise(read_snapshot(self.redis, self.settings, now_ms()))

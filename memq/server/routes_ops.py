@@ -33,8 +33,8 @@ def healthz() -> dict[str, str]:
 )
 def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
     """Redis answers and beat ticks (readiness): 200, else 503 naming what is missing."""
+    from memq.core.clock import now_ms
     from memq.core.metrics import beat_alive, read_snapshot
-    from worker.queue import now_ms
 
     now = now_ms()
     try:
