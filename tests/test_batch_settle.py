@@ -35,6 +35,7 @@ from memq.testing.provider import (
     prompt_text,
 )
 from storage.base import Fence
+from tests.support.clock import ShiftedClock
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import fact_for, facts_of, learn_items, stack_settings, turn
 from worker.batch import BatchLane, run_from_json
@@ -52,23 +53,10 @@ USER = "auth0|abc"
 EVAL_DATA = Path(__file__).parent / "data" / "eval"
 
 
-class Clock:
-    """Real time, moved ahead by the test (the lane polls a job once its poll time has come)."""
-
-    def __init__(self) -> None:
-        self.offset_ms = 0
-
-    def __call__(self) -> int:
-        return now_ms() + self.offset_ms
-
-    def advance(self, seconds: float) -> None:
-        self.offset_ms += int(seconds * 1000)
-
-
-def lane_for(settings: MemqSettings) -> tuple[WorkerRuntime, BatchLane, Clock]:
+def lane_for(settings: MemqSettings) -> tuple[WorkerRuntime, BatchLane, ShiftedClock]:
     """A worker's runtime and its batch lane on a clock the test moves."""
     runtime = WorkerRuntime(settings)
-    clock = Clock()
+    clock = ShiftedClock()
     endpoint = OpenAIBatchEndpoint(settings)
     lane = BatchLane(
         settings, runtime.queue, runtime.batches, runtime.pipeline, endpoint, clock=clock
@@ -101,7 +89,7 @@ def lane_settings_for(lane: str, make_settings: Any, server: ScriptedOpenAI, **v
 @pytest.fixture
 def lane_parts(
     make_settings: Any, openai_server: ScriptedOpenAI
-) -> Iterator[tuple[MemqSettings, WorkerRuntime, BatchLane, Clock]]:
+) -> Iterator[tuple[MemqSettings, WorkerRuntime, BatchLane, ShiftedClock]]:
     openai_server.responder = learn_items
     settings = stack_settings(
         make_settings,
@@ -114,7 +102,7 @@ def lane_parts(
     yield settings, runtime, lane, clock
 
 
-def run_due(runtime: WorkerRuntime, clock: Clock) -> list[str]:
+def run_due(runtime: WorkerRuntime, clock: ShiftedClock) -> list[str]:
     """Claim what is due and run it as the extract task would; each run's outcome."""
     batch = runtime.queue.claim(clock())
     return [
@@ -263,7 +251,7 @@ def test_over_size_contexts_stay_synchronous(
         values.update(producer_max_chars=10_000, pending_max_bytes=10_000)
     settings = stack_settings(make_settings, openai_server, **values)
     runtime = WorkerRuntime(settings)
-    clock = Clock()
+    clock = ShiftedClock()
     producer = producer_for(settings)
     long = "x" * 6_000
     turns = turn("item-1", long) + turn("item-2", long)
@@ -347,7 +335,7 @@ def test_a_batch_answer_is_billed_with_its_cached_tokens_its_turns_and_the_batch
 
 
 def answer_one_run(
-    lane: str, runtime: WorkerRuntime, lane_: BatchLane, clock: Clock, server: ScriptedOpenAI
+    lane: str, runtime: WorkerRuntime, lane_: BatchLane, clock: ShiftedClock, server: ScriptedOpenAI
 ) -> None:
     """Run what is due through ``lane`` until its answer is settled."""
     if lane == "sync":

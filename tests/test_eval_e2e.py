@@ -24,7 +24,7 @@ from memq.evaluation.prompts import ANSWER_SYSTEM, JUDGE_SYSTEM
 from memq.testing.celery_procs import REPO_ROOT, CeleryProcs, memq_env
 from memq.testing.eval_responder import evaluation_responder
 from memq.testing.openai_server import ScriptedOpenAI
-from memq.testing.waiting import wait_for
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from storage import get_storage
 from tests.support.scenarios import stack_settings
 
@@ -239,7 +239,7 @@ def test_a_run_killed_mid_way_resumes_without_paying_for_any_extraction_twice(
 
     try:
         # conv-a's four sessions and its questions, then the first of conv-b's: kill then.
-        wait_for(lambda: sessions_done() >= 5, timeout=120, what="five sessions extracted")
+        wait_for(lambda: sessions_done() >= 5, what="five sessions extracted")
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=10)
@@ -312,11 +312,10 @@ def test_memq_starts_its_own_workers_and_a_ctrl_c_stops_it_to_be_resumed(
     try:
         wait_for(
             lambda: journal.exists() and journal.read_text().count('"session"') >= 2,
-            timeout=120,
             what="two sessions extracted by memq's own worker",
         )
         first.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        _, err = first.communicate(timeout=60)
+        _, err = first.communicate(timeout=DEADLINE_SECONDS)
     finally:
         if first.poll() is None:
             first.kill()

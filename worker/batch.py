@@ -32,6 +32,7 @@ from memq.core.keys import QueueKeys
 from memq.core.metrics import MetricsRecorder
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
+from memq.core.timestamps import ms_datetime, stored_ms
 from storage.base import Fence
 from storage.provenance import RunInfo, RunMessage
 from storage.sources import Role
@@ -87,7 +88,9 @@ def run_to_json(run: RunInfo) -> str:
             "thread_id": run.thread_id,
             "run_id": run.run_id,
             "at": run.at.isoformat(),
-            "messages": [[m.label, m.digest, m.role, m.excerpt] for m in run.messages],
+            "messages": [
+                [m.label, m.digest, m.role, m.excerpt, _said_ms(m.said_at)] for m in run.messages
+            ],
             "prompt_version": run.prompt_version,
             "user_confirmed": run.user_confirmed,
         }
@@ -102,9 +105,16 @@ def run_from_json(text: str, model: str) -> RunInfo:
             thread_id=raw["thread_id"],
             run_id=str(raw["run_id"]),
             at=datetime.fromisoformat(raw["at"]),
-            # A run parked before excerpts were kept has three items per message.
+            # A run parked before excerpts (message times) were kept has three (four) items
+            # per message.
             messages=tuple(
-                RunMessage(str(m[0]), str(m[1]), cast("Role", m[2]), str(m[3]) if m[3:] else "")
+                RunMessage(
+                    str(m[0]),
+                    str(m[1]),
+                    cast("Role", m[2]),
+                    str(m[3]) if m[3:] else "",
+                    _said_datetime(m[4] if m[4:] else None),
+                )
                 for m in raw["messages"]
             ),
             model=model or None,
@@ -113,6 +123,15 @@ def run_from_json(text: str, model: str) -> RunInfo:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError("unreadable parked run") from exc
+
+
+def _said_ms(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp() * 1000)
+
+
+def _said_datetime(value: object) -> datetime | None:
+    ms = stored_ms(value)
+    return None if ms is None else ms_datetime(ms)
 
 
 def _turns_sent(data: dict[str, str]) -> int:

@@ -24,6 +24,7 @@ from datetime import datetime
 from memq.core.errors import StaleClaim
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
+from memq.core.timestamps import ms_datetime
 from memq.memory.apply import apply_to_own
 from memq.memory.signals import signals_in
 from memq.memory.update import UpdateAnswer
@@ -296,7 +297,13 @@ def run_info(
     identity is the uncut message's, the one the watermark knows it by."""
     sent = [m for m in selection.new if message_text(m)][-len(prompt.conversation) :]
     messages = tuple(
-        RunMessage(label, message_identity(m), m.role, message_excerpt(m))
+        RunMessage(
+            label,
+            message_identity(m),
+            m.role,
+            message_excerpt(m),
+            None if m.at is None else ms_datetime(m.at),
+        )
         for m, label in zip(sent, prompt.labels, strict=True)
     )
     return RunInfo(

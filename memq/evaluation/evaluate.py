@@ -78,6 +78,8 @@ class EvalRequest:
     yes: bool = False
     estimate_only: bool = False
     progress: bool = True
+    # Recall only: the data set's observations as the facts, an ideal reader, no model at all.
+    ideal: bool = False
 
 
 def load_evalset(benchmark: Benchmark, path: Path) -> EvalSet:
@@ -164,6 +166,8 @@ def run_eval(
     evalset = load_evalset(request.benchmark, request.path).select(
         conversations=request.conversations, limit=request.limit
     )
+    if request.ideal:
+        return _run_ideal(request, evalset, out)
     settings = eval_settings(request)
     models = Models(
         settings.llm_model,
@@ -182,6 +186,18 @@ def run_eval(
         return _run(request, evalset, settings, models, prices, checkpoint, out, ask, interactive)
     finally:
         checkpoint.close()
+
+
+def _run_ideal(request: EvalRequest, evalset: EvalSet, out: TextIO) -> int:
+    from memq.evaluation.ideal import ideal_markdown, run_ideal
+
+    if not evalset.observations:
+        raise DatasetError("--ideal needs a data set with observations (LoCoMo's)")
+    result = run_ideal(evalset, load_settings(), request.out_dir)
+    text = ideal_markdown(result)
+    (request.out_dir / REPORT_FILE).write_text(text, encoding="utf-8")
+    out.write(text)
+    return 0
 
 
 def _run(
