@@ -42,6 +42,8 @@ from worker.llm import chat_request
 from worker.model import ModelAnswer
 from worker.pipeline import ExtractionPipeline, Prepared
 from worker.queue import QueueClient, now_ms
+from worker.report import answer_counts
+from worker.response_format import FormatChoice
 
 log = logging.getLogger("memq.batch")
 
@@ -50,14 +52,20 @@ log = logging.getLogger("memq.batch")
 # their own names, so a price table can apply the batch discount to them.
 
 
-def request_body(settings: MemqSettings, prepared: Prepared, cache_key: str | None = None) -> str:
+def request_body(
+    settings: MemqSettings,
+    prepared: Prepared,
+    cache_key: str | None = None,
+    formats: FormatChoice | None = None,
+) -> str:
     """The request a parked run sends, the body of a synchronous call: its prompt cache key
-    included (a batch request is a chat completion, so the provider caches its prefix too)."""
+    included (a batch request is a chat completion, so the provider caches its prefix too), its
+    response format the one the process's synchronous calls send now (``formats``)."""
     body = chat_request(
         prepared.prompt,
         model=settings.llm_model,
         temperature=settings.llm_temperature,
-        json_mode=settings.llm_json_mode,
+        response_format=(formats or FormatChoice(settings.llm_response_format)).current(),
     )
     if cache_key and settings.llm_prompt_cache_key:
         body["prompt_cache_key"] = cache_key
@@ -118,6 +126,7 @@ def park(
     token: str,
     prepared: Prepared,
     now: int,
+    formats: FormatChoice | None = None,
 ) -> bool:
     """Hand a prepared run to the batch lane; False when its claim was already gone."""
     run = pipeline.run_info(context, prepared, settings.llm_model)
@@ -125,7 +134,7 @@ def park(
     return batches.park(
         context.key.id,
         token,
-        request_body(settings, prepared, key),
+        request_body(settings, prepared, key, formats),
         prepared.selection.watermark,
         run_to_json(run),
         now,
@@ -279,6 +288,7 @@ class BatchLane:
         current = data.get("claim_token") == request.token == data.get("batch_token")
         covered = data.get("batch_watermark") or None
         outcome = "stale"
+        counts: dict[str, int] = {}  # what the answer's shape adds to the counters
         if current and not (covered is not None and stored == covered):
             try:
                 context = ConversationContext.from_hash(data)
@@ -298,6 +308,7 @@ class BatchLane:
                 self._fall_back_one(request, batch_id, report)
                 return
             outcome = applied.outcome
+            counts = answer_counts(applied)
         elif current:
             outcome = "unchanged"  # saved before a crash; only the settlement was missing
         settled = self.batches.complete(request, batch_id, covered, self.clock())
@@ -318,7 +329,7 @@ class BatchLane:
             log.info("batch answer of %s discarded: its claim moved on", request.context_id)
             return
         report.applied += 1
-        self._metrics.extraction(outcome)
+        self._metrics.extraction(outcome, counts)
         log.info(
             "extraction key=%s outcome=%s lane=batch batch=%s prompt_tokens=%d "
             "completion_tokens=%d queue=%s",

@@ -5,6 +5,7 @@ table and the batch lane, each built lazily once.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from memq.core.settings import MemqSettings
 from worker.cost import PriceTable
 from worker.gates import RunGates
 from worker.queue import QueueClient
+from worker.response_format import FormatChoice
 
 if TYPE_CHECKING:
     from worker.batch import BatchLane
@@ -38,7 +40,12 @@ class WorkerRuntime:
         pipeline_factory: Callable[[MemqSettings, RedisClient], ExtractionPipeline] | None = None,
     ) -> None:
         self.settings = settings
-        self._pipeline_factory = pipeline_factory or build_pipeline
+        # What the endpoint is asked to constrain answers to, learnt once per process (a forked
+        # child learns again) and sent by the synchronous calls and the batch lane alike.
+        self.formats = FormatChoice(settings.llm_response_format)
+        self._pipeline_factory = pipeline_factory or functools.partial(
+            build_pipeline, formats=self.formats
+        )
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._redis: RedisClient | None = None
@@ -129,9 +136,12 @@ class WorkerRuntime:
             self._pid = None
 
 
-def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPipeline:
+def build_pipeline(
+    settings: MemqSettings, client: RedisClient, *, formats: FormatChoice | None = None
+) -> ExtractionPipeline:
     """The production pipeline: configured storage and LLM (imported here, not at module load,
-    so the ticker and the app factory never load the LLM client)."""
+    so the ticker and the app factory never load the LLM client); ``formats``: the process's
+    choice of response format."""
     from storage import get_storage
     from worker.llm import build_update_model
     from worker.pipeline import ExtractionPipeline
@@ -145,5 +155,6 @@ def build_pipeline(settings: MemqSettings, client: RedisClient) -> ExtractionPip
             settings,
             observe=MetricsRecorder.for_settings(settings, client).llm_request,
             on_limits=None if limiter is None else limiter.observe,
+            formats=formats,
         ),
     )

@@ -21,6 +21,7 @@ from storage.base import Fence
 from worker.cost import CallUsage, PriceTable, bill_fields
 from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient, now_ms
+from worker.report import answer_counts
 from worker.retry import content_free_traceback, public_reason, retry_delay_ms
 from worker.runtime import WorkerRuntime as WorkerRuntime
 
@@ -178,7 +179,8 @@ def _run_pipeline(
             return step
         if step.selection.more:  # over one prompt's budget: chunks go synchronously
             return runtime.pipeline.finish(context, step, fence=fence, gate=gate)
-        if park(settings, runtime.batches, runtime.pipeline, context, run.token, step, run.clock()):
+        batches, pipeline, formats = runtime.batches, runtime.pipeline, runtime.formats
+        if park(settings, batches, pipeline, context, run.token, step, run.clock(), formats):
             return None
         return ExtractionReport("stale", reason="claim gone before the run was parked")
 
@@ -196,8 +198,7 @@ def _completed(run: _Run, context: ConversationContext, report: ExtractionReport
         report.outcome,
         {
             **run.usage(report, report.messages_sent),
-            "facts_invalid": report.facts_invalid,
-            "facts_refused": report.facts_refused,
+            **answer_counts(report),
         },
     )
     log.info(
