@@ -182,7 +182,14 @@ def local_model(llm_dir: Path, model: str, log_path: Path) -> Iterator[str]:
     (its whole process group, and only it)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
-    env = {**os.environ, "N_CTX": os.environ.get("N_CTX", "8192"), "VERBOSE": "False"}
+    # A context for the long session, and the usual priority (serve.sh's default, nice 19, starves
+    # the model on a shared machine: the probe would measure the neighbours).
+    env = {
+        **os.environ,
+        "N_CTX": os.environ.get("N_CTX", "8192"),
+        "NICE": os.environ.get("NICE", "0"),
+        "VERBOSE": "False",
+    }
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             ["bash", str(llm_dir / "serve.sh"), model, str(port)],
