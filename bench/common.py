@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer, find_redis_server
+from memq.local.redis_server import RedisServer, find_redis_server
 
 
 @dataclass

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memq.core.settings import MemqSettings
-from memq.testing.openai_server import Reply, memory_facts, request_text, slot_body
+from memq.testing.openai_server import memory_facts, request_text, slot_body
+from memq.testing.replies import Reply
 from storage import get_storage
 from storage.document import Fact, MemoryDocument
 

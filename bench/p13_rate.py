@@ -19,8 +19,9 @@ import time
 from typing import Any
 
 from bench.common import BenchEnv, Result, celery_stack, flush_backlog, llm_settings, start_beat
-from memq.testing.openai_server import Reply, ScriptedOpenAI
+from memq.testing.openai_server import ScriptedOpenAI
 from memq.testing.provider import Provider, RateLimits
+from memq.testing.replies import Reply
 from memq.testing.waiting import wait_for
 
 N_PER_MINUTE = 120

@@ -51,6 +51,7 @@ from bench.cost_workload import (
     session,
     user_id,
 )
+from memq.core.clock import now_ms
 from memq.core.metrics import MetricsSnapshot, read_snapshot
 from memq.testing.openai_server import ScriptedOpenAI
 from memq.testing.provider import PrefixCache, Provider
@@ -59,7 +60,7 @@ from producer.producer import MemoryProducer
 from storage import get_storage
 from worker.batch_queue import BatchQueue
 from worker.cost import CallUsage, PriceTable
-from worker.queue import QueueClient, now_ms
+from worker.queue import QueueClient
 
 # $ per million tokens: input, cached input, output; the first is the headline the bill is kept at.
 PRICE_TABLES = {

@@ -27,7 +27,7 @@ from bench.common import BenchEnv, Result, fmt_ms, percentile
 from bench.p1_producer import conversation
 from bench.p7_injection import memory_with_facts
 from memq.core.settings import MemqSettings
-from memq.redis_server import free_port
+from memq.local.redis_server import free_port
 from memq.server.auth import digest
 from memq.testing.celery_procs import REPO_ROOT, memq_env
 from memq.testing.serve_proc import ServeProcess

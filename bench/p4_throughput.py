@@ -20,7 +20,8 @@ from bench.common import (
     start_beat,
 )
 from memq.memory.update import NewFact, UpdateAnswer
-from memq.testing.openai_server import Reply, update_text
+from memq.testing.openai_server import update_text
+from memq.testing.replies import Reply
 from memq.testing.waiting import wait_for
 from worker.queue import QueueClient
 

@@ -9,7 +9,9 @@ from datetime import UTC, datetime, timedelta
 from bench.common import BenchEnv, Result, fmt_ms, percentile
 from prompts.injection import format_memory_for_injection, render_fact
 from prompts.tokens import make_token_counter
-from storage.document import CATEGORIES, Fact, MemoryDocument, Section
+from storage.document import Fact, MemoryDocument
+from storage.sections import Section
+from storage.vocabulary import CATEGORIES
 
 TOPICS = (
     "prefers Go with table-driven tests",

@@ -29,9 +29,10 @@ from bench.common import (
 from memq.core.connection import RedisClient, redis_client
 from memq.core.keys import CLUSTER_SLOTS, key_slot, shard_tag
 from memq.core.settings import MemqSettings
+from memq.local.redis_cluster import LocalCluster
 from memq.memory.update import NewFact, UpdateAnswer
-from memq.redis_cluster import LocalCluster
-from memq.testing.openai_server import Reply, update_text
+from memq.testing.openai_server import update_text
+from memq.testing.replies import Reply
 from memq.testing.waiting import wait_for
 from worker.queue import QueueClient
 

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from memq.commands import config, doctor, exporter, memory, queue, serve, up, why
 from memq.commands import demo as demo_command
 from memq.commands import eval as eval_command
-from memq.commands.common import CommandContext, mask_url, resolve_user, shown
+from memq.commands.common import CommandContext, resolve_user, shown
 from memq.core.connection import REDIS_ERRORS, UNREACHABLE_ERRORS
 from memq.core.errors import ConfigError, MemqError
+from memq.core.redis_urls import mask_url
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Literal
 
+from memq.core.clock import now_ms
 from memq.core.connection import RedisClient, redis_client
 from memq.core.errors import MemqError, RedisUnavailable
 from memq.core.identity import ContextKey
@@ -47,8 +48,17 @@ class ProducerStats:
     poisoned: int = 0
 
 
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
+OfferStatus = Literal["queued", "spooled", "nothing_to_remember"]
+
+
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """How a door's hand-off ended: in Redis (``queued``, with the enqueue's answer), kept in the
+    spool for the replay (``spooled``: Redis did not answer), or nothing worth keeping."""
+
+    status: OfferStatus
+    context_id: str | None = None
+    result: EnqueueResult | None = None
 
 
 class MemoryProducer:
@@ -83,7 +93,7 @@ class MemoryProducer:
             pending_max_bytes=s.pending_max_bytes,
             context_max_bytes=s.context_max_bytes,
         )
-        self._clock_ms = clock_ms or _wall_clock_ms
+        self._clock_ms = clock_ms or now_ms
         self._spool = Spool(s.spool_max_contexts)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
@@ -150,6 +160,26 @@ class MemoryProducer:
             raise
         self._count("enqueued")
         return result
+
+    def offer(
+        self,
+        thread_id: str,
+        user_id: str | None,
+        agent_name: str | None,
+        messages: Iterable[object],
+        *,
+        flush: bool = False,
+        trace_id: str | None = None,
+    ) -> Offered:
+        """A door's variant (HTTP, MCP): bad input raises (InvalidIdentifier, InvalidMessages);
+        a Redis that does not answer spools the context, under the same back-off as the hooks,
+        so a hung Redis costs one timeout per back-off, never two per call."""
+        request = self._build(thread_id, user_id, agent_name, messages, flush, trace_id)
+        if request is None:
+            return Offered("nothing_to_remember")
+        result = self._offer(request)
+        status: OfferStatus = "spooled" if result is None else "queued"
+        return Offered(status, request.context_id, result)
 
     # --- spool and lifecycle
     @property
@@ -244,29 +274,33 @@ class MemoryProducer:
             return False
         if request is None:
             return False
+        return self._offer(request) is not None
+
+    def _offer(self, request: EnqueueRequest) -> EnqueueResult | None:
+        """Send ``request`` (merged with what the spool holds of its context), or keep it for the
+        replay; None when it was kept. Never raises."""
         if self._backoff.skipping():
-            self._replay.keep_for_later(
-                request
-            )  # Redis failed just now: do not pay the timeout again
-            return False
+            # Redis failed just now: do not pay the timeout again.
+            self._replay.keep_for_later(request)
+            return None
         older = self._spool.take(request.context_id)
         if older is not None:
             request = older.merged_under(request)
         try:
-            self._send(request)
+            result = self._send(request)
         except RedisUnavailable as exc:
             self._replay.record_failure(exc)
             self._replay.keep_for_later(request)
-            return False
+            return None
         except Exception as exc:
             # Not the agent's problem, and not Redis failing: the replay tries it a few more times.
             self._replay.failed_unexpectedly(request, exc)
-            return False
+            return None
         self._count("enqueued")
         self._replay.record_recovery()
         if len(self._spool):
             self._replay.ensure_running()
-        return True
+        return result
 
     def _send(self, request: EnqueueRequest) -> EnqueueResult:
         return self._enqueue(request, self._clock_ms())

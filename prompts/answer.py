@@ -30,7 +30,7 @@ from memq.memory.update import (
     UpdateAnswer,
     partial_answer,
 )
-from storage.document import HISTORY_SECTIONS, USER_SECTIONS
+from storage.sections import HISTORY_SECTIONS, USER_SECTIONS
 
 # Bounds the decoding work on a long answer full of braces, in characters the decoder reads per
 # character of the answer: linear in the answer, however many braces (a count of attempts would

@@ -22,9 +22,9 @@ from typing import Any
 
 from prompts.escaping import one_line
 from prompts.tokens import make_token_counter
-from storage.document import CORRECTION, DEFAULT_CATEGORY, Fact, MemoryDocument
+from storage.document import Fact, MemoryDocument
 from storage.search import rank_by_relevance
-from storage.vocabulary import category_set
+from storage.vocabulary import CORRECTION, DEFAULT_CATEGORY, category_set
 
 USER_LINES = (
     ("work_context", "Work"),

@@ -26,7 +26,8 @@ from prompts.memory_slice import sliced_memory
 from prompts.review import render_consolidation_section, render_staleness_section
 from prompts.tokens import TokenCounter
 from prompts.worked_example import WORKED_EXAMPLE
-from storage.document import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS, MemoryDocument
+from storage.document import MemoryDocument
+from storage.sections import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS
 
 SYSTEM_PROMPT = (
     """\

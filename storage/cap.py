@@ -13,7 +13,8 @@ from datetime import datetime
 
 from memq.core.settings import MemqSettings
 from storage.base import Change
-from storage.document import CORRECTION, Fact, utc_now
+from storage.document import Fact, utc_now
+from storage.vocabulary import CORRECTION
 
 # For callers without settings at hand (a manager built on a bare storage): the settings' default.
 DEFAULT_FACT_MAX_CHARS = int(MemqSettings.model_fields["fact_max_chars"].default)

@@ -26,21 +26,22 @@ from pydantic import (
     model_validator,
 )
 
-from storage.sections import HISTORY_SECTIONS as HISTORY_SECTIONS
-from storage.sections import SECTION_KEYS as SECTION_KEYS
-from storage.sections import USER_SECTIONS as USER_SECTIONS
-from storage.sections import HistoryContext as HistoryContext
-from storage.sections import Section as Section
-from storage.sections import UserContext as UserContext
+from storage.sections import (
+    HISTORY_SECTIONS,
+    USER_SECTIONS,
+    HistoryContext,
+    UserContext,
+)
 from storage.sources import Source, repaired_source
 
 # The category names are defined with the rest of the vocabulary and re-exported here, where
 # most code looks for them.
-from storage.vocabulary import CATEGORIES as CATEGORIES
-from storage.vocabulary import CORRECTION as CORRECTION
-from storage.vocabulary import DEFAULT_CATEGORY as DEFAULT_CATEGORY
-from storage.vocabulary import normalise_category, parse_confidence
-from storage.vocabulary import parse_timestamp as parse_timestamp
+from storage.vocabulary import (
+    DEFAULT_CATEGORY,
+    normalise_category,
+    parse_confidence,
+    parse_timestamp,
+)
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from memq.core.errors import InvalidMemoryData
 from storage.base import Change, UpdateResult
 from storage.cap import cap_fact_length, evict_over_cap, eviction_change
-from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, new_fact_id
-from storage.vocabulary import content_key, normalise_category, parse_confidence
+from storage.document import Fact, MemoryDocument, new_fact_id
+from storage.vocabulary import DEFAULT_CATEGORY, content_key, normalise_category, parse_confidence
 
 
 class DuplicateFact(InvalidMemoryData):

@@ -36,7 +36,6 @@ from memq.core.identity import (
 from memq.core.settings import MemqSettings
 from storage.base import Change, Fence, RewriteFn, UpdateFn
 from storage.document import MemoryDocument, copy_document, empty_document, utc_now
-from storage.fence_file import FENCE_MAX_ENTRIES as FENCE_MAX_ENTRIES  # re-exported
 from storage.fence_file import FENCE_NAME, check_fence, read_fences, write_fences
 from storage.filelock import acquire_flock
 from storage.history import (

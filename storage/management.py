@@ -17,11 +17,7 @@ from memq.core.errors import CorruptMemoryFile, FactEvicted, FactNotFound, Inval
 from memq.core.identity import validate_agent_name, validate_user_id
 from storage.base import Change, MemoryStorage, UpdateFn, UpdateResult
 from storage.cap import DEFAULT_FACT_MAX_CHARS, cap_facts_length
-from storage.document import DEFAULT_CATEGORY, Fact, MemoryDocument, SupersededFact, empty_document
-
-# The input rules live in fact_input; the two errors are re-exported for callers of this module.
-from storage.fact_input import DuplicateFact as DuplicateFact
-from storage.fact_input import FactTooLong as FactTooLong
+from storage.document import Fact, MemoryDocument, SupersededFact, empty_document
 from storage.fact_input import (
     append_capped,
     parse_import,
@@ -33,6 +29,7 @@ from storage.fact_input import (
 )
 from storage.provenance import FactExplanation, explain
 from storage.search import search_facts
+from storage.vocabulary import DEFAULT_CATEGORY
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,13 @@ another).
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
+
+from memq.core.errors import InvalidMemoryData
 
 DEFAULT_CATEGORY = "context"
 # What the user said the agent got wrong: kept before any other category (cap, injection budget).
@@ -36,6 +39,21 @@ def known_category(value: Any) -> str | None:
     if name.endswith("s") and name[:-1] in CATEGORIES:
         return name[:-1]
     return None
+
+
+class UnknownCategory(InvalidMemoryData):
+    """A hand-written fact's category is none of the categories extraction uses: 422."""
+
+
+def check_category(category: str) -> str:
+    """A category a person typed (HTTP, MCP, the inspector, the CLI), in its one spelling: a
+    typo would make a category no prompt, guaranteed budget or protection rule knows."""
+    known = known_category(category)
+    if known is not None:
+        return known
+    close = difflib.get_close_matches(str(category).strip().casefold(), CATEGORIES, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UnknownCategory(f"unknown category {category!r} (known: {', '.join(CATEGORIES)}){hint}")
 
 
 def normalise_category(value: Any) -> str:

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from tests.support.openai_server import ScriptedOpenAI
 
 # Fixtures shared by the end-to-end and reliability tests (real celery worker/beat subprocesses).
@@ -27,7 +27,12 @@ pytest_plugins = [
 
 
 # Modules whose parts start a redis-server of their own: the launcher, the stack, the soak.
-_STARTS_REDIS = ("memq.redis_server", "memq.redis_cluster", "memq.stack", "bench.soak")
+_STARTS_REDIS = (
+    "memq.local.redis_server",
+    "memq.local.redis_cluster",
+    "memq.local.stack",
+    "bench.soak",
+)
 
 
 def _needs_redis_server(item: pytest.Item) -> bool:

@@ -10,7 +10,8 @@ from memq.core.settings import MemqSettings
 from memq.memory.apply import apply_update
 from memq.memory.update import NewFact, SectionUpdate, UpdateAnswer
 from storage.cap import evict_over_cap
-from storage.document import Fact, MemoryDocument, Section, UserContext
+from storage.document import Fact, MemoryDocument
+from storage.sections import Section, UserContext
 
 NOW = datetime(2026, 7, 15, 12, 0, tzinfo=UTC)
 EARLIER = datetime(2026, 1, 1, tzinfo=UTC)

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
+from memq.core.clock import now_ms
 from memq.core.connection import redis_client
 from memq.core.metrics import read_snapshot
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from storage import get_storage
 from storage.erasure import erase
 from tests.support.celery_procs import CeleryProcs, memq_env
@@ -35,7 +36,7 @@ from tests.support.scenarios import (
 from tests.support.waiting import wait_for
 from tests.test_reliability_restart import stop_gracefully
 from worker.batch_queue import BatchQueue
-from worker.queue import QueueClient, now_ms
+from worker.queue import QueueClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

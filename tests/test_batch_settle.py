@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from memq.core.clock import now_ms
 from memq.core.metrics import read_snapshot
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
@@ -34,8 +35,8 @@ from worker.batch_api import OpenAIBatchEndpoint
 from worker.batch_jobs import custom_id, read_results
 from worker.cost import CallUsage, PriceTable, prompt_cache_key
 from worker.model import ModelAnswer
-from worker.queue import now_ms
-from worker.tasks import WorkerRuntime, extract
+from worker.runtime import WorkerRuntime
+from worker.tasks import extract
 
 pytestmark = [pytest.mark.integration]
 

@@ -69,7 +69,7 @@ def test_a_users_in_flight_cap_is_not_divided_by_the_shard_count(
 
 
 def test_maxmemory_defaults_to_a_quarter_of_the_ram_and_can_be_set() -> None:
-    from memq.redis_server import maxmemory_bytes_for
+    from memq.local.redis_server import maxmemory_bytes_for
 
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     assert maxmemory_bytes_for(None) == ram // 4
@@ -78,7 +78,8 @@ def test_maxmemory_defaults_to_a_quarter_of_the_ram_and_can_be_set() -> None:
 
 @pytest.mark.integration
 def test_memq_ups_redis_refuses_writes_past_maxmemory_instead_of_growing(tmp_path: Path) -> None:
-    from memq.stack import Stack, StackOptions
+    from memq.local.options import StackOptions
+    from memq.local.stack import Stack
 
     settings = MemqSettings(data_dir=tmp_path / "data", redis_maxmemory_mb=64)
     stack = Stack(settings, StackOptions(worker=False, beat=False, flower=False)).start()
@@ -263,7 +264,7 @@ def test_a_context_cut_to_its_byte_cap_is_counted_once_where_operators_look(
 
     from memq.cli import main
     from memq.core.metrics import read_snapshot
-    from memq.exporter import build_registry
+    from memq.server.exporter import build_registry
 
     settings = make_settings(**CAPPED)
     queue, enqueue = QueueClient(settings, redis_client), enqueuer(settings, redis_client)

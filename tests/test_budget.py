@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 
+from memq.core.clock import now_ms
 from memq.core.errors import RunDeferred
 from memq.core.keys import KeySchema
 from memq.core.metrics import read_snapshot
@@ -19,7 +20,7 @@ from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.scenarios import facts_of, learn_items, queue_idle, stack_settings, turn
 from tests.support.waiting import wait_for
 from worker.budget import BudgetPlan, TokenBudget, over_budget, tenant_of
-from worker.queue import QueueClient, now_ms
+from worker.queue import QueueClient
 
 DAY_MS = 86_400_000
 HOSTILE_IDS = ["alice@example.com", "auth0|abc", "\ud800lone", "a\u202eb\x00c", "x" * 5000]

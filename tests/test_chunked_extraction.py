@@ -20,7 +20,8 @@ from tests.support.scenarios import ITEM, conversation_of, learn_items
 from worker.llm import OpenAIUpdateModel
 from worker.pipeline import ExtractionPipeline
 from worker.queue import CompleteResult, QueueClient
-from worker.tasks import WorkerRuntime, extract
+from worker.runtime import WorkerRuntime
+from worker.tasks import extract
 from worker.watermark import WATERMARK_DEPTH, ChunkBudget, split_at_watermark
 
 T0 = 1_700_000_000_000

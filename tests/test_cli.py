@@ -20,7 +20,7 @@ from memq.cli import main
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer, free_port
+from memq.local.redis_server import RedisServer, free_port
 from producer.producer import MemoryProducer
 from tests.support.openai_server import ScriptedOpenAI
 from worker.queue import QueueClient
@@ -539,8 +539,9 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
 def test_stack_stops_everything_when_a_child_keeps_dying(settings: MemqSettings) -> None:
     import signal
 
-    from memq.stack import Stack, StackOptions
-    from memq.supervision import RestartPolicy
+    from memq.local.options import StackOptions
+    from memq.local.stack import Stack
+    from memq.local.supervision import RestartPolicy
 
     # No crash allowed: the first death is already "too many" (restarts: test_stack_supervision).
     never = RestartPolicy(max_crashes=0)
@@ -561,7 +562,8 @@ def test_stored_control_characters_are_shown_escaped_and_json_stays_exact(
     run: Run, cli_env: MemqSettings, redis_client: redis.Redis
 ) -> None:
     from storage import get_storage
-    from storage.document import Fact, MemoryDocument, Section
+    from storage.document import Fact, MemoryDocument
+    from storage.sections import Section
 
     evil = f"Likes tea{HIDE_LINES}\rall good\u202eevil\u2028\x07"
     document = MemoryDocument(

@@ -20,7 +20,7 @@ from memq.core.errors import StaleClaim
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
-from memq.redis_cluster import LocalCluster
+from memq.local.redis_cluster import LocalCluster
 from producer import MemoryProducer
 from producer.enqueue import Enqueuer, EnqueueRequest
 from producer.injector import MemoryInjector

@@ -12,14 +12,16 @@ import pytest
 import redis
 from prometheus_client.exposition import generate_latest
 
-from memq.commands.queue import stats_rows
+from memq.core.clock import now_ms
 from memq.core.errors import TransientLLMError
 from memq.core.metrics import read_snapshot, summarise
 from memq.core.models import Message
 from memq.core.settings import MemqSettings
-from memq.exporter import build_registry
-from memq.testing.openai_server import Reply, ScriptedOpenAI, completion_body
+from memq.operations.stats_rows import stats_rows
+from memq.server.exporter import build_registry
+from memq.testing.openai_server import ScriptedOpenAI
 from memq.testing.provider import FlexCapacity, PrefixCache, Provider
+from memq.testing.replies import Reply, completion_body
 from producer import MemoryProducer
 from prompts.update_prompt import UpdatePrompt
 from tests.support.celery_procs import CeleryProcs, memq_env
@@ -28,7 +30,7 @@ from tests.support.waiting import wait_for
 from tests.test_exporter import parse, value
 from worker.cost import CallUsage, PriceTable, prompt_cache_key
 from worker.llm import OpenAIUpdateModel
-from worker.queue import QueueClient, now_ms
+from worker.queue import QueueClient
 
 LONG = " ".join(f"word{i}" for i in range(1600))  # well past 1,024 tokens
 PROMPT = UpdatePrompt(

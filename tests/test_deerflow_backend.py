@@ -15,10 +15,11 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from prompts.injection import FRAME_LINE
 from storage import get_storage
-from storage.document import Fact, MemoryDocument, Section
+from storage.document import Fact, MemoryDocument
+from storage.sections import Section
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import queue_idle, stack_settings, update_answer
@@ -429,7 +430,7 @@ def test_deerflows_default_user_is_the_anonymous_user_the_importer_fills(
     import json
 
     from memq.core.identity import ANONYMOUS_USER_ID, ContextKey
-    from memq.deerflow_import import import_folder
+    from memq.integrations.deerflow_import import import_folder
 
     manager, settings = made()
     legacy = tmp_path / "deerflow" / "users" / "default" / "memory.json"

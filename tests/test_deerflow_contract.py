@@ -41,9 +41,10 @@ import redis
 from langchain_core.messages import AIMessage, HumanMessage
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from storage import get_storage
-from storage.document import MemoryDocument, Section
+from storage.document import MemoryDocument
+from storage.sections import Section
 from worker.queue import QueueClient
 
 STANDIN = Path(__file__).parent / "support" / "deerflow_standin"

@@ -14,7 +14,7 @@ import yaml
 
 from memq.cli import main
 from memq.core.settings import MemqSettings
-from memq.deerflow_import import DeerFlowImportError, fact_from_markdown, import_folder
+from memq.integrations.deerflow_import import DeerFlowImportError, fact_from_markdown, import_folder
 from storage import get_storage
 
 SUMMARIES = {

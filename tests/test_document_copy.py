@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from storage.document import Fact, MemoryDocument, Section, SupersededFact, copy_document
+from storage.document import Fact, MemoryDocument, SupersededFact, copy_document
+from storage.sections import Section
 from storage.sources import Source
 
 AT = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)

@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 
+from memq.core.clock import now_ms
 from memq.core.settings import MemqSettings
 from producer.producer import MemoryProducer
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import stack_settings
-from worker.queue import QueueClient, now_ms
-from worker.tasks import WorkerRuntime, extract
+from worker.queue import QueueClient
+from worker.runtime import WorkerRuntime
+from worker.tasks import extract
 
 pytestmark = pytest.mark.integration
 

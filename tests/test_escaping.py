@@ -23,7 +23,8 @@ from memq.core.settings import MemqSettings
 from prompts.escaping import indented, neutralise_tags, one_line, prompt_json
 from prompts.injection import format_memory_for_injection
 from prompts.update_prompt import build_update_prompt
-from storage.document import Fact, MemoryDocument, Section
+from storage.document import Fact, MemoryDocument
+from storage.sections import Section
 
 NOW = datetime(2026, 7, 15, 12, 0, tzinfo=UTC)
 # Anything a model would take for the start of a tag: "<x", "<!", "<?", "< /".

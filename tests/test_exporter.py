@@ -20,8 +20,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from memq.core.settings import MemqSettings
-from memq.exporter import build_registry
-from memq.redis_server import free_port
+from memq.local.redis_server import free_port
+from memq.server.exporter import build_registry
 from producer import MemoryProducer
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI

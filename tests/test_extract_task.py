@@ -13,14 +13,16 @@ from typing import Any
 import pytest
 import redis
 
+from memq.core.clock import now_ms
 from memq.core.errors import PermanentLLMError, ResponseParseError, TransientLLMError
 from memq.core.identity import ContextKey
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
-from worker.queue import Claim, QueueClient, ReapResult, now_ms
+from worker.queue import Claim, QueueClient, ReapResult
 from worker.retry import backoff_ms, retry_delay_ms
-from worker.tasks import WorkerRuntime, describe_args, extract
+from worker.runtime import WorkerRuntime
+from worker.tasks import describe_args, extract
 
 pytestmark = pytest.mark.integration
 

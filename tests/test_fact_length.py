@@ -15,7 +15,7 @@ from memq.cli import main
 from memq.core.errors import InvalidMemoryData
 from memq.core.identity import DEFAULT_USER_ID
 from memq.core.settings import MemqSettings
-from memq.deerflow_import import import_folder
+from memq.integrations.deerflow_import import import_folder
 from memq.memory.apply import apply_update
 from memq.memory.update import NewFact, UpdateAnswer
 from storage import get_storage

@@ -19,13 +19,14 @@ from typing import Any
 import pytest
 import redis
 
+from memq.core.clock import now_ms
 from memq.core.connection import redis_client
 from memq.core.errors import StaleClaim
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
-from memq.redis_cluster import LocalCluster, LocalSentinel, replica_in_sync
-from memq.redis_server import RedisServer
+from memq.local.redis_cluster import LocalCluster, LocalSentinel, replica_in_sync
+from memq.local.redis_server import RedisServer
 from producer import MemoryProducer
 from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage
@@ -34,7 +35,7 @@ from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, learn_items, stack_settings, turn
 from tests.support.waiting import wait_for
-from worker.queue import QueueClient, now_ms
+from worker.queue import QueueClient
 
 pytestmark = [pytest.mark.reliability, pytest.mark.integration]
 

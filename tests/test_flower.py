@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import free_port
+from memq.local.redis_server import free_port
 from producer.producer import MemoryProducer
 from tests.support.celery_procs import CeleryProcess, CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI

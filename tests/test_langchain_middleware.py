@@ -191,7 +191,7 @@ def test_missing_ids_are_named(make_settings: Any, producers: Any) -> None:
 
 
 def test_memq_down_never_reaches_the_agent(make_settings: Any, producers: Any) -> None:
-    from memq.redis_server import free_port
+    from memq.local.redis_server import free_port
 
     settings = make_settings(
         redis_url=f"redis://127.0.0.1:{free_port()}/0",

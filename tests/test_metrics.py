@@ -24,7 +24,7 @@ from memq.core.metrics import (
 from memq.core.settings import MemqSettings
 from worker.celery_app import settle_task
 from worker.queue import QueueClient
-from worker.tasks import WorkerRuntime
+from worker.runtime import WorkerRuntime
 from worker.tick import TickReport
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from memq.core.settings import MemqSettings
-from memq.exporter import build_registry
+from memq.server.exporter import build_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy/grafana/memq-dashboard.json"

@@ -18,7 +18,7 @@ import redis
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer, free_port
+from memq.local.redis_server import RedisServer, free_port
 from producer import backoff as backoff_module
 from producer.enqueue import EnqueueRequest
 from producer.producer import MemoryProducer

@@ -16,8 +16,9 @@ from memq.core.models import ConversationContext, Message
 from memq.core.settings import MemqSettings
 from memq.memory.apply import apply_update
 from memq.memory.update import UpdateAnswer
-from memq.testing.openai_server import Reply, ScriptedOpenAI
+from memq.testing.openai_server import ScriptedOpenAI
 from memq.testing.provider import CACHE_MIN_TOKENS, PrefixCache, Provider
+from memq.testing.replies import Reply
 from prompts.answer import parse_update_response
 from prompts.tokens import make_token_counter
 from prompts.update_prompt import STATIC_SYSTEM_PROMPT, build_update_prompt, memory_for_prompt

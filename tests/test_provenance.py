@@ -11,13 +11,13 @@ import pytest
 
 from memq.core.models import Message
 from memq.core.settings import MemqSettings
-from memq.integrations.deerflow_format import deerflow_document
 from memq.memory.apply import apply_update
+from memq.memory.deerflow_format import deerflow_document
 from memq.memory.update import NewFact, StaleRemoval, UpdateAnswer
 from prompts.conversation import message_excerpt
 from storage import get_storage
 from storage.base import Change
-from storage.document import Fact, MemoryDocument, Section, UserContext
+from storage.document import Fact, MemoryDocument
 from storage.history import dump_document, parse_document
 from storage.management import MemoryManager
 from storage.provenance import (
@@ -28,6 +28,7 @@ from storage.provenance import (
     history_without_thread,
     section_threads,
 )
+from storage.sections import Section, UserContext
 from storage.sources import MAX_EXCERPT_CHARS, MAX_SOURCE_EXCERPTS, MAX_SOURCE_MESSAGES, Source
 from worker.watermark import message_identity
 

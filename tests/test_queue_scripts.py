@@ -21,7 +21,8 @@ from producer.enqueue import Enqueuer as ProducerEnqueuer
 from producer.enqueue import EnqueueRequest
 from prompts.answer import parse_update_response
 from worker.queue import Claim, CompleteResult, FailResult, QueueClient, ReapResult
-from worker.tasks import WorkerRuntime, extract
+from worker.runtime import WorkerRuntime
+from worker.tasks import extract
 from worker.tick import run_tick
 
 pytestmark = pytest.mark.integration

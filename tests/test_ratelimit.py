@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 
+from memq.core.clock import now_ms
 from memq.core.errors import RunDeferred
 from memq.core.metrics import read_snapshot
 from memq.core.settings import MemqSettings
@@ -21,7 +22,6 @@ from producer import MemoryProducer
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs, memq_env
 from tests.support.scenarios import facts_of, learn_items, queue_idle, stack_settings, turn
 from tests.support.waiting import wait_for
-from worker.queue import now_ms
 from worker.ratelimit import (
     Admission,
     RatePlan,
@@ -174,7 +174,7 @@ def test_a_provider_pause_holds_everyone_and_is_never_shortened(
 
 
 def test_redis_unreachable_admits_the_call(settings: MemqSettings) -> None:
-    from memq.redis_server import free_port
+    from memq.local.redis_server import free_port
 
     client = redis.Redis(port=free_port(), socket_timeout=0.5)
     rate = limiter(settings, client, Clock(), llm_rate_limit_rpm=1.0)

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from producer import MemoryProducer
 from producer import backoff as backoff_module
 from storage import get_storage

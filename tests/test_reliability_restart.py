@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from memq.core.connection import redis_client
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import (

@@ -17,8 +17,9 @@ import redis
 from memq.cli import main
 from memq.core.metrics import read_snapshot
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
-from memq.stack import Stack, StackOptions
+from memq.local.options import StackOptions
+from memq.local.redis_server import RedisServer
+from memq.local.stack import Stack
 from producer import MemoryProducer
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import ScriptedOpenAI

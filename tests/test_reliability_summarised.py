@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import (

@@ -25,7 +25,8 @@ from tests.support.scenarios import update_answer
 from worker.llm import OpenAIUpdateModel
 from worker.pipeline import ExtractionPipeline
 from worker.queue import QueueClient
-from worker.tasks import WorkerRuntime, extract
+from worker.runtime import WorkerRuntime
+from worker.tasks import extract
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from redis.crc import key_slot
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.scripts import assemble
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage
 from storage.document import Fact, MemoryDocument

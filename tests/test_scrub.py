@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memq.memory.scrub import UPLOAD_MENTION, mentions_upload, scrub_document, scrub_text
-from storage.document import Fact, MemoryDocument, Section, UserContext
+from storage.document import Fact, MemoryDocument
+from storage.sections import Section, UserContext
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from fastapi.routing import APIRoute
 from starlette.routing import Mount, Route
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from memq.server import create_app
 from memq.server.auth import Authorize, Keyring, check_bind
 from memq.server.mcp_tools import KeyGuard
@@ -52,7 +52,7 @@ def _routes() -> list[tuple[str, str, bool]]:
     for route in app.routes:
         if isinstance(route, APIRoute):
             # A route without `Authorize` is swept as keyed: it must answer 403 like the rest.
-            public = any(auth.scope is None for auth in _authorizations(route))
+            public = any(auth.operation is None for auth in _authorizations(route))
             out += [(m, route.path, public) for m in sorted(route.methods)]
     return out
 

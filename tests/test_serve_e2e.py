@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from memq.testing.waiting import wait_for
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import ScriptedOpenAI
@@ -96,7 +96,7 @@ def test_a_flush_over_http_is_extracted_on_the_next_tick(
 
 
 def _now_ms() -> int:
-    from worker.queue import now_ms
+    from memq.core.clock import now_ms
 
     return now_ms()
 

@@ -10,10 +10,9 @@ import pytest
 
 from memq.core.errors import ConfigError
 from memq.core.settings import MemqSettings
+from memq.operations.access import Forbidden, Unauthorized
 from memq.server.auth import (
-    Forbidden,
     Keyring,
-    Unauthorized,
     bearer_token,
     digest,
     key_file_entry,

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from memq.testing.celery_procs import memq_env
 from memq.testing.serve_proc import ServeProcess
 from storage import get_storage

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs
 from tests.support.waiting import wait_for
 from worker.queue import QueueClient

@@ -22,8 +22,8 @@ import pytest
 import redis
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import free_port
-from memq.supervision import DataDirLock, RestartPolicy, StackLocked, restart_delay
+from memq.local.redis_server import free_port
+from memq.local.supervision import DataDirLock, RestartPolicy, StackLocked, restart_delay
 from producer import MemoryProducer
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import fact_for, facts_of, learn_items, turn
@@ -305,7 +305,8 @@ def test_memq_up_fails_at_once_on_an_unreachable_configured_redis(
 
 @pytest.mark.integration
 def test_the_private_redis_keeps_its_secrets_off_argv(tmp_path: Path) -> None:
-    from memq.stack import Stack, StackOptions
+    from memq.local.options import StackOptions
+    from memq.local.stack import Stack
 
     settings = MemqSettings(data_dir=tmp_path / "data", redis_appendfsync="always")
     stack = Stack(settings, StackOptions(worker=False, beat=False, flower=False)).start()

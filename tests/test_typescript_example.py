@@ -87,7 +87,7 @@ def test_the_typescript_agent_hands_a_turn_over_and_reads_the_memory_back(
 
 def test_the_typescript_agent_keeps_working_when_memq_is_down() -> None:
     node = _node()
-    from memq.redis_server import free_port
+    from memq.local.redis_server import free_port
 
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     out = _run_agent(node, url, "memq_whatever", "u1", "Hello")

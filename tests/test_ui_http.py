@@ -18,7 +18,7 @@ from fastapi.routing import APIRoute
 from starlette.routing import Match, Mount
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from memq.server import create_app
 from memq.server.ui.access import Access
 from memq.server.ui.render import CONTENT_SECURITY_POLICY, path_segment

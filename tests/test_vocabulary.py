@@ -16,7 +16,8 @@ from prompts.injection import format_memory_for_injection
 from storage import get_storage
 from storage.cap import eviction_change
 from storage.document import Fact, MemoryDocument
-from storage.management import DuplicateFact, MemoryManager
+from storage.fact_input import DuplicateFact
+from storage.management import MemoryManager
 from storage.vocabulary import content_key, normalise_category, parse_confidence
 
 NOW = datetime(2026, 7, 15, 12, 0, tzinfo=UTC)

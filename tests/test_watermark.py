@@ -24,7 +24,8 @@ from tests.support.openai_server import EMPTY_UPDATE, Reply, ScriptedOpenAI
 from worker.llm import OpenAIUpdateModel
 from worker.pipeline import ExtractionPipeline
 from worker.queue import CompleteResult, QueueClient
-from worker.tasks import WorkerRuntime, extract
+from worker.runtime import WorkerRuntime
+from worker.tasks import extract
 from worker.watermark import (
     WATERMARK_DEPTH,
     message_identity,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import cast
 
+from memq.core.clock import now_ms
 from memq.core.errors import LLMError, MemqError
 from memq.core.keys import QueueKeys
 from memq.core.metrics import MetricsRecorder
@@ -41,7 +42,7 @@ from worker.cost import CallUsage, PriceTable, bill_fields, prompt_cache_key
 from worker.llm import chat_request
 from worker.model import ModelAnswer
 from worker.pipeline import ExtractionPipeline, Prepared
-from worker.queue import QueueClient, now_ms
+from worker.queue import QueueClient
 from worker.report import answer_counts
 from worker.response_format import FormatChoice
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis
 
+from memq.core.clock import now_ms
 from memq.core.connection import RedisClient
 from memq.core.errors import RunDeferred
 from memq.core.keys import KeySchema
@@ -28,10 +28,6 @@ from memq.core.settings import MemqSettings
 log = logging.getLogger(__name__)
 
 DEPLOYMENT = "*"
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,13 @@ from typing import Any
 from celery import Celery, signals
 from celery.exceptions import Retry
 
+from memq.core.clock import now_ms
 from memq.core.errors import ExtractionDeadLettered, ExtractionRetryScheduled
 from memq.core.settings import MemqSettings
 from worker.batch_queue import BATCH_LOCK_MS
-from worker.queue import Claim, now_ms
-from worker.tasks import WorkerRuntime, describe_args, extract
+from worker.queue import Claim
+from worker.runtime import WorkerRuntime
+from worker.tasks import describe_args, extract
 from worker.tick import dispatch_batch_work, run_tick
 
 log = logging.getLogger("memq.worker")

@@ -37,10 +37,7 @@ from storage.provenance import RunInfo, RunMessage
 from worker.cost import prompt_cache_key
 from worker.gates import Gate
 from worker.model import ModelAnswer, UpdateModel
-from worker.report import ExtractionReport as ExtractionReport
-from worker.report import Outcome as Outcome
-from worker.report import Usage as Usage
-from worker.report import usage_of as usage_of
+from worker.report import ExtractionReport, Usage, usage_of
 from worker.watermark import ChunkBudget, Selection, message_identity, split_at_watermark
 
 log = logging.getLogger(__name__)

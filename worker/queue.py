@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, cast
 
+from memq.core.clock import now_ms
 from memq.core.connection import RedisClient
 from memq.core.errors import InvalidIdentifier
 from memq.core.identity import user_id_of
@@ -40,10 +40,6 @@ _SCRIPTS = (
 _PERMANENT = "-1"  # fail.lua's retry_at_ms meaning "dead at once"
 _DEAD_BATCH = 500  # ids per dead_retry/dead_purge script call
 _SCRIPT_BATCH = 500  # ids per reap_expired script call
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class CompleteResult(Enum):

@@ -25,13 +25,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
 import redis
 
+from memq.core.clock import now_ms
 from memq.core.connection import RedisClient
 from memq.core.errors import RunDeferred
 from memq.core.keys import KeySchema
@@ -45,10 +45,6 @@ LATE_MS = 100  # besides two ticks: how late a run may reach the provider after 
 STALE_SLOT_MS = 60_000  # a slot this far in the past is not used: the run asks afresh
 _RESET = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class Admission(Enum):

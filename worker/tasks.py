@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from memq.core.clock import now_ms
 from memq.core.errors import (
     MemqError,
     RunDeferred,
@@ -20,13 +21,13 @@ from memq.core.models import ConversationContext
 from storage.base import Fence
 from worker.cost import CallUsage, PriceTable, bill_fields
 from worker.lease import LeaseKeeper
-from worker.queue import FailResult, QueueClient, now_ms
+from worker.queue import FailResult, QueueClient
 from worker.report import answer_counts
 from worker.retry import content_free_traceback, public_reason, retry_delay_ms
-from worker.runtime import WorkerRuntime as WorkerRuntime
+from worker.runtime import WorkerRuntime
 
 if TYPE_CHECKING:
-    from worker.pipeline import ExtractionReport
+    from worker.report import ExtractionReport
 
 log = logging.getLogger("memq.extract")
 
@@ -172,7 +173,7 @@ def _run_pipeline(
         if not may_batch:
             return runtime.pipeline.run(context, watermark=watermark, fence=fence, gate=gate)
         from worker.batch import park
-        from worker.pipeline import ExtractionReport
+        from worker.report import ExtractionReport
 
         step = runtime.pipeline.prepare(context, watermark=watermark, fence=fence)
         if isinstance(step, ExtractionReport):

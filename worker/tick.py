@@ -13,9 +13,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from memq.core.clock import now_ms
 from memq.core.metrics import MetricsRecorder
 from worker.batch_queue import BatchQueue
-from worker.queue import Claim, QueueClient, now_ms
+from worker.queue import Claim, QueueClient
 
 log = logging.getLogger("memq.tick")
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from bench.soak.oracle import MARKER
 from memq.memory.update import NewFact, UpdateAnswer
-from memq.testing.openai_server import Reply, update_text
+from memq.testing.openai_server import update_text
+from memq.testing.replies import Reply
 
 _CONVERSATION = re.compile(r"<conversation>\n([\s\S]*?)\n</conversation>")
 

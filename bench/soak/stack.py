@@ -30,7 +30,7 @@ from bench.soak.oracle import LossWindow
 from memq.core.connection import redis_client
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from memq.testing.celery_procs import REPO_ROOT, CeleryProcess, CeleryProcs, memq_env
 from memq.testing.openai_server import ScriptedOpenAI
 from worker.queue import QueueClient

@@ -7,18 +7,18 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import regex
 
+from memq.core import json_files
 from memq.core.errors import MemqError
 from memq.core.identity import ANONYMOUS_USER_ID, describe_user
-from memq.core.redis_urls import mask_url as mask_url  # where the commands import it from
 from memq.core.settings import MemqSettings, load_settings
 
 if TYPE_CHECKING:
     from memq.core.connection import RedisClient
+    from memq.operations.service import MemqService
     from storage.base import MemoryStorage
 
 Runner = Callable[[argparse.Namespace, "CommandContext"], int]
@@ -35,6 +35,7 @@ class CommandContext:
         self._settings = settings
         self._redis: RedisClient | None = None
         self._storage: MemoryStorage | None = None
+        self._service: MemqService | None = None
 
     @property
     def settings(self) -> MemqSettings:
@@ -58,7 +59,19 @@ class CommandContext:
             self._storage = get_storage(self.settings, redis=self.redis)
         return self._storage
 
+    @property
+    def service(self) -> MemqService:
+        """The operation layer over this call's Redis client (the CLI acts as ``LOCAL``)."""
+        if self._service is None:
+            from memq.operations.service import MemqService
+
+            self._service = MemqService(self.settings, redis=self.redis)
+        return self._service
+
     def close(self) -> None:
+        if self._service is not None:
+            self._service.close()
+            self._service = None
         if self._redis is not None:
             self._redis.close()
             self._redis = None
@@ -66,19 +79,7 @@ class CommandContext:
 
 def read_json_file(path: str) -> Any:
     """Parse a JSON file; a missing file or bad JSON becomes one clear line."""
-    file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CommandError(f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CommandError(f"cannot read {path}: {exc}") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CommandError(
-            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
-        ) from exc
+    return json_files.read_json_file(path, CommandError)
 
 
 # What a terminal would act on or that would hide text: control characters (ESC sequences move

@@ -12,7 +12,8 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from memq.commands.common import CommandContext, format_table, mask_url
+from memq.commands.common import CommandContext, format_table
+from memq.core.redis_urls import mask_url
 from memq.core.settings import MemqSettings
 
 # One line per setting; a setting without a line fails `settings_markdown` (and so the README test).

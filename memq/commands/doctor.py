@@ -17,10 +17,11 @@ from typing import Literal
 import redis
 from redis.cluster import RedisCluster
 
-from memq.commands.common import CommandContext, mask_url, shown
+from memq.commands.common import CommandContext, shown
 from memq.core.connection import RedisClient
 from memq.core.errors import ConfigError
 from memq.core.keys import CLUSTER_SLOTS
+from memq.core.redis_urls import mask_url
 from memq.core.settings import MemqSettings
 
 Status = Literal["ok", "warn", "fail"]
@@ -326,8 +327,8 @@ def check_ticker(
     client: RedisClient, settings: MemqSettings, now_ms: int | None = None
 ) -> list[Check]:
     """Whether beat ticks: its heartbeat is the time of the last tick, kept in Redis."""
+    from memq.core.clock import now_ms as clock
     from memq.core.metrics import read_snapshot
-    from worker.queue import now_ms as clock
 
     now = clock() if now_ms is None else now_ms
     last = read_snapshot(client, settings, now).metrics.last_tick_ms

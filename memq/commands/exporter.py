@@ -8,7 +8,8 @@ import sys
 import threading
 from types import FrameType
 
-from memq.commands.common import CommandContext, mask_url
+from memq.commands.common import CommandContext
+from memq.core.redis_urls import mask_url
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
-    from memq.exporter import serve
+    from memq.server.exporter import serve
 
     settings = context.settings
     address = args.address or settings.exporter_address

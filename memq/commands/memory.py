@@ -7,7 +7,6 @@ with running extractions and recorded in the document's history.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,11 +24,12 @@ from memq.commands.common import (
     user_label,
 )
 from memq.core.identity import validate_agent_name, validate_user_id
-from storage.document import CATEGORIES
+from memq.operations.access import LOCAL
+from storage.vocabulary import CATEGORIES
 
 if TYPE_CHECKING:
+    from memq.operations.service import MemqService
     from storage.document import Fact, MemoryDocument
-    from storage.management import MemoryManager
 
 SECTIONS = (
     ("user", ("work_context", "personal_context", "top_of_mind")),
@@ -139,18 +139,12 @@ def _user_agent(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
 
 
-def _manager(context: CommandContext) -> MemoryManager:
-    from storage.management import MemoryManager
-
-    return MemoryManager(context.storage, fact_max_chars=context.settings.fact_max_chars)
-
-
 def _require(
-    manager: MemoryManager, user: str, agent: str | None, *, any_agent: bool = False
+    svc: MemqService, user: str, agent: str | None, *, any_agent: bool = False
 ) -> list[str | None]:
     """The agents of ``user`` with a stored memory; an unknown user or agent is a clear error."""
     user = validate_user_id(user)
-    agents = manager.list_agents(user)
+    agents = svc.list_agents(LOCAL, user)
     if not agents:
         raise CommandError(f"unknown user {user_label(user, quoted=True)}: no memory stored for it")
     if any_agent:
@@ -166,9 +160,9 @@ def _require(
 
 
 def run_show(args: argparse.Namespace, context: CommandContext) -> int:
-    manager = _manager(context)
-    agents = _require(manager, args.user, args.agent, any_agent=args.agent is None)
-    documents = [(a, manager.document(args.user, agent_name=a)) for a in agents]
+    svc = context.service
+    agents = _require(svc, args.user, args.agent, any_agent=args.agent is None)
+    documents = [(a, svc.document(LOCAL, args.user, a)) for a in agents]
     if args.json:
         print_json(
             {
@@ -209,29 +203,15 @@ def _facts_table(facts: list[Fact]) -> str:
     return format_table(("id", "category", "confidence", "fact", "source"), rows)
 
 
-def check_category(category: str) -> None:
-    """Hand-written facts use the categories extraction uses: a typo would make a category no
-    prompt, guaranteed budget or protection rule knows."""
-    if category in CATEGORIES:
-        return
-    close = difflib.get_close_matches(category, CATEGORIES, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise CommandError(f"unknown category {category!r} (known: {', '.join(CATEGORIES)}){hint}")
-
-
 def count(n: int, noun: str) -> str:
     """``1 fact``, ``2 facts``."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def run_inject(args: argparse.Namespace, context: CommandContext) -> int:
-    from producer.injector import MemoryInjector
-
-    manager = _manager(context)
-    (agent,) = _require(manager, args.user, args.agent)
-    block = MemoryInjector(context.settings, context.storage).block(
-        args.user, agent, query=args.query
-    )
+    svc = context.service
+    (agent,) = _require(svc, args.user, args.agent)
+    block = svc.recall(LOCAL, args.user, agent, query=args.query)
     if not block:
         raise CommandError(
             f"nothing to inject for user {user_label(args.user, quoted=True)}, "
@@ -244,20 +224,14 @@ def run_inject(args: argparse.Namespace, context: CommandContext) -> int:
 
 def run_facts_add(args: argparse.Namespace, context: CommandContext) -> int:
     from memq.core.errors import FactEvicted
-    from storage.management import MemoryManager
 
-    check_category(args.category)
     # Held to the same fact cap as an extraction: the new fact may be the one evicted.
-    manager = MemoryManager(
-        context.storage,
-        max_facts=context.settings.max_facts,
-        fact_max_chars=context.settings.fact_max_chars,
-    )
     try:
-        fact = manager.add_fact(
+        fact = context.service.add_fact(
+            LOCAL,
             args.user,
+            args.agent,
             args.content,
-            agent_name=args.agent,
             category=args.category,
             confidence=args.confidence,
         )
@@ -276,14 +250,13 @@ def run_facts_add(args: argparse.Namespace, context: CommandContext) -> int:
 def run_facts_edit(args: argparse.Namespace, context: CommandContext) -> int:
     if args.content is None and args.category is None and args.confidence is None:
         raise CommandError("facts edit: give --content, --category and/or --confidence")
-    if args.category is not None:
-        check_category(args.category)
-    manager = _manager(context)
-    (agent,) = _require(manager, args.user, args.agent)
-    fact = manager.edit_fact(
+    svc = context.service
+    (agent,) = _require(svc, args.user, args.agent)
+    fact = svc.edit_fact(
+        LOCAL,
         args.user,
+        agent,
         args.fact_id,
-        agent_name=agent,
         content=args.content,
         category=args.category,
         confidence=args.confidence,
@@ -293,18 +266,18 @@ def run_facts_edit(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_facts_delete(args: argparse.Namespace, context: CommandContext) -> int:
-    manager = _manager(context)
-    (agent,) = _require(manager, args.user, args.agent)
-    fact = manager.delete_fact(args.user, args.fact_id, agent_name=agent)
+    svc = context.service
+    (agent,) = _require(svc, args.user, args.agent)
+    fact = svc.delete_fact(LOCAL, args.user, agent, args.fact_id)
     print(f"deleted {shown(fact.id)}: {shown(fact.content)}")
     return 0
 
 
 def run_facts_search(args: argparse.Namespace, context: CommandContext) -> int:
-    manager = _manager(context)
-    (agent,) = _require(manager, args.user, args.agent)
-    found = manager.search(
-        args.user, args.query, agent_name=agent, category=args.category, limit=args.limit
+    svc = context.service
+    (agent,) = _require(svc, args.user, args.agent)
+    found = svc.search(
+        LOCAL, args.user, agent, args.query, category=args.category, limit=args.limit
     )
     if not found:
         print(f"no fact of user {user_label(args.user)} matches {args.query!r}")
@@ -314,9 +287,9 @@ def run_facts_search(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_export(args: argparse.Namespace, context: CommandContext) -> int:
-    manager = _manager(context)
-    (agent,) = _require(manager, args.user, args.agent)
-    data = manager.export(args.user, agent_name=agent)
+    svc = context.service
+    (agent,) = _require(svc, args.user, args.agent)
+    data = svc.export(LOCAL, args.user, agent)
     if args.output is None:
         print_json(data)
         return 0
@@ -329,7 +302,7 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
     if args.deerflow is not None:
         if args.user is not None or args.agent is not None:
             raise CommandError("import --deerflow DIR takes no USER, FILE or --agent")
-        from memq.deerflow_import import import_folder
+        from memq.integrations.deerflow_import import import_folder
 
         report = import_folder(
             context.storage, args.deerflow, fact_max_chars=context.settings.fact_max_chars
@@ -341,9 +314,7 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
     data = read_json_file(args.file)
     if not isinstance(data, dict):
         raise CommandError(f"{args.file}: a memory document must be a JSON object")
-    document, cut = _manager(context).import_document_counted(
-        args.user, data, agent_name=args.agent
-    )
+    document, cut = context.service.import_document(LOCAL, args.user, args.agent, data)
     agent = agent_label(validate_agent_name(args.agent))
     limit = context.settings.fact_max_chars
     note = f" ({count(cut, 'over-long fact')} cut to {limit} characters)" if cut else ""
@@ -355,13 +326,11 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
 
 
 def run_forget(args: argparse.Namespace, context: CommandContext) -> int:
-    from storage.erasure import ALL_AGENTS, erase, erase_thread
-
     user = validate_user_id(args.user)
     if args.thread is not None:
         if getattr(args, "agent", None) is not None:
             raise CommandError("forget --thread T forgets the thread in every agent: no --agent")
-        done = erase_thread(context.settings, context.redis, context.storage, user, args.thread)
+        done = context.service.forget_thread(LOCAL, user, args.thread)
         if getattr(args, "json", False):
             print_json(
                 {"user_id": user_json(user), "thread_id": args.thread, "removed": done.as_dict()}
@@ -376,8 +345,8 @@ def run_forget(args: argparse.Namespace, context: CommandContext) -> int:
         return 0
     agent_arg = getattr(args, "agent", None)
     agent = None if agent_arg is None else validate_agent_name(agent_arg)
-    scope = ALL_AGENTS if agent is None else agent
-    report = erase(context.settings, context.redis, context.storage, user, agent_name=scope)
+    svc = context.service
+    report = svc.forget_user(LOCAL, user) if agent is None else svc.forget_agent(LOCAL, user, agent)
     who = f"user {user_label(user)}"
     if agent is not None:
         who = f"agent {shown(agent)} of {who}"

@@ -15,6 +15,8 @@ from memq.commands.common import (
     read_json_file,
     shown,
 )
+from memq.operations.access import LOCAL
+from memq.operations.stats_rows import stats_rows
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -92,17 +94,8 @@ def _why_nothing(messages: list[Any], context: CommandContext) -> str:
     )
 
 
-def _queue(context: CommandContext) -> Any:
-    from worker.queue import QueueClient
-
-    return QueueClient(context.settings, context.redis)
-
-
 def run_stats(args: argparse.Namespace, context: CommandContext) -> int:
-    from memq.core.metrics import read_snapshot, summarise
-    from worker.queue import now_ms
-
-    stats = summarise(read_snapshot(context.redis, context.settings, now_ms()))
+    stats = context.service.stats(LOCAL)
     if args.json:
         print_json(stats)
         return 0
@@ -110,65 +103,8 @@ def run_stats(args: argparse.Namespace, context: CommandContext) -> int:
     return 0
 
 
-def stats_rows(stats: dict[str, Any]) -> list[tuple[str, object]]:
-    """The table: current depths first, then totals since the counters began."""
-    from memq.core.metrics import COUNTERS
-
-    tick_age = stats["last_tick_age_ms"]
-    rows: list[tuple[str, object]] = [
-        ("due", stats["due"]),
-        ("in flight", stats["inflight"]),
-        ("dead letters now", stats["dead"]),
-        ("oldest deadline lag", f"{stats['oldest_due_lag_ms'] / 1000:.1f} s"),
-        ("last tick", "never" if tick_age is None else f"{max(tick_age, 0) / 1000:.1f} s ago"),
-    ]
-    if len(stats["shards"]) > 1:
-        rows += [
-            (
-                f"shard {s['shard']}",
-                f"due {s['due']}, in flight {s['inflight']}, dead {s['dead']}, "
-                f"lag {s['oldest_due_lag_ms'] / 1000:.1f} s",
-            )
-            for s in stats["shards"]
-        ]
-    names = {"retry": "retry scheduled", "dead": "dead-lettered"}
-    rows += [
-        (f"extractions: {names.get(outcome, outcome)}", count)
-        for outcome, count in stats["extractions"].items()
-    ]
-    rows.append(
-        ("dead-lettered in total (failed runs + expired leases)", stats["dead_lettered_total"])
-    )
-    rows += [(f"LLM requests: {result}", n) for result, n in stats["llm_requests"].items()]
-    rows += [
-        (f"runs deferred before the call: {reason.replace('_', ' ')}", n)
-        for reason, n in stats["deferred"].items()
-    ]
-    if stats["llm_latency_mean_seconds"] is not None:
-        rows.append(("LLM latency, mean", f"{stats['llm_latency_mean_seconds']:.2f} s"))
-    shown = {
-        "cached_tokens": _with_share(stats["cached_tokens"], stats["cached_share"]),
-        "cost_nano_usd": _dollars(stats["llm_cost_usd"]),
-    }
-    rows += [(counter.text, shown.get(counter.field, stats[counter.field])) for counter in COUNTERS]
-    rows += [
-        ("LLM cost per extraction", _dollars(stats["cost_per_extraction_usd"])),
-        ("LLM cost per 1,000 turns", _dollars(stats["cost_per_1000_turns_usd"])),
-    ]
-    return rows
-
-
-def _with_share(count: int, share: float | None) -> str:
-    return str(count) if share is None else f"{count} ({share:.0%})"
-
-
-def _dollars(amount: float | None) -> str:
-    """Dollars to a tenth of a micro-dollar, enough for one cheap call; "-" before any."""
-    return "-" if amount is None else f"${amount:.6f}"
-
-
 def run_dead_list(args: argparse.Namespace, context: CommandContext) -> int:
-    entries = _queue(context).dead_list()
+    entries = context.service.dead_letters(LOCAL)
     if args.json:
         print_json(
             [
@@ -198,8 +134,8 @@ def run_dead_action(args: argparse.Namespace, context: CommandContext) -> int:
     if bool(args.ids) == bool(args.all):
         raise CommandError(f"dead {args.verb}: give context ids or --all (not both)")
     ids: Any = "all" if args.all else list(args.ids)
-    queue = _queue(context)
-    count = queue.dead_retry(ids) if args.verb == "retry" else queue.dead_purge(ids)
+    svc = context.service
+    count = svc.retry_dead(LOCAL, ids) if args.verb == "retry" else svc.purge_dead(LOCAL, ids)
     if not args.all and count < len(args.ids):
         print(f"{len(args.ids) - count} of the given ids were not dead letters")
     done = "retried (due now)" if args.verb == "retry" else "purged"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import shlex
 
-from memq.commands.common import CommandContext, mask_url
+from memq.commands.common import CommandContext
+from memq.core.redis_urls import mask_url
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,7 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
-    from memq.stack import Stack, StackOptions, uses_private_redis
+    from memq.local.options import StackOptions
+    from memq.local.stack import Stack, uses_private_redis
     from storage.backends import backend_for
 
     settings = context.settings

@@ -32,9 +32,9 @@ def _when(value: datetime | None) -> str:
 
 
 def run_why(args: argparse.Namespace, context: CommandContext) -> int:
-    from storage.management import MemoryManager
+    from memq.operations.access import LOCAL
 
-    explanation = MemoryManager(context.storage).why(args.user, args.fact_id, agent_name=args.agent)
+    explanation = context.service.why(LOCAL, args.user, args.agent, args.fact_id)
     if args.json:
         print_json(explanation.to_json())
         return 0

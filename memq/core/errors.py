@@ -104,3 +104,11 @@ class RunDeferred(MemqError):
         self.retry_at_ms = retry_at_ms
         self.reason = reason  # "rate_limit" or "budget": the counter it adds to
         self.slot_ms = slot_ms  # a rate-limit slot reserved for the next run (None: none)
+
+
+class NotFound(MemqError, LookupError):
+    """The user, agent, thread or dead letter asked for does not exist: 404."""
+
+
+class PayloadTooLarge(MemqError, ValueError):
+    """A body, a message list or an import above the configured cap: 413."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from memq.core.errors import ConfigError, MemqError
+from memq.core.json_files import read_json_file
 from memq.core.settings import MemqSettings, load_settings
 from memq.evaluation.checkpoint import Checkpoint
 from memq.evaluation.dataset import Benchmark, DatasetError, EvalSet
@@ -74,18 +75,7 @@ class EvalRequest:
 
 
 def load_evalset(benchmark: Benchmark, path: Path) -> EvalSet:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DatasetError(f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DatasetError(f"cannot read {path}: {exc}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DatasetError(f"{path} is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
-    except RecursionError:
-        raise DatasetError(f"{path} is nested too deeply to be a {benchmark} file") from None
+    data = read_json_file(path, DatasetError)
     reader = read_locomo if benchmark == "locomo" else read_longmemeval
     return reader(data)
 
@@ -221,7 +211,8 @@ def _run(
     with ExitStack() as resources:
         on_poll: Callable[[], None] = lambda: None  # noqa: E731 - replaced when memq owns workers
         if not request.external_workers:
-            from memq.stack import Stack, StackOptions
+            from memq.local.options import StackOptions
+            from memq.local.stack import Stack
 
             options = StackOptions(flower=False, log_dir=request.out_dir / "logs")
             stack = resources.enter_context(Stack(settings, options))

@@ -23,18 +23,10 @@ from memq.memory.staleness import select_stale_removals
 from memq.memory.update import UpdateAnswer
 from storage.base import Change, ChangeAction
 from storage.cap import cap_fact_length, evict_over_cap, eviction_change
-from storage.document import (
-    CORRECTION,
-    HISTORY_SECTIONS,
-    USER_SECTIONS,
-    Fact,
-    MemoryDocument,
-    Section,
-    SupersededKind,
-    copy_document,
-)
+from storage.document import Fact, MemoryDocument, SupersededKind, copy_document
 from storage.provenance import RunInfo, add_source, grounded, supersede
-from storage.vocabulary import content_key
+from storage.sections import HISTORY_SECTIONS, USER_SECTIONS, Section
+from storage.vocabulary import CORRECTION, content_key
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,8 @@ import re
 
 from memq.memory.blocks import UPLOAD_TAGS
 from storage.base import Change
-from storage.document import (
-    HISTORY_SECTIONS,
-    USER_SECTIONS,
-    MemoryDocument,
-    Section,
-    copy_document,
-)
+from storage.document import MemoryDocument, copy_document
+from storage.sections import HISTORY_SECTIONS, USER_SECTIONS, Section
 
 UPLOAD_MENTION = re.compile(
     r"\bupload(?:s|ed|ing)?\b(?:\s+[\w'’-]+){0,6}?\s+(?:files?|documents?|attachments?)\b"

@@ -30,9 +30,8 @@ from pydantic.alias_generators import to_camel
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
-from storage.document import DEFAULT_CATEGORY, HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS
-from storage.sections import either_spelling
-from storage.vocabulary import CATEGORIES, known_category, parse_confidence
+from storage.sections import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS, either_spelling
+from storage.vocabulary import CATEGORIES, DEFAULT_CATEGORY, known_category, parse_confidence
 
 _TRUE_STRINGS = {"true", "yes", "1"}
 _MAX_CITES = 32  # labels read per fact: a fact cannot come from more messages than a prompt holds

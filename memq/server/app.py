@@ -15,11 +15,11 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from memq.core.settings import MemqSettings
+from memq.operations.service import MemqService
 from memq.server import problems
 from memq.server.auth import Authorize, Keyring
 from memq.server.limits import RequestGuard
 from memq.server.routing import operation_id
-from memq.server.service import MemqService
 
 API_VERSION = "v1"
 TITLE = "memq"
@@ -104,7 +104,7 @@ def _document_public_routes(app: FastAPI) -> None:
         for route in app.routes
         if isinstance(route, APIRoute)
         and any(
-            isinstance(d.call, Authorize) and d.call.scope is None
+            isinstance(d.call, Authorize) and d.call.operation is None
             for d in route.dependant.dependencies
         )
     }

@@ -18,61 +18,24 @@ import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import Request
 from fastapi.security import HTTPBearer
 
-from memq.core.errors import ConfigError, MemqError
+from memq.core.errors import ConfigError
 from memq.core.settings import MemqSettings
+from memq.operations.access import (
+    IMPLIED,
+    OPEN_ACCESS,
+    SCOPES,
+    Principal,
+    Scope,
+    Unauthorized,
+)
+from memq.operations.table import authorize
 
-Scope = Literal["agent", "admin"]
-SCOPES: tuple[Scope, ...] = ("agent", "admin")
-# What each scope allows; `admin` holds everything `agent` does.
-IMPLIED: Mapping[Scope, frozenset[Scope]] = {
-    "agent": frozenset({"agent"}),
-    "admin": frozenset({"agent", "admin"}),
-}
 KEY_PREFIX = "memq_"
-
-
-class Unauthorized(MemqError, PermissionError):
-    """No key, or a key no one issued: 401."""
-
-
-class Forbidden(MemqError, PermissionError):
-    """A valid key without the scope or outside its users: 403."""
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """The caller a key stands for. ``user_prefix`` None: every user."""
-
-    name: str
-    scopes: frozenset[Scope]
-    user_prefix: str | None = None
-
-    def require_scope(self, scope: Scope) -> None:
-        if scope not in self.scopes:
-            raise Forbidden(f"key {self.name!r} lacks the {scope!r} scope")
-
-    def require_user(self, user_id: str) -> None:
-        if self.user_prefix is not None and not user_id.startswith(self.user_prefix):
-            raise Forbidden(
-                f"key {self.name!r} is bound to user ids starting with {self.user_prefix!r}"
-            )
-
-    def require_all_users(self) -> None:
-        """Routes that reach every user's data (queue stats, dead letters)."""
-        if self.user_prefix is not None:
-            raise Forbidden(
-                f"key {self.name!r} is bound to user ids starting with {self.user_prefix!r}; "
-                "this operation spans every user"
-            )
-
-
-# Without any key configured (a loopback-only server), every caller is this one.
-OPEN_ACCESS = Principal("open-loopback", frozenset(SCOPES))
 
 
 def digest(key: str) -> str:
@@ -218,42 +181,38 @@ def write_private(path: Path, text: str) -> None:
 
 
 class Authorize(HTTPBearer):
-    """The dependency every route declares: ``Depends(Authorize("agent"))``.
+    """The dependency every route declares: ``Depends(Authorize("add_fact"))``, naming the
+    route's operation in :mod:`memq.operations.table`.
 
-    ``scope=None`` marks a public route (health probes): no key needed. Otherwise the key must
-    hold the scope, and a key bound to a user-id prefix reaches only routes whose ``{user_id}``
-    carries that prefix (never the routes that span every user). It is FastAPI's bearer scheme
-    itself (so the OpenAPI document names it) and reads the header in the same step: a
-    sub-dependency would cost more per request than the check.
+    ``operation=None`` marks a public route (health probes): no key needed. Otherwise the key
+    is resolved and checked against the table: the operation's scope, and the ``{user_id}`` of
+    the path against the key's user-id prefix (or every user, for operations that span them).
+    It is FastAPI's bearer scheme itself (so the OpenAPI document names it) and reads the header
+    in the same step: a sub-dependency would cost more per request than the check.
     """
 
-    def __init__(self, scope: Scope | None) -> None:
+    def __init__(self, operation: str | None) -> None:
         super().__init__(
             scheme_name="HTTPBearer",
             description="an API key issued by the operator",
             auto_error=False,
         )
-        self.scope = scope
+        self.operation = operation
 
     def __repr__(self) -> str:
-        return f"Authorize({self.scope!r})"
+        return f"Authorize({self.operation!r})"
 
-    async def __call__(self, request: Request) -> Principal | None:  # type: ignore[override]
-        if self.scope is None:
-            return None
+    async def __call__(self, request: Request) -> Principal:  # type: ignore[override]
         keyring: Keyring = request.app.state.keyring
+        if self.operation is None:
+            return OPEN_ACCESS
         principal = keyring.resolve(self.presented_key(request))
-        principal.require_scope(self.scope)
         user_id = request.path_params.get("user_id")
-        if user_id is None:
-            principal.require_all_users()
-        else:
-            principal.require_user(str(user_id))
+        authorize(principal, self.operation, None if user_id is None else str(user_id))
         return principal
 
     def presented_key(self, request: Request) -> str | None:
-        """The key the request carries: the bearer header (a login cookie would be read here
-        too, so HTML pages share this dependency and the route-table sweep)."""
+        """The key the request carries: the bearer header."""
         return bearer_token(request.headers.get("authorization"))
 
 
@@ -264,5 +223,3 @@ def bearer_token(header: str | None) -> str | None:
 
 
 PUBLIC = Authorize(None)
-AGENT = Authorize("agent")
-ADMIN = Authorize("admin")

@@ -7,12 +7,12 @@ import json
 import logging
 import time
 from collections.abc import Sized
-from http import HTTPStatus
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from memq.server.problems import PROBLEM_JSON, PayloadTooLarge
+from memq.core.errors import PayloadTooLarge
+from memq.server.problems import PROBLEM_JSON, problem_body
 
 log = logging.getLogger("memq.server")
 access_log = logging.getLogger("memq.server.access")
@@ -25,13 +25,7 @@ def check_count(items: Sized, cap: int, what: str) -> None:
 
 
 def _problem_bytes(status: int, detail: str) -> bytes:
-    body = {
-        "type": "about:blank",
-        "title": HTTPStatus(status).phrase,
-        "status": status,
-        "detail": detail,
-    }
-    return json.dumps(body).encode("utf-8")
+    return json.dumps(problem_body(status, detail)).encode("utf-8")
 
 
 class RequestGuard:

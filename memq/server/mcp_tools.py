@@ -24,14 +24,15 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from memq.core.connection import REDIS_ERRORS
-from memq.core.errors import InvalidIdentifier, MemqError, RedisUnavailable, StorageError
+from memq.core.errors import InvalidIdentifier, MemqError
 from memq.core.identity import validate_agent_name
 from memq.core.settings import MemqSettings
-from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal, bearer_token
-from memq.server.auth import Scope as KeyScope
+from memq.operations.access import LOCAL, Forbidden, Principal
+from memq.operations.refusals import reason, status_of
+from memq.operations.service import MemqService
+from memq.server.auth import Keyring, bearer_token
 from memq.server.models import TOKEN_BUDGET
-from memq.server.problems import problem, status_of
-from memq.server.service import MemqService
+from memq.server.problems import problem
 
 USER_HEADER = "x-memq-user"
 AGENT_HEADER = "x-memq-agent"
@@ -40,6 +41,16 @@ MCP_PATH = "/mcp"
 # then skips what was extracted, so a fact handed over twice is extracted once.
 REMEMBER_THREAD = "mcp-remember"
 _STATE_KEY = "memq_mcp"
+
+# Each tool is one operation of memq.operations.table (its scope and span come from there).
+TOOL_OPERATIONS = {
+    "remember": "hand_off",
+    "recall": "recall",
+    "list_facts": "read_memory",
+    "edit_fact": "edit_fact",
+    "delete_fact": "delete_fact",
+}
+RESOURCE_OPERATIONS = {"memq://users/{user_id}/memory": "read_memory"}
 
 INSTRUCTIONS = (
     "Long-term memory about the user. Call `recall` with the user's message before answering "
@@ -54,9 +65,6 @@ class Caller:
     user_id: str
     agent_name: str | None
 
-    def require(self, scope: KeyScope) -> None:
-        self.principal.require_scope(scope)
-
 
 CallerOf = Callable[[Context], Caller]
 
@@ -64,13 +72,11 @@ CallerOf = Callable[[Context], Caller]
 @contextlib.contextmanager
 def _as_tool_error() -> Iterator[None]:
     """memq's refusals as the one line a model reads (the SDK hides other errors' text)."""
-    unavailable: tuple[type[Exception], ...] = (RedisUnavailable, StorageError, *REDIS_ERRORS)
+    refused: tuple[type[Exception], ...] = (MemqError, *REDIS_ERRORS)
     try:
         yield
-    except unavailable as exc:
-        raise ToolError("memq's store is unavailable; try again shortly") from exc
-    except MemqError as exc:
-        raise ToolError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    except refused as exc:
+        raise ToolError(reason(exc)) from exc
 
 
 def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
@@ -83,18 +89,17 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         seconds). Pass their own words; one topic per call is best."""
         with _as_tool_error():
             caller = caller_of(ctx)
-            caller.require("agent")
             messages = [
                 {"role": "user", "content": text},
                 {"role": "assistant", "content": "I will remember that."},
             ]
             outcome = service.hand_off(
-                REMEMBER_THREAD,
+                caller.principal,
                 caller.user_id,
                 caller.agent_name,
+                REMEMBER_THREAD,
                 messages,
                 flush=True,
-                trace_id=None,
             )
             if outcome.status == "nothing_to_remember":
                 return "nothing to remember in that text"
@@ -114,9 +119,12 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         a <user_memory> block to read before answering; empty when nothing is known."""
         with _as_tool_error():
             caller = caller_of(ctx)
-            caller.require("agent")
-            return service.block(
-                caller.user_id, caller.agent_name, query=query or None, max_tokens=max_tokens
+            return service.recall(
+                caller.principal,
+                caller.user_id,
+                caller.agent_name,
+                query=query or None,
+                max_tokens=max_tokens,
             )
 
     @mcp.tool()
@@ -125,9 +133,8 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         first; use the ids with edit_fact and delete_fact."""
         with _as_tool_error():
             caller = caller_of(ctx)
-            caller.require("agent")
-            facts = service.manager.list_facts(
-                caller.user_id, agent_name=caller.agent_name, category=category
+            facts = service.list_facts(
+                caller.principal, caller.user_id, caller.agent_name, category=category
             )
             return [
                 {
@@ -149,17 +156,13 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
     ) -> dict[str, Any]:
         """Correct a stored fact (only the fields given change), when the user says it is
         wrong or out of date."""
-        from memq.commands.memory import check_category
-
         with _as_tool_error():
             caller = caller_of(ctx)
-            caller.require("admin")
-            if category is not None:
-                check_category(category)
-            fact = service.manager.edit_fact(
+            fact = service.edit_fact(
+                caller.principal,
                 caller.user_id,
+                caller.agent_name,
                 fact_id,
-                agent_name=caller.agent_name,
                 content=content,
                 category=category,
                 confidence=confidence,
@@ -171,10 +174,7 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         """Delete a stored fact, when the user asks to forget it."""
         with _as_tool_error():
             caller = caller_of(ctx)
-            caller.require("admin")
-            fact = service.manager.delete_fact(
-                caller.user_id, fact_id, agent_name=caller.agent_name
-            )
+            fact = service.delete_fact(caller.principal, caller.user_id, caller.agent_name, fact_id)
             return f"deleted {fact.id}"
 
     @mcp.resource("memq://users/{user_id}/memory", mime_type="application/json")
@@ -182,10 +182,9 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         """The user's whole memory document (memq memory.json); only the connection's user."""
         with _as_tool_error():
             caller = caller_of(ctx)
-            caller.require("agent")
             if user_id != caller.user_id:
                 raise Forbidden("this connection reads only its own user's memory")
-            document = service.manager.document(caller.user_id, agent_name=caller.agent_name)
+            document = service.document(caller.principal, caller.user_id, caller.agent_name)
             return json.dumps(document.to_json(), ensure_ascii=False)
 
     return mcp
@@ -194,7 +193,7 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
 # --- stdio: one user per process, the local user's own trust
 async def run_stdio(settings: MemqSettings, user_id: str, agent_name: str | None) -> None:
     service = MemqService(settings)
-    caller = Caller(OPEN_ACCESS, user_id, agent_name)
+    caller = Caller(LOCAL, user_id, agent_name)
     try:
         await build_mcp(service, lambda _ctx: caller).run_stdio_async()
     finally:

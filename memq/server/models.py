@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from memq.core.settings import MemqSettings
-from memq.server.service import HandOffStatus
+from producer.producer import OfferStatus
 from storage.base import Change
 from storage.document import Fact, SupersededFact
 from storage.provenance import FactExplanation, FactStatus
@@ -30,7 +30,7 @@ TOKEN_BUDGET = setting_bounds("injected_memory_max_tokens")
 
 
 class HandOffAccepted(BaseModel):
-    status: HandOffStatus = Field(
+    status: OfferStatus = Field(
         description="`queued`: Redis took it; `spooled`: Redis is unreachable, the server keeps "
         "it and sends it when Redis is back; `nothing_to_remember`: no user message with an "
         "answer in it"

@@ -15,20 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from memq.commands.common import CommandError
 from memq.core.connection import REDIS_ERRORS
-from memq.core.errors import (
-    ConfigError,
-    FactEvicted,
-    FactNotFound,
-    InvalidIdentifier,
-    InvalidMemoryData,
-    InvalidMessages,
-    MemqError,
-    RedisUnavailable,
-    StorageError,
-)
-from memq.server.auth import Forbidden, Unauthorized
+from memq.core.errors import MemqError
+from memq.operations.refusals import UNAVAILABLE, reason, status_of
 
 log = logging.getLogger("memq.server")
 
@@ -36,56 +25,21 @@ PROBLEM_JSON = "application/problem+json"
 MAX_LISTED_ERRORS = 10
 
 
-class NotFound(MemqError, LookupError):
-    """The user, agent or dead letter asked for does not exist: 404."""
-
-
-class PayloadTooLarge(MemqError, ValueError):
-    """A body or a message list above the configured cap: 413."""
-
-
-# Most specific first: the first class an error is an instance of decides its status.
-STATUS_OF: tuple[tuple[type[BaseException], int], ...] = (
-    (Unauthorized, 401),
-    (Forbidden, 403),
-    (NotFound, 404),
-    (FactNotFound, 404),
-    (PayloadTooLarge, 413),
-    (FactEvicted, 409),
-    (InvalidIdentifier, 422),
-    (CommandError, 422),
-    (InvalidMessages, 422),
-    (InvalidMemoryData, 422),
-    (RedisUnavailable, 503),
-    (StorageError, 503),
-    (ConfigError, 500),
-)
-
-
-def status_of(exc: BaseException) -> int:
-    for kind, status in STATUS_OF:
-        if isinstance(exc, kind):
-            return status
-    if isinstance(exc, REDIS_ERRORS):
-        return 503
-    return 500
-
-
-def problem(status: int, detail: str, **extra: Any) -> JSONResponse:
-    body: dict[str, Any] = {
+def problem_body(status: int, detail: str, **extra: Any) -> dict[str, Any]:
+    """The one problem+json body (RFC 9457) of every error answer."""
+    return {
         "type": "about:blank",
         "title": HTTPStatus(status).phrase,
         "status": status,
         "detail": detail,
         **extra,
     }
+
+
+def problem(status: int, detail: str, **extra: Any) -> JSONResponse:
+    body = problem_body(status, detail, **extra)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:500]
 
 
 def _location(loc: tuple[Any, ...] | list[Any]) -> str:
@@ -97,17 +51,14 @@ def _location(loc: tuple[Any, ...] | list[Any]) -> str:
 
 async def on_memq_error(request: Request, exc: Exception) -> JSONResponse:
     status = status_of(exc)
-    if status >= 500 and not isinstance(exc, RedisUnavailable | StorageError):
+    if status >= 500 and status != 503:
         log.error("memq serve: %s on %s", type(exc).__name__, _route(request))
-        return problem(status, "internal error; see the server log")
-    if status == 503:
-        return problem(503, "storage unavailable; retry later")
-    return problem(status, _first_line(exc))
+    return problem(status, reason(exc))
 
 
 async def on_redis_error(request: Request, exc: Exception) -> JSONResponse:
     log.warning("memq serve: Redis error %s on %s", type(exc).__name__, _route(request))
-    return problem(503, "storage unavailable; retry later")
+    return problem(503, UNAVAILABLE)
 
 
 async def on_validation(request: Request, exc: Exception) -> JSONResponse:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from fastapi import Body, Depends, Query
+from fastapi import Body, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from memq.commands.memory import check_category
-from memq.server.auth import ADMIN
-from memq.server.routing import AgentName, Service, new_router
-from storage.document import DEFAULT_CATEGORY, Fact
+from memq.operations.access import Principal
+from memq.server.routing import AgentName, Service, caller, new_router
+from storage.document import Fact
+from storage.vocabulary import DEFAULT_CATEGORY
 
 router = new_router()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
@@ -30,17 +30,17 @@ class NewFact(BaseModel):
     confidence: float = Field(default=0.9, ge=0.0, le=1.0)
 
 
-@router.post(
-    USER + "/facts", tags=_TAGS, dependencies=[Depends(ADMIN)], status_code=201, response_model=Fact
-)
-def add_fact(user_id: str, body: NewFact, svc: Service) -> Fact:
+@router.post(USER + "/facts", tags=_TAGS, status_code=201, response_model=Fact)
+def add_fact(
+    who: Annotated[Principal, caller("add_fact")], user_id: str, body: NewFact, svc: Service
+) -> Fact:
     """Add a fact by hand, held to the same fact cap as an extraction (409 when the cap
     evicts the new fact itself)."""
-    check_category(body.category)
-    return svc.manager.add_fact(
+    return svc.add_fact(
+        who,
         user_id,
+        body.agent_name,
         body.content,
-        agent_name=body.agent_name,
         category=body.category,
         confidence=body.confidence,
     )
@@ -55,63 +55,67 @@ class FactEdit(BaseModel):
     confidence: float | None = Field(default=None, ge=0.0, le=1.0)
 
 
-@router.patch(
-    USER + "/facts/{fact_id}", tags=_TAGS, dependencies=[Depends(ADMIN)], response_model=Fact
-)
-def edit_fact(user_id: str, fact_id: str, body: FactEdit, svc: Service) -> Fact:
+@router.patch(USER + "/facts/{fact_id}", tags=_TAGS, response_model=Fact)
+def edit_fact(
+    who: Annotated[Principal, caller("edit_fact")],
+    user_id: str,
+    fact_id: str,
+    body: FactEdit,
+    svc: Service,
+) -> Fact:
     """Change a fact's content, category or confidence (only the fields given)."""
-    if body.category is not None:
-        check_category(body.category)
-    return svc.manager.edit_fact(
+    return svc.edit_fact(
+        who,
         user_id,
+        body.agent_name,
         fact_id,
-        agent_name=body.agent_name,
         content=body.content,
         category=body.category,
         confidence=body.confidence,
     )
 
 
-@router.delete(
-    USER + "/facts/{fact_id}", tags=_TAGS, dependencies=[Depends(ADMIN)], response_model=Fact
-)
-def delete_fact(user_id: str, fact_id: str, svc: Service, agent_name: AgentName = None) -> Fact:
+@router.delete(USER + "/facts/{fact_id}", tags=_TAGS, response_model=Fact)
+def delete_fact(
+    who: Annotated[Principal, caller("delete_fact")],
+    user_id: str,
+    fact_id: str,
+    svc: Service,
+    agent_name: AgentName = None,
+) -> Fact:
     """Delete a fact; answers the fact deleted."""
-    return svc.manager.delete_fact(user_id, fact_id, agent_name=agent_name)
+    return svc.delete_fact(who, user_id, agent_name, fact_id)
 
 
 @router.get(
     USER + "/export",
     tags=_TAGS,
-    dependencies=[Depends(ADMIN)],
 )
 def export(
+    who: Annotated[Principal, caller("export")],
     user_id: str,
     svc: Service,
     agent_name: AgentName = None,
     format: Annotated[Literal["memq", "deerflow"], Query()] = "memq",
 ) -> dict[str, Any]:
     """The memory document as memq or DeerFlow memory.json."""
-    if format == "deerflow":
-        from memq.integrations.deerflow_format import deerflow_document
-
-        return deerflow_document(svc.manager.document(user_id, agent_name=agent_name))
-    return svc.manager.export(user_id, agent_name=agent_name)
+    return svc.export(who, user_id, agent_name, format=format)
 
 
 class Imported(BaseModel):
     facts: int = Field(description="facts in the memory now")
 
 
-@router.put(USER + "/memory", tags=_TAGS, dependencies=[Depends(ADMIN)], response_model=Imported)
+@router.put(USER + "/memory", tags=_TAGS, response_model=Imported)
 def import_memory(
+    who: Annotated[Principal, caller("import")],
     user_id: str,
     svc: Service,
     document: Annotated[dict[str, Any], Body(description="a memq or DeerFlow memory.json")],
     agent_name: AgentName = None,
 ) -> Imported:
     """Replace the memory with an imported memq or DeerFlow document."""
-    imported = svc.manager.import_document(user_id, document, agent_name=agent_name)
+    imported, _cut = svc.import_document(who, user_id, agent_name, document)
     return Imported(facts=len(imported.facts))
 
 
@@ -133,20 +137,23 @@ class ThreadForgotten(BaseModel):
 @router.delete(
     USER + "/threads/{thread_id}",
     tags=_TAGS,
-    dependencies=[Depends(ADMIN)],
     response_model=ThreadForgotten,
 )
-def forget_thread(user_id: str, thread_id: str, svc: Service) -> ThreadForgotten:
+def forget_thread(
+    who: Annotated[Principal, caller("forget_thread")], user_id: str, thread_id: str, svc: Service
+) -> ThreadForgotten:
     """Forget one thread in every agent's memory: facts learnt only from it go, other facts lose
     its sources, its pending, in-flight and dead conversations and watermark are deleted; a run
     of it in flight saves nothing (`memq forget USER --thread T`)."""
-    report = svc.forget_thread(user_id, thread_id)
+    report = svc.forget_thread(who, user_id, thread_id)
     return ThreadForgotten(user_id=user_id, thread_id=thread_id, removed=report.as_dict())
 
 
-@router.delete(USER + "", tags=_TAGS, dependencies=[Depends(ADMIN)], response_model=Forgotten)
-def forget(user_id: str, svc: Service) -> Forgotten:
+@router.delete(USER + "", tags=_TAGS, response_model=Forgotten)
+def forget(
+    who: Annotated[Principal, caller("forget_user")], user_id: str, svc: Service
+) -> Forgotten:
     """Erase everything held about the user: every agent's memory with its history, pending,
     in-flight and dead conversations, watermarks (`memq forget`)."""
-    report = svc.forget(user_id)
+    report = svc.forget_user(who, user_id)
     return Forgotten(user_id=user_id, removed=report.as_dict())

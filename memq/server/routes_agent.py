@@ -11,11 +11,11 @@ import functools
 from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import Depends, Query, Request
+from fastapi import Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from memq.server.auth import AGENT
+from memq.operations.access import Principal
 from memq.server.limits import check_count
 from memq.server.models import (
     TOKEN_BUDGET,
@@ -26,7 +26,7 @@ from memq.server.models import (
     HistoryOut,
     SupersededOut,
 )
-from memq.server.routing import AgentName, Service, new_router
+from memq.server.routing import AgentName, Service, caller, new_router
 
 router = new_router()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
@@ -53,11 +53,16 @@ class HandOff(BaseModel):
 @router.post(
     USER + "/conversations",
     tags=_TAGS,
-    dependencies=[Depends(AGENT)],
     status_code=202,
     response_model=HandOffAccepted,
 )
-async def hand_off(user_id: str, body: HandOff, request: Request, svc: Service) -> HandOffAccepted:
+async def hand_off(
+    who: Annotated[Principal, caller("hand_off")],
+    user_id: str,
+    body: HandOff,
+    request: Request,
+    svc: Service,
+) -> HandOffAccepted:
     """Hand a conversation over for extraction: 202 once Redis took it (`queued`), or once the
     server spooled it while Redis is unreachable (`spooled`, sent when Redis is back)."""
     # The producer's own message cap: over HTTP a longer list is refused (413), not cut.
@@ -67,9 +72,10 @@ async def hand_off(user_id: str, body: HandOff, request: Request, svc: Service) 
     outcome = await run_in_threadpool(
         functools.partial(
             svc.hand_off,
-            body.thread_id,
+            who,
             user_id,
             body.agent_name,
+            body.thread_id,
             body.messages,
             flush=body.flush,
             trace_id=body.trace_id,
@@ -78,8 +84,8 @@ async def hand_off(user_id: str, body: HandOff, request: Request, svc: Service) 
     return HandOffAccepted(
         status=outcome.status,
         context_id=outcome.context_id,
-        version=outcome.version,
-        deadline_ms=outcome.deadline_ms,
+        version=None if outcome.result is None else outcome.result.version,
+        deadline_ms=None if outcome.result is None else outcome.result.deadline_ms,
     )
 
 
@@ -98,34 +104,39 @@ class ContextQuery(BaseModel):
     )
 
 
-@router.post(
-    USER + "/context", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=ContextBlock
-)
-def context(user_id: str, body: ContextQuery, svc: Service) -> ContextBlock:
+@router.post(USER + "/context", tags=_TAGS, response_model=ContextBlock)
+def context(
+    who: Annotated[Principal, caller("recall")], user_id: str, body: ContextQuery, svc: Service
+) -> ContextBlock:
     """The `<user_memory>` block for the next prompt (empty when there is nothing to inject)."""
-    block = svc.block(user_id, body.agent_name, query=body.query, max_tokens=body.max_tokens)
+    block = svc.recall(who, user_id, body.agent_name, query=body.query, max_tokens=body.max_tokens)
     return ContextBlock(block=block)
 
 
 @router.get(
     USER + "/memory",
     tags=_TAGS,
-    dependencies=[Depends(AGENT)],
 )
-def memory(user_id: str, svc: Service, agent_name: AgentName = None) -> dict[str, Any]:
+def memory(
+    who: Annotated[Principal, caller("read_memory")],
+    user_id: str,
+    svc: Service,
+    agent_name: AgentName = None,
+) -> dict[str, Any]:
     """The whole memory document (memq memory.json) of the (user, agent)."""
-    return svc.manager.document(user_id, agent_name=agent_name).to_json()
+    return svc.document(who, user_id, agent_name).to_json()
 
 
-@router.get(USER + "/facts", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=FactsOut)
+@router.get(USER + "/facts", tags=_TAGS, response_model=FactsOut)
 def list_facts(
+    who: Annotated[Principal, caller("read_memory")],
     user_id: str,
     svc: Service,
     agent_name: AgentName = None,
     category: str | None = None,
 ) -> FactsOut:
     """The facts, most confident first."""
-    facts = svc.manager.list_facts(user_id, agent_name=agent_name, category=category)
+    facts = svc.list_facts(who, user_id, agent_name, category=category)
     return FactsOut(facts=facts)
 
 
@@ -138,42 +149,50 @@ class SearchQuery(BaseModel):
     limit: int = Field(default=10, ge=1, le=200)
 
 
-@router.post(
-    USER + "/facts/search", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=FactsOut
-)
-def search_facts(user_id: str, body: SearchQuery, svc: Service) -> FactsOut:
+@router.post(USER + "/facts/search", tags=_TAGS, response_model=FactsOut)
+def search_facts(
+    who: Annotated[Principal, caller("search")], user_id: str, body: SearchQuery, svc: Service
+) -> FactsOut:
     """The facts most relevant to a query (BM25 over English and Chinese words)."""
-    found = svc.manager.search(
-        user_id, body.query, agent_name=body.agent_name, category=body.category, limit=body.limit
+    found = svc.search(
+        who, user_id, body.agent_name, body.query, category=body.category, limit=body.limit
     )
     return FactsOut(facts=found)
 
 
-@router.get(USER + "/history", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=HistoryOut)
+@router.get(USER + "/history", tags=_TAGS, response_model=HistoryOut)
 def history(
+    who: Annotated[Principal, caller("history")],
     user_id: str,
     svc: Service,
     agent_name: AgentName = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> HistoryOut:
     """Recorded changes of the document, newest first."""
-    changes = svc.manager.history(user_id, agent_name=agent_name, limit=limit)
+    changes = svc.history(who, user_id, agent_name, limit=limit)
     return HistoryOut(changes=changes)
 
 
-@router.get(
-    USER + "/facts/{fact_id}/why", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=FactWhy
-)
-def why(user_id: str, fact_id: str, svc: Service, agent_name: AgentName = None) -> FactWhy:
+@router.get(USER + "/facts/{fact_id}/why", tags=_TAGS, response_model=FactWhy)
+def why(
+    who: Annotated[Principal, caller("why")],
+    user_id: str,
+    fact_id: str,
+    svc: Service,
+    agent_name: AgentName = None,
+) -> FactWhy:
     """Where a fact came from (`memq why`): its sources, confirmations, what it superseded or
     what superseded it, and its whole change history. The fact may be current, superseded or
     gone (404 when not even the history names it)."""
-    return FactWhy.of(svc.manager.why(user_id, fact_id, agent_name=agent_name))
+    return FactWhy.of(svc.why(who, user_id, agent_name, fact_id))
 
 
-@router.get(
-    USER + "/superseded", tags=_TAGS, dependencies=[Depends(AGENT)], response_model=SupersededOut
-)
-def superseded(user_id: str, svc: Service, agent_name: AgentName = None) -> SupersededOut:
+@router.get(USER + "/superseded", tags=_TAGS, response_model=SupersededOut)
+def superseded(
+    who: Annotated[Principal, caller("superseded")],
+    user_id: str,
+    svc: Service,
+    agent_name: AgentName = None,
+) -> SupersededOut:
     """Facts that stopped being valid (contradicted or stale), with what replaced them and why."""
-    return SupersededOut(superseded=svc.manager.superseded(user_id, agent_name=agent_name))
+    return SupersededOut(superseded=svc.superseded(who, user_id, agent_name))

@@ -10,10 +10,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from memq.core.connection import REDIS_ERRORS
-from memq.server.auth import ADMIN, PUBLIC
+from memq.operations.access import Principal
+from memq.server.auth import PUBLIC
 from memq.server.limits import check_count
 from memq.server.problems import problem
-from memq.server.routing import Service, new_router
+from memq.server.routing import Service, caller, new_router
 
 router = new_router()
 # Beat is "ticking" while its last tick is younger than this many ticks (and at least 10 s).
@@ -34,8 +35,8 @@ def healthz() -> dict[str, str]:
 )
 def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
     """Redis answers and beat ticks (readiness): 200, else 503 naming what is missing."""
+    from memq.core.clock import now_ms
     from memq.core.metrics import read_snapshot
-    from worker.queue import now_ms
 
     now = now_ms()
     try:
@@ -52,13 +53,10 @@ def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
     return {"status": "ready", "redis": "ok", "last_tick_age_ms": age_ms}
 
 
-@router.get("/v1/queue/stats", tags=["ops"], dependencies=[Depends(ADMIN)])
-def queue_stats(svc: Service) -> dict[str, Any]:
+@router.get("/v1/queue/stats", tags=["ops"])
+def queue_stats(who: Annotated[Principal, caller("stats")], svc: Service) -> dict[str, Any]:
     """Queue depths, lag, extraction outcomes and tokens (what `memq stats --json` prints)."""
-    from memq.core.metrics import read_snapshot, summarise
-    from worker.queue import now_ms
-
-    return summarise(read_snapshot(svc.redis, svc.settings, now_ms()))
+    return svc.stats(who)
 
 
 class DeadLetter(BaseModel):
@@ -73,12 +71,14 @@ class DeadLetters(BaseModel):
     dead_letters: list[DeadLetter]
 
 
-@router.get(
-    "/v1/dead-letters", tags=["ops"], dependencies=[Depends(ADMIN)], response_model=DeadLetters
-)
-def dead_letters(svc: Service, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> DeadLetters:
+@router.get("/v1/dead-letters", tags=["ops"], response_model=DeadLetters)
+def dead_letters(
+    who: Annotated[Principal, caller("dead_letters")],
+    svc: Service,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> DeadLetters:
     """Dead contexts with their attempts and last error (`memq dead list`)."""
-    entries = svc.queue.dead_list(limit)
+    entries = svc.dead_letters(who, limit=limit)
     return DeadLetters(
         dead_letters=[
             DeadLetter(
@@ -106,24 +106,32 @@ class DeadActionDone(BaseModel):
 @router.post(
     "/v1/dead-letters/retry",
     tags=["ops"],
-    dependencies=[Depends(ADMIN)],
     response_model=DeadActionDone,
 )
-def retry_dead_letters(body: DeadAction, request: Request, svc: Service) -> DeadActionDone:
+def retry_dead_letters(
+    who: Annotated[Principal, caller("retry_dead")],
+    body: DeadAction,
+    request: Request,
+    svc: Service,
+) -> DeadActionDone:
     """Put dead letters back in the queue, due now (`memq dead retry`)."""
     if body.ids != "all":
         check_count(body.ids, request.app.state.settings.producer_max_messages, "ids")
-    return DeadActionDone(count=svc.queue.dead_retry(body.ids))
+    return DeadActionDone(count=svc.retry_dead(who, body.ids))
 
 
 @router.post(
     "/v1/dead-letters/purge",
     tags=["ops"],
-    dependencies=[Depends(ADMIN)],
     response_model=DeadActionDone,
 )
-def purge_dead_letters(body: DeadAction, request: Request, svc: Service) -> DeadActionDone:
+def purge_dead_letters(
+    who: Annotated[Principal, caller("purge_dead")],
+    body: DeadAction,
+    request: Request,
+    svc: Service,
+) -> DeadActionDone:
     """Delete dead letters for good (`memq dead purge`)."""
     if body.ids != "all":
         check_count(body.ids, request.app.state.settings.producer_max_messages, "ids")
-    return DeadActionDone(count=svc.queue.dead_purge(body.ids))
+    return DeadActionDone(count=svc.purge_dead(who, body.ids))

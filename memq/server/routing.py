@@ -9,8 +9,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
+from memq.operations.service import MemqService
+from memq.server.auth import Authorize
 from memq.server.problems import PROBLEM_JSON
-from memq.server.service import MemqService
 
 
 class Problem(BaseModel):
@@ -58,3 +59,9 @@ AgentName = Annotated[
     # Its alphabet and length are checked where every agent name is (`validate_agent_name`).
     Query(description="agent name; omitted: the user-global memory"),
 ]
+
+
+def caller(operation: str) -> Any:
+    """A route's caller, checked against the operation table for ``operation``:
+    ``who: Annotated[Principal, caller("add_fact")]``."""
+    return Depends(Authorize(operation))

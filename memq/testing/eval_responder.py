@@ -7,7 +7,8 @@ import json
 import re
 from typing import Any
 
-from memq.testing.openai_server import Reply, slot_body
+from memq.testing.openai_server import slot_body
+from memq.testing.replies import Reply
 
 # --- `memq eval`'s scripted model: extracts, answers and judges deterministically ---------------
 # Kept apart from the server so that other behaviours can be added without touching it.

@@ -31,10 +31,19 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from memq.testing.openai_server import ScriptedOpenAI
+from memq.testing.provider import Provider
+from memq.testing.replies import Reply, completion_body
+
+
+class ScriptedServer(Protocol):
+    """What a batch job needs of the scripted server: its replies and its provider's books."""
+
+    provider: Provider
+
+    def reply_for(self, body: dict[str, Any]) -> Reply: ...
+
 
 WINDOWS = frozenset({"24h"})
 ENDPOINTS = frozenset(
@@ -115,7 +124,7 @@ def _error(status: int, message: str, code: str = "invalid_request_error") -> Re
 class ScriptedBatches:
     """Files and batch jobs held in memory by one scripted server."""
 
-    def __init__(self, server: ScriptedOpenAI) -> None:
+    def __init__(self, server: ScriptedServer) -> None:
         self._server = server
         self._lock = threading.Lock()
         self.files: dict[str, StoredFile] = {}
@@ -260,8 +269,6 @@ class ScriptedBatches:
         return lines, None
 
     def _finish(self, job: Job, status: str, answered: int) -> None:
-        from memq.testing.openai_server import completion_body
-
         output: list[str] = []
         errors: list[str] = []
         for index, line in enumerate(job.lines):

@@ -21,17 +21,7 @@ from typing import Any, Literal
 from memq.memory.update import NewFact, UpdateAnswer
 from memq.testing.openai_batches import ScriptedBatches
 from memq.testing.provider import Provider
-
-
-@dataclass
-class Reply:
-    content: str | None = None  # assistant message text (a 200 completion)
-    status: int = 200
-    body: Any = None  # raw JSON body or bytes, overrides content
-    headers: dict[str, str] = field(default_factory=dict)
-    delay_seconds: float = 0.0
-    prompt_tokens: int = 100
-    completion_tokens: int = 20
+from memq.testing.replies import Reply, completion_body
 
 
 def update_text(answer: UpdateAnswer) -> str:
@@ -128,27 +118,6 @@ class CitingModel:
         )
         answer = UpdateAnswer(new_facts=tuple(facts), facts_to_remove=removals if facts else ())
         return Reply(content=update_text(answer), delay_seconds=self.delay_seconds)
-
-
-def completion_body(reply: Reply, model: str) -> dict[str, Any]:
-    return {
-        "id": "chatcmpl-scripted",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": reply.content},
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": {
-            "prompt_tokens": reply.prompt_tokens,
-            "completion_tokens": reply.completion_tokens,
-            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
-        },
-    }
 
 
 class _QuietServer(ThreadingHTTPServer):

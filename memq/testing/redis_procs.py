@@ -12,7 +12,7 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from memq.redis_server import free_port
+from memq.local.redis_server import free_port
 from memq.testing.celery_procs import REPO_ROOT
 from memq.testing.waiting import wait_for
 

@@ -1,8 +1,9 @@
 """Fixtures for the Redis Cluster and Sentinel tests: a local 3-master cluster (shared by the
 session) and, per test, settings and a client that point at it.
 
-The cluster is built by :class:`memq.redis_cluster.LocalCluster` from the same redis-server the
-other fixtures use; its nodes need their port and port + 10000 (the cluster bus) free.
+The cluster is built by :class:`memq.local.redis_cluster.LocalCluster` from the same
+redis-server the other fixtures use; its nodes need their port and port + 10000 (the cluster
+bus) free.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from memq.core.connection import RedisClient, redis_client
 from memq.core.settings import MemqSettings
-from memq.redis_cluster import LocalCluster
+from memq.local.redis_cluster import LocalCluster
 
 CLUSTER_SHARDS = 48  # 16 per master when the tags are balanced
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from memq.testing.openai_server import EMPTY_UPDATE, Reply, ScriptedOpenAI, completion_body
+from memq.testing.openai_server import EMPTY_UPDATE, ScriptedOpenAI
+from memq.testing.replies import Reply, completion_body
 
 __all__ = ["EMPTY_UPDATE", "Reply", "ScriptedOpenAI", "completion_body"]

@@ -111,7 +111,7 @@ def aof_redis(tmp_path: Any) -> Iterator[Any]:
     import os
     import signal
 
-    from memq.redis_server import RedisServer
+    from memq.local.redis_server import RedisServer
 
     server = RedisServer(tmp_path / "aof-redis", appendonly=True).start()
     try:

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from memq.testing.celery_procs import CeleryProcs, memq_env
-from memq.testing.openai_server import Reply, ScriptedOpenAI
+from memq.testing.openai_server import ScriptedOpenAI
+from memq.testing.replies import Reply
 from memq.testing.serve_proc import ServeProcess
 from memq.testing.waiting import wait_for
 from producer import MemoryProducer

@@ -14,8 +14,9 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse
 
-from memq.server.auth import Keyring, Principal, Scope
-from memq.server.service import MemqService
+from memq.operations.access import Principal, Scope
+from memq.operations.service import MemqService
+from memq.server.auth import Keyring
 from memq.server.ui.render import render
 from memq.server.ui.session import (
     COOKIE,

@@ -17,11 +17,11 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from memq.core.connection import REDIS_ERRORS
-from memq.core.errors import MemqError, RedisUnavailable, StorageError
+from memq.core.errors import MemqError
 from memq.core.settings import MemqSettings
+from memq.operations.refusals import reason, status_of
+from memq.operations.service import MemqService
 from memq.server.auth import Keyring
-from memq.server.problems import status_of
-from memq.server.service import MemqService
 from memq.server.ui.render import SecurityHeaders, render
 from memq.server.ui.session import LoginRequired, SessionCodec
 
@@ -71,14 +71,11 @@ async def on_error(request: Request, exc: Exception) -> Response:
     if isinstance(exc, LoginRequired):
         return RedirectResponse(str(request.scope.get("root_path", "")) + "/login", 303)
     status = status_of(exc)
-    if status == 503 or isinstance(exc, RedisUnavailable | StorageError):
+    if status == 503:
         log.warning("inspector: storage error %s", type(exc).__name__)
-        return error_page(request, 503, "storage unavailable; retry later")
-    if status >= 500:
+    elif status >= 500:
         log.error("inspector: %s", type(exc).__name__)
-        return error_page(request, status, "internal error; see the server log")
-    text = (str(exc).strip() or type(exc).__name__).splitlines()[0][:500]
-    return error_page(request, status, text)
+    return error_page(request, status, reason(exc))
 
 
 async def on_invalid(request: Request, exc: Exception) -> Response:

@@ -12,7 +12,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Form
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from memq.commands.memory import check_category
 from memq.core.errors import InvalidMemoryData
 from memq.server.ui.access import Changer, Page
 from memq.server.ui.render import path_segment, query
@@ -60,11 +59,11 @@ def add_fact(
     category: Short = "context",
     confidence: Short = "0.9",
 ) -> RedirectResponse:
-    check_category(category)
-    fact = page.svc.manager.add_fact(
+    fact = page.svc.add_fact(
+        page.principal,
         user_id,
+        _agent(agent),
         content,
-        agent_name=_agent(agent),
         category=category,
         confidence=_given(_confidence(confidence)),
     )
@@ -81,12 +80,11 @@ def edit_fact(
     category: Short = "",
     confidence: Short = "",
 ) -> RedirectResponse:
-    if category:
-        check_category(category)
-    page.svc.manager.edit_fact(
+    page.svc.edit_fact(
+        page.principal,
         user_id,
+        _agent(agent),
         fact_id,
-        agent_name=_agent(agent),
         content=content or None,
         category=category or None,
         confidence=_confidence(confidence),
@@ -98,7 +96,7 @@ def edit_fact(
 def delete_fact(
     user_id: str, fact_id: str, page: Changer, agent: AgentField = ""
 ) -> RedirectResponse:
-    page.svc.manager.delete_fact(user_id, fact_id, agent_name=_agent(agent))
+    page.svc.delete_fact(page.principal, user_id, _agent(agent), fact_id)
     return _back(page, user_id, "/memory", agent=agent, done="deleted")
 
 
@@ -107,7 +105,7 @@ def forget_thread(
     user_id: str, page: Changer, thread_id: Short, agent: AgentField = ""
 ) -> RedirectResponse:
     """Forget what one thread taught, in every agent's memory (as the HTTP API and the CLI)."""
-    page.svc.forget_thread(user_id, thread_id)
+    page.svc.forget_thread(page.principal, user_id, thread_id)
     return _back(page, user_id, "/memory", agent=agent, done="thread-forgotten")
 
 
@@ -116,5 +114,5 @@ def forget_user(user_id: str, page: Changer, confirm: Short = "") -> HTMLRespons
     """Erase everything held about the user, once the user id is typed back exactly."""
     if confirm != user_id:
         raise InvalidMemoryData("not forgotten: type the user id exactly to confirm")
-    report = page.svc.forget(user_id)
+    report = page.svc.forget_user(page.principal, user_id)
     return page.html("forgotten.html", user_id=user_id, removed=report.as_dict())

@@ -101,7 +101,7 @@ def fact(
     done: Annotated[str, Query(max_length=20)] = "",
 ) -> HTMLResponse:
     """One fact: where it came from, its history, what it superseded (or what superseded it)."""
-    from memq.server.problems import NotFound
+    from memq.core.errors import NotFound
 
     agent_name = _agent(agent)
     manager = page.svc.manager
@@ -153,7 +153,9 @@ def preview(
     token count, and the facts it left out. A POST so the query never sits in a URL."""
     agent_name = _agent(agent)
     svc = page.svc
-    block = svc.block(user_id, agent_name, query=query_text or None, max_tokens=budget)
+    block = svc.recall(
+        page.principal, user_id, agent_name, query=query_text or None, max_tokens=budget
+    )
     count = make_token_counter(svc.settings.token_counting)
     document = svc.manager.document(user_id, agent_name=agent_name)
     return page.html(

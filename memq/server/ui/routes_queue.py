@@ -19,9 +19,9 @@ DONE = {"retried": "retried (due now)", "purged": "purged"}
 
 
 def _stats(page: Page) -> dict[str, Any]:
-    from memq.commands.queue import stats_rows
+    from memq.core.clock import now_ms
     from memq.core.metrics import read_snapshot, summarise
-    from worker.queue import now_ms
+    from memq.operations.stats_rows import stats_rows
 
     svc = page.svc
     now = now_ms()

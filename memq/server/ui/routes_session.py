@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from memq.server.auth import Keyring, Unauthorized
+from memq.operations.access import Unauthorized
+from memq.server.auth import Keyring
 from memq.server.ui.access import Reader, codec, session_of
 from memq.server.ui.render import render
 from memq.server.ui.session import (

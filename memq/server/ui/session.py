@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
 from memq.core.errors import MemqError
-from memq.server.auth import OPEN_ACCESS, Forbidden, Keyring, Principal, digest
+from memq.operations.access import OPEN_ACCESS, Forbidden, Principal
+from memq.server.auth import Keyring, digest
 
 COOKIE = "memq_ui"
 CSRF_FIELD = "csrf_token"

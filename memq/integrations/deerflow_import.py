@@ -34,8 +34,9 @@ from memq.core.identity import (
 )
 from storage.base import Change, MemoryStorage, UpdateResult
 from storage.cap import DEFAULT_FACT_MAX_CHARS, cap_fact_length
-from storage.document import HISTORY_SECTIONS, USER_SECTIONS, MemoryDocument
+from storage.document import MemoryDocument
 from storage.fact_input import parse_import
+from storage.sections import HISTORY_SECTIONS, USER_SECTIONS
 
 log = logging.getLogger(__name__)
 

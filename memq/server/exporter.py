@@ -22,6 +22,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from memq.core.clock import now_ms
 from memq.core.metrics import (
     COUNTERS,
     DEFERRAL_REASONS,
@@ -30,7 +31,6 @@ from memq.core.metrics import (
     read_snapshot,
 )
 from memq.core.settings import MemqSettings
-from worker.queue import now_ms
 
 if TYPE_CHECKING:
     from memq.core.connection import RedisClient

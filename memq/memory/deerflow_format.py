@@ -7,14 +7,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from storage.document import (
-    HISTORY_SECTIONS,
-    SECTION_KEYS,
-    USER_SECTIONS,
-    Fact,
-    MemoryDocument,
-    Section,
-)
+from storage.document import Fact, MemoryDocument
+from storage.sections import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS, Section
 
 DEERFLOW_VERSION = "1.0"
 

@@ -26,8 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType, TracebackType
 from urllib.parse import urlsplit
@@ -35,7 +34,9 @@ from urllib.parse import urlsplit
 from memq.core.errors import MemqError
 from memq.core.settings import MemqSettings
 from memq.core.settings_env import settings_env
-from memq.redis_server import (
+from memq.local.children import REDIS_CHILD, Child, log_hint, plan_children, spawn
+from memq.local.options import StackOptions
+from memq.local.redis_server import (
     WORKER_USER,
     AclUser,
     RedisServer,
@@ -48,9 +49,7 @@ from memq.redis_server import (
     redis_password,
     write_private,
 )
-from memq.stack_children import CELERY_APP as CELERY_APP  # re-exported
-from memq.stack_children import REDIS_CHILD, Child, log_hint, plan_children, spawn
-from memq.supervision import DataDirLock, RestartPolicy, restart_delay
+from memq.local.supervision import DataDirLock, restart_delay
 
 
 class ChildDied(MemqError, RuntimeError):
@@ -60,23 +59,6 @@ class ChildDied(MemqError, RuntimeError):
 def uses_private_redis(settings: MemqSettings) -> bool:
     """No Redis configured (environment, YAML or argument) → memq starts its own."""
     return "redis_url" not in settings.model_fields_set
-
-
-@dataclass
-class StackOptions:
-    worker: bool = True
-    beat: bool = True
-    flower: bool = True
-    exporter: bool = False  # `memq up` turns it on (it binds a fixed port)
-    serve: bool = False  # `memq serve`, the HTTP API and MCP; `memq up` turns it on
-    loglevel: str = "INFO"
-    # None: a private redis-server only when no Redis is configured; True: always (the demo never
-    # touches a configured Redis).
-    private_redis: bool | None = None
-    # None: children write into the terminal (memq up); a folder: one log file per child (demo).
-    log_dir: Path | None = None
-    extra_env: Mapping[str, str] = field(default_factory=dict)
-    restart: RestartPolicy = field(default_factory=RestartPolicy)
 
 
 class PortTaken(MemqError, OSError):

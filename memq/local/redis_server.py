@@ -25,7 +25,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from memq.core.errors import MemqError
-from memq.supervision import die_with_parent
+from memq.core.redis_urls import mask_url
+from memq.local.supervision import die_with_parent
 
 # Without a ceiling `noeviction` never applies: Redis grows until the kernel's OOM killer ends it
 # (and with it every queued conversation not yet fsynced). A quarter of the RAM leaves room for
@@ -125,8 +126,6 @@ def redis_password(redis_dir: Path, name: str = "password") -> str:
 
 def check_reachable(url: str, timeout_seconds: float = 2.0) -> None:
     """One PING, no retries: a configured Redis that does not answer fails `memq up` at once."""
-    from memq.commands.common import mask_url
-
     client = redis.Redis.from_url(
         url,
         socket_timeout=timeout_seconds,

@@ -1,6 +1,6 @@
 """The stack's children: what runs (`memq up`'s rows), and how one is started or named in a log.
 
-The supervisor in :mod:`memq.stack` decides when to start, restart and stop them.
+The supervisor in :mod:`memq.local.stack` decides when to start, restart and stop them.
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 from memq.core.settings import MemqSettings
-from memq.supervision import die_with_parent
-
-if TYPE_CHECKING:
-    from memq.stack import StackOptions
+from memq.local.options import StackOptions
+from memq.local.supervision import die_with_parent
 
 CELERY_APP = "worker.app"
 REDIS_CHILD = "redis"
