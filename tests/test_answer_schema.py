@@ -19,7 +19,8 @@ from memq.memory.update import (
 from prompts.answer import answer_json_schema, parse_update_response
 from prompts.update_prompt import SYSTEM_PROMPT
 from prompts.worked_example import WORKED_EXAMPLE
-from storage.document import CATEGORIES, HISTORY_SECTIONS, USER_SECTIONS
+from storage.sections import HISTORY_SECTIONS, USER_SECTIONS
+from storage.vocabulary import CATEGORIES
 
 
 def full_answer() -> UpdateAnswer:
