@@ -332,11 +332,16 @@ class Provider:
             body["service_tier"] = tier if tier in ("flex", "priority") else "default"
 
 
-# llama-cpp-python 0.3.36's answer to a `json_schema` response_format (measured, see NOTES of
-# ../shared/tools/local-llm): its route handler turns the request's validation error into a 500.
+# llama-cpp-python 0.3.36's answer to a `json_schema` response_format, as measured against its
+# server (its route handler turns the request's validation error into a 500; the traceback line
+# it also quotes is left out).
 _LLAMA_CPP_PYTHON_REFUSAL: dict[str, Any] = {
     "error": {
-        "message": "response_format: Input should be 'text' or 'json_object'",
+        "message": (
+            "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', "
+            "'type'), 'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', "
+            "'ctx': {'expected': \"'text' or 'json_object'\"}}"
+        ),
         "type": "internal_server_error",
         "param": None,
         "code": None,
