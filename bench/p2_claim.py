@@ -4,7 +4,10 @@ first step (the bare ``ZRANGEBYSCORE … LIMIT 0 100`` read, timed on its own on
 the whole claim, so the table says what the Lua script adds on top of the read it cannot avoid.
 
 The three queues live side by side in one Redis and are claimed in turn, round after round; after
-each round the claimed ids go back to ``due`` (untimed), so every queue keeps its size.
+each round the claimed ids go back to ``due`` (untimed), so every queue keeps its size. Then, at
+the largest size, Redis's own ``INFO commandstats`` around each claim says what the script costs
+the server (its EVALSHA time, free of the client and the network) and how many Redis calls it
+makes: the figure claim_due.lua is written to keep small (calls per candidate).
 """
 
 from __future__ import annotations
@@ -21,6 +24,36 @@ from worker.queue import QueueClient
 BATCH = 100
 FILL_CHUNK = 10_000
 USERS = 1_000  # contexts are spread over this many users, so each claim checks ~100 user caps
+PROFILED = 30  # claims at the largest size measured with INFO commandstats
+
+
+def give_back(client: redis.Redis, q: QueueKeys, claimed: list[str], due_at_ms: int) -> None:
+    """Put claimed ids back in ``due`` with no lease (untimed), so the queue keeps its size."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zrem(q.inflight, *claimed)
+    for context_id in claimed:
+        pipe.zrem(q.user_inflight(context_id.split(":")[1]), context_id)
+    pipe.zadd(q.due, {context_id: due_at_ms for context_id in claimed})
+    pipe.execute()
+
+
+def profile(client: redis.Redis, queue: QueueClient, now: int) -> tuple[float, dict[str, float]]:
+    """The claim script's server time (p50, seconds) and its Redis calls by command, per claim,
+    read from INFO commandstats reset before each claim."""
+    q = queue.keys.shard(0)
+    usec: list[float] = []
+    calls: dict[str, float] = {}
+    for _ in range(PROFILED):
+        client.config_resetstat()
+        batch = queue.claim(now, BATCH)
+        stats = client.info("commandstats")
+        usec.append(float(stats["cmdstat_evalsha"]["usec"]))
+        for name, figures in stats.items():
+            command = name.removeprefix("cmdstat_")
+            if command not in ("evalsha", "config", "zrangebyscore"):  # the script's own calls
+                calls[command] = calls.get(command, 0) + figures["calls"] / PROFILED
+        give_back(client, q, [c.context_id for c in batch.claims], now - 500)
+    return percentile(usec, 50) / 1e6, calls
 
 
 def fill(client: redis.Redis, q: QueueKeys, count: int, due_at_ms: int) -> None:
@@ -65,12 +98,8 @@ def run(env: BenchEnv) -> Result:
                 if index >= 5:  # the first rounds warm the scripts and the connection
                     read_lat[size].append(t1 - t0)
                     claim_lat[size].append(t2 - t1)
-                pipe = client.pipeline(transaction=False)
-                pipe.zrem(q.inflight, *(c.context_id for c in batch.claims))
-                for c in batch.claims:
-                    pipe.zrem(q.user_inflight(c.context_id.split(":")[1]), c.context_id)
-                pipe.zadd(q.due, {c.context_id: now - 500 for c in batch.claims})
-                pipe.execute()
+                give_back(client, q, [c.context_id for c in batch.claims], now - 500)
+        server, calls = profile(client, queues[sizes[-1]][0], now)
     finally:
         env.flush_redis()  # a million hashes are not left for the next benchmark
         client.close()
@@ -91,6 +120,10 @@ def run(env: BenchEnv) -> Result:
         met=p50[largest] <= 0.001 and flat <= 1.3,
         details=[
             "p99: " + ", ".join(f"{size:,}: {fmt_ms(p99[size])}" for size in sizes),
+            f"INFO commandstats at {largest:,}: claim_due.lua {fmt_ms(server)} of server time "
+            f"(p50 of {PROFILED}), {sum(calls.values()):.0f} Redis calls per claim of {BATCH} ("
+            + ", ".join(f"{name} {n:g}" for name, n in sorted(calls.items()))
+            + ")",
             f"{rounds} interleaved rounds; claimed ids returned to due between rounds",
             "the range read is the claim's own first command, timed alone: a share of the cost, "
             "not a competing design",

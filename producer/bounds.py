@@ -80,7 +80,7 @@ def bound_hand_off(messages: Sequence[Message], max_chars: int, max_messages: in
         cut = len(content) > half
         if cut or (message_id is not None and len(message_id) > MAX_MESSAGE_ID_CHARS):
             content, message_id = content[-half:], bounded_id(message_id)
-            message = Message(message.role, content, message_id)
+            message = Message(message.role, content, message_id, message.at)
         part = message_json(message)
         cost = len(part) + 1  # its comma (or a bracket)
         if used + cost > max_chars:
@@ -122,11 +122,11 @@ def _log_cut(total: int, max_chars: int, max_messages: int, kept: int, shortened
 def _shrunk_to(message: Message, limit: int) -> str:
     """The encoded message with the longest tail of its content that encodes within ``limit``."""
     low, high = 0, len(message.content)
-    best = message_json(Message(message.role, "", message.id))
+    best = message_json(Message(message.role, "", message.id, message.at))
     while low <= high:  # a binary search on the tail length: log(n) encodings
         mid = (low + high) // 2
         tail = message.content[len(message.content) - mid :]
-        candidate = message_json(Message(message.role, tail, message.id))
+        candidate = message_json(Message(message.role, tail, message.id, message.at))
         if len(candidate) <= limit:
             best, low = candidate, mid + 1
         else:

@@ -11,7 +11,9 @@
 -- ARGV[2]  debounce_ms     quiet period after the latest enqueue, milliseconds
 -- ARGV[3]  max_delay_ms    cap counted from pending_since_ms, milliseconds
 -- ARGV[4]  flush           "1": due now (zero delay); "0": debounced
--- ARGV[5]  messages_json   JSON list of filtered messages, merged with the stored list (below)
+-- ARGV[5]  messages_json   JSON list of filtered messages, merged with the stored list (below):
+--                          {"role", "content", "id"?, "at"?} — `at` when the message was said,
+--                          epoch ms (kept as sent; the merge never reads it)
 -- ARGV[6]  thread_id
 -- ARGV[7]  user_id
 -- ARGV[8]  agent_name      "" for the user-global memory

@@ -29,7 +29,7 @@ from memq.core.models import Message
 from memq.core.scripts import register
 from producer.accumulate import merge_within
 from producer.bounds import bound_hand_off
-from producer.messages import filter_messages_for_memory, has_minimum_dialogue
+from producer.messages import TimeTally, filter_messages_for_memory, has_minimum_dialogue
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ class EnqueueRequest:
     # The hard cap of a context's messages (context_max_bytes), so that merging spooled
     # hand-offs stays within what the script would store.
     max_bytes: int | None = None
+    # Message times that could not be read (the worker takes the hand-off time for them).
+    times_dropped: int = 0
 
     @property
     def context_id(self) -> str:
@@ -127,7 +129,10 @@ def build_request(
         # A lone surrogate cannot be sent as UTF-8: replaced, as in the messages, so the request
         # can always be encoded.
         trace_id = trace_id.encode("utf-8", "replace").decode("utf-8")
-    messages: list[Message] = filter_messages_for_memory(raw_messages, max_chars=max_chars)
+    tally = TimeTally()
+    messages: list[Message] = filter_messages_for_memory(
+        raw_messages, max_chars=max_chars, tally=tally
+    )
     if not has_minimum_dialogue(messages):
         return None
     return EnqueueRequest(
@@ -137,6 +142,7 @@ def build_request(
         trace_id=trace_id,
         captured_ms=captured_ms,
         max_bytes=max_bytes,
+        times_dropped=tally.dropped,
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import datetime
 
 from memq.core.connection import RedisClient, redis_client
 from memq.core.errors import RedisUnavailable
@@ -102,13 +103,20 @@ class MemoryInjector:
         return document
 
     def text(
-        self, user_id: str | None, agent_name: str | None = None, *, query: str | None = None
+        self,
+        user_id: str | None,
+        agent_name: str | None = None,
+        *,
+        query: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> str:
         """The memory text without the wrapper; raises on failure (for tools and the CLI), like
         :meth:`load`.
 
         ``query`` (typically the user's latest message) fills the budget by relevance blended
-        with confidence; without it facts come by confidence alone."""
+        with confidence; without it facts come by confidence alone. ``since``/``until``: only
+        the facts said within that window."""
         settings, storage, counter = self._ready()
         if not (settings.enabled and settings.injection_enabled):
             return ""
@@ -119,16 +127,24 @@ class MemoryInjector:
             guaranteed_token_budget=settings.guaranteed_token_budget,
             count_tokens=counter,
             query=query,
+            since=since,
+            until=until,
         )
 
     def block(
-        self, user_id: str | None, agent_name: str | None = None, *, query: str | None = None
+        self,
+        user_id: str | None,
+        agent_name: str | None = None,
+        *,
+        query: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> str:
         """``"<user_memory>\\n…\\n</user_memory>"``, or ``""`` when there is nothing to inject,
         injection is disabled, or anything went wrong (logged; never raised into the agent).
-        ``query``: see :meth:`text`."""
+        ``query``, ``since``, ``until``: see :meth:`text`."""
         try:
-            content = self.text(user_id, agent_name, query=query)
+            content = self.text(user_id, agent_name, query=query, since=since, until=until)
         except RedisUnavailable:
             return ""  # logged once per outage by the read itself
         except Exception:

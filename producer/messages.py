@@ -6,16 +6,24 @@ upload payloads must never reach the memory LLM, nor recalled memory an agent ec
 otherwise feed back into memory): :mod:`memq.memory.blocks` strips both, in one linear pass over
 each message after it is cut to the size cap. Messages arrive as OpenAI-style dicts or as
 LangChain message objects, which are duck-typed so that LangChain stays an optional dependency.
+
+A message may say when it was said: ``created_at`` (or ``timestamp``, ``createdAt``) on a dict,
+or in the ``additional_kwargs`` / ``response_metadata`` of a dict or a LangChain message (where
+DeerFlow's and LangChain's own messages keep such metadata). It is read by
+:func:`memq.core.timestamps.timestamp_ms`; an unreadable one is dropped (the worker takes the
+hand-off time instead) and counted in a :class:`TimeTally`, never raised.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from memq.core.errors import InvalidMessages
 from memq.core.models import Message
+from memq.core.timestamps import timestamp_ms
 from memq.memory.blocks import strip_blocks
 
 log = logging.getLogger(__name__)
@@ -32,6 +40,17 @@ _KINDS: dict[str, str] = {
     "AIMessageChunk": _AI,
 }
 _NO_EXTRA: Mapping[str, Any] = {}
+# Where a message's time may be, first found wins: its own keys (created_at, timestamp,
+# createdAt: ``_first_time``), then its metadata's.
+_METADATA = ("additional_kwargs", "response_metadata")
+_TIMED = frozenset(("created_at", "timestamp", "createdAt", *_METADATA))
+
+
+@dataclass(slots=True)
+class TimeTally:
+    """Message times that could not be read, in one filtering pass (counted by the caller)."""
+
+    dropped: int = 0
 
 
 def content_text(content: object) -> str:
@@ -82,6 +101,36 @@ def _extra(item: Any, is_map: bool) -> Mapping[str, Any]:
     return extra if isinstance(extra, Mapping) else _NO_EXTRA
 
 
+def _said_at(item: Any, is_map: bool, tally: TimeTally | None) -> int | None:
+    """When the message says it was said (epoch ms), or None: absent or unreadable. Plain
+    lookups, no generator: this runs for every message of every hand-off."""
+    if is_map and _TIMED.isdisjoint(item):
+        return None  # the common case: a plain {role, content} dict
+    raw: object = _first_time(item) if is_map else None
+    if raw is None:
+        for name in _METADATA:
+            meta = item.get(name) if is_map else getattr(item, name, None)
+            if meta and isinstance(meta, Mapping):
+                raw = _first_time(meta)
+                if raw is not None:
+                    break
+    if raw is None:
+        return None
+    ms = timestamp_ms(raw)
+    if ms is None and tally is not None:
+        tally.dropped += 1
+    return ms
+
+
+def _first_time(fields: Mapping[str, Any]) -> object:
+    raw = fields.get("created_at")
+    if raw is None:
+        raw = fields.get("timestamp")
+        if raw is None:
+            raw = fields.get("createdAt")
+    return raw
+
+
 def _has_tool_calls(item: Any, is_map: bool) -> bool:
     if not is_map:
         return bool(getattr(item, "tool_calls", None))
@@ -118,10 +167,11 @@ def memory_text(content: object, max_chars: int | None = None) -> tuple[str, boo
 
 
 def filter_messages_for_memory(
-    raw: Iterable[object], *, max_chars: int | None = None
+    raw: Iterable[object], *, max_chars: int | None = None, tally: TimeTally | None = None
 ) -> list[Message]:
     """User inputs and final assistant answers, in order, as plain-text :class:`Message` objects,
-    each at most ``max_chars`` long (its tail).
+    each at most ``max_chars`` long (its tail), with the time each says it was said (unreadable
+    times counted in ``tally``).
 
     One pass with one flag: the assistant's reply to a turn that was nothing but uploads or
     recalled memory is dropped with it; an answer that was nothing but echoed memory is dropped.
@@ -166,7 +216,7 @@ def filter_messages_for_memory(
             text, stripped = memory_text(content, max_chars)
             if stripped and not text:
                 continue  # nothing but an echo of recalled memory
-            kept.append(Message("assistant", text, mid))
+            kept.append(Message("assistant", text, mid, _said_at(item, is_map, tally)))
             continue
         if _is_hidden(item, is_map) and not is_valid_human_input_response(
             _human_input(item, is_map)
@@ -177,7 +227,7 @@ def filter_messages_for_memory(
             skip_next_ai = True  # upload-only turn: its reply says nothing about the user
             continue
         skip_next_ai = False
-        kept.append(Message("user", text, mid))
+        kept.append(Message("user", text, mid, _said_at(item, is_map, tally)))
     return kept
 
 

@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 class ProducerStats:
     """Counters since the producer was built: contexts sent on the call (``enqueued``), kept for
     later (``spooled``), sent later from the spool (``replayed``), lost to a full spool
-    (``dropped``), calls refused for bad input or an unexpected failure (``errors``), and requests
-    dropped because they kept failing for a reason other than Redis (``poisoned``)."""
+    (``dropped``), calls refused for bad input or an unexpected failure (``errors``), requests
+    dropped because they kept failing for a reason other than Redis (``poisoned``), and message
+    times that could not be read, the hand-off time standing in for them (``times_dropped``)."""
 
     enqueued: int = 0
     spooled: int = 0
@@ -46,6 +47,7 @@ class ProducerStats:
     dropped: int = 0
     errors: int = 0
     poisoned: int = 0
+    times_dropped: int = 0
 
 
 OfferStatus = Literal["queued", "spooled", "nothing_to_remember"]
@@ -97,7 +99,8 @@ class MemoryProducer:
         self._spool = Spool(s.spool_max_contexts)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
-            ("enqueued", "spooled", "replayed", "dropped", "errors", "poisoned"), 0
+            ("enqueued", "spooled", "replayed", "dropped", "errors", "poisoned", "times_dropped"),
+            0,
         )
         self._backoff = Backoff()
         self._replay = SpoolReplay(
@@ -241,7 +244,7 @@ class MemoryProducer:
         if not self._settings.enabled:
             return None
         key = ContextKey.create(thread_id, user_id, agent_name)
-        return build_request(
+        request = build_request(
             key,
             messages,
             flush=flush,
@@ -252,6 +255,14 @@ class MemoryProducer:
             # Stamped now, not when sent: a spooled request must never pass for a newer turn.
             captured_ms=self._clock_ms(),
         )
+        if request is not None and request.times_dropped:
+            self._count("times_dropped", request.times_dropped)
+            log.info(
+                "memq: %s: %d message times unreadable; the hand-off time stands in",
+                key.describe(),
+                request.times_dropped,
+            )
+        return request
 
     def _submit(
         self,

@@ -4,18 +4,24 @@ Pure functions over :class:`memq.core.models.Message` and a ``count_tokens`` cal
 messages are kept within a token budget (the end of a thread is what the model must see); a long
 message keeps its head and its tail, because the conclusion of an answer is usually at its end.
 Which messages are new since the last extraction is the worker's business (``worker.watermark``).
+
+Each message's day is shown once, on a ``Date:`` line before the first message of that day (not
+per message: a session of fifty turns pays for its date once), so the model can resolve "last
+Saturday" to a date. A message line always starts with its role or its label, and continuation
+lines are indented: a ``Date:`` line at the start of a line can only be ours.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # `regex`, not `re`: it knows Unicode properties (control and format characters).
 import regex
 
 from memq.core.models import Message
+from memq.core.timestamps import day_of, ms_datetime
 from memq.memory.blocks import strip_blocks
 from prompts.escaping import LINE_BREAK, indented
 from prompts.tokens import TokenCounter
@@ -65,6 +71,45 @@ def render_line(message: Message, label: str | None = None) -> str:
     return line if label is None else f"[{label}] {line}"
 
 
+def day_line(at_ms: int) -> str:
+    """``Date: 2023-05-08 (Monday)``: the day (UTC) of the messages below it."""
+    moment = ms_datetime(at_ms)
+    return f"Date: {day_of(moment)} ({moment:%A})"
+
+
+def _day(message: Message) -> str | None:
+    return None if message.at is None else day_of(ms_datetime(message.at))
+
+
+def day_cost(message: Message, before: Message | None, count_tokens: TokenCounter) -> int:
+    """The tokens :func:`render_conversation` spends on ``message``'s day line, after ``before``
+    (None: it is the first): its day line and line break when its day starts there, else 0. The
+    one rule the prompt's budget and the worker's chunk budget both count by."""
+    if message.at is None or not starts_day(message, before):
+        return 0
+    return count_tokens(day_line(message.at)) + 1
+
+
+def render_conversation(
+    messages: Sequence[Message], labels: Sequence[str | None] | None = None
+) -> str:
+    """The messages one blank line apart, a :func:`day_line` before each dated message whose day
+    differs from the message before it (the first one's always): a day's messages show it once."""
+    parts: list[str] = []
+    for index, message in enumerate(messages):
+        line = render_line(message, None if labels is None else labels[index])
+        if message.at is not None and starts_day(message, messages[index - 1] if index else None):
+            line = f"{day_line(message.at)}\n{line}"
+        parts.append(line)
+    return "\n\n".join(parts)
+
+
+def starts_day(message: Message, before: Message | None) -> bool:
+    """Whether ``message`` shows its day: it has one, and ``before`` (None: it is the first)
+    is of another day or has none."""
+    return message.at is not None and (before is None or _day(before) != _day(message))
+
+
 def citation_labels(count: int) -> tuple[str, ...]:
     """The labels of ``count`` new messages, oldest first: short, and the same for the same
     position in every prompt, so an answer can cite them."""
@@ -81,12 +126,12 @@ class ConversationSlice:
 
     @property
     def text(self) -> str:
-        return "\n\n".join(render_line(m) for m in self.messages)
+        return render_conversation(self.messages)
 
     def labelled_text(self, labels: tuple[str, ...]) -> str:
-        return "\n\n".join(
-            render_line(m, label) for m, label in zip(self.messages, labels, strict=True)
-        )
+        if len(labels) != len(self.messages):
+            raise ValueError("one label per message")
+        return render_conversation(self.messages, labels)
 
 
 def _shrink_to_fit(message: Message, budget: int, count_tokens: TokenCounter) -> Message:
@@ -96,11 +141,11 @@ def _shrink_to_fit(message: Message, budget: int, count_tokens: TokenCounter) ->
     while low <= high:
         mid = (low + high) // 2
         candidate = truncate_middle(message.content, mid)
-        if count_tokens(render_line(Message(message.role, candidate, message.id))) <= budget:
+        if count_tokens(render_line(replace(message, content=candidate))) <= budget:
             best, low = candidate, mid + 1
         else:
             high = mid - 1
-    return Message(message.role, best, message.id)
+    return replace(message, content=best)
 
 
 def budget_conversation(
@@ -117,15 +162,21 @@ def budget_conversation(
     model must see); without it (context that is nice to have) nothing is sent then.
     """
     kept: list[Message] = []
-    used = 0
     truncated = 0
     usable = [m for m in messages if message_text(m)]
+    used = oldest_day = 0  # oldest_day: the day line the oldest message kept so far pays for
     for index in range(len(usable) - 1, -1, -1):
         original = usable[index]
         content = message_text(original)
         cut = truncate_middle(content, message_max_chars)
-        message = Message(original.role, cut, original.id)
+        message = replace(original, content=cut)
         cost = count_tokens(render_line(message)) + 1  # +1: the blank line between messages
+        # Exactly as rendered: the oldest message kept shows its day; the one before it (kept
+        # so far as the oldest) no longer does when it is of the same day.
+        own_day = day_cost(original, None, count_tokens)
+        if kept and day_cost(kept[-1], original, count_tokens) == 0:
+            cost -= oldest_day
+        cost += own_day
         if used + cost > max_tokens:
             if not kept and shrink:
                 kept.append(_shrink_to_fit(message, max_tokens, count_tokens))
@@ -142,4 +193,5 @@ def budget_conversation(
             truncated += 1
         kept.append(message)
         used += cost
+        oldest_day = own_day
     return ConversationSlice(tuple(reversed(kept)), 0, truncated)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from prompts.tokens import TokenCounter
 from storage.document import Fact, MemoryDocument
 from storage.search import rank_by_relevance
+from storage.vocabulary import category_set
 
 FACT_OVERHEAD_TOKENS = 24  # the JSON around one fact's content: id, category, confidence, dates
 
@@ -35,17 +36,20 @@ def slice_facts(
     count_tokens: TokenCounter,
 ) -> list[Fact]:
     """The facts to show: all of them when they fit ``max_tokens``, else the protected ones and
-    then the most relevant to ``query`` while they fit; in document order either way."""
+    then the most relevant to ``query`` while they fit; in document order either way.
+    ``protected`` names categories as the settings do (`Corrections`): read with the one
+    normaliser stored facts' categories went through."""
+    guard = category_set(protected)
     if sum(fact_tokens(f, count_tokens) for f in facts) <= max_tokens:
         return list(facts)
     chosen: set[str] = set()
     spent = 0
-    guarded = [f for f in facts if f.category in protected]
+    guarded = [f for f in facts if f.category in guard]
     for fact in [*guarded, *rank_by_relevance(facts, query)]:
         if fact.id in chosen:
             continue
         cost = fact_tokens(fact, count_tokens)
-        if spent + cost > max_tokens and fact.category not in protected:
+        if spent + cost > max_tokens and fact.category not in guard:
             continue
         chosen.add(fact.id)
         spent += cost

@@ -6,8 +6,10 @@ decided in ``memory.staleness`` and ``memory.consolidation``; this module only r
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from memq.core.settings import MemqSettings
+from memq.core.timestamps import day_of
 from memq.memory.consolidation import Group
 from prompts.escaping import one_line
 from storage.document import Fact
@@ -38,7 +40,7 @@ confidence of its sources. At most {max_groups} merges. Put each merge into "fac
 def render_staleness_section(candidates: Sequence[Fact], settings: MemqSettings) -> str:
     lines = "\n".join(
         f"- [{one_line(f.id)} | {one_line(f.category)} | {f.confidence:.2f} | "
-        f"{f.created_at.date().isoformat() if f.created_at else '?'}] {one_line(f.content)}"
+        f"{_day(f.when_said())}] {one_line(f.content)}"
         for f in candidates
     )
     return STALENESS_TEMPLATE.format(age_days=settings.staleness_age_days, lines=lines)
@@ -56,3 +58,7 @@ def render_consolidation_section(groups: Sequence[Group], settings: MemqSettings
             f'count="{len(shown)}">\n{lines}\n</consolidation_candidates>'
         )
     return "\n".join(blocks)
+
+
+def _day(moment: datetime | None) -> str:
+    return "?" if moment is None else day_of(moment)

@@ -29,6 +29,13 @@ from prompts.worked_example import WORKED_EXAMPLE
 from storage.document import MemoryDocument
 from storage.sections import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS
 
+# Time (issue 30), kept as its own paragraph of the instructions.
+TIME_INSTRUCTIONS = """\
+Dates: a "Date:" line inside <conversation> gives the day of the messages below it. Write a \
+relative time as the date it means ("last Saturday", said on Monday 2023-05-08, is 2023-05-06) \
+and, for a fact about something that happened or will happen at a known time, give that day as \
+"eventDate" (YYYY-MM-DD, or YYYY-MM or YYYY when only that is known; omit it otherwise)."""
+
 SYSTEM_PROMPT = (
     """\
 You maintain the long-term memory of one user of an AI assistant. You receive the memory as it is \
@@ -76,6 +83,10 @@ fact, list in "cites" the labels of the messages it comes from, and only those. 
 the user said, or what the assistant said and the user confirmed; something only the assistant \
 said is not a fact about the user.
 
+"""
+    + TIME_INSTRUCTIONS
+    + """
+
 Rules:
 - Only record what is new and useful for personalising future help; never repeat an existing fact.
 - When new information contradicts an existing fact, put that fact's id in "factsToRemove" and \
@@ -88,8 +99,8 @@ Answer with one JSON object and nothing else (no prose, no markdown), exactly in
 """
     + render_answer_schema()
     + """
-"sourceError" is optional. Use empty lists when there is nothing to add or remove; \
-"staleFactsToRemove" and "factsToConsolidate" only when the message asks for a review."""
+"sourceError" and "eventDate" are optional. Use empty lists when there is nothing to add or \
+remove; "staleFactsToRemove" and "factsToConsolidate" only when the message asks for a review."""
 )
 
 # Names the instructions and answer schema a fact was extracted with (its sources keep it):
@@ -155,6 +166,11 @@ def memory_for_prompt(memory: MemoryDocument, *, facts_first: bool = True) -> di
         }
         if fact.created_at is not None:
             item["createdAt"] = fact.created_at.date().isoformat()
+        said = None if fact.said_at is None else fact.said_at.date().isoformat()
+        if said is not None and said != item.get("createdAt"):
+            item["saidAt"] = said
+        if fact.event_date:
+            item["eventDate"] = fact.event_date
         if fact.source_error:
             item["sourceError"] = fact.source_error
         if fact.source == "manual":

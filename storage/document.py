@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
@@ -40,6 +41,7 @@ from storage.vocabulary import (
     DEFAULT_CATEGORY,
     normalise_category,
     parse_confidence,
+    parse_event_date,
     parse_timestamp,
 )
 
@@ -95,6 +97,15 @@ class Fact(BaseModel):
     # existed (see ``provenance``). Confirmations: times it was learnt again after the first.
     sources: list[Source] = Field(default_factory=list)
     confirmations: int = Field(default=0, ge=0)
+    # When the user said it (the messages it was first learnt from), apart from ``created_at``,
+    # when memq learnt it; and the day (or month, or year) the event it tells of happened, when
+    # the model gave one. Both None in documents written before memq knew time.
+    said_at: datetime | None = Field(
+        default=None, validation_alias=AliasChoices("said_at", "saidAt")
+    )
+    event_date: str | None = Field(
+        default=None, validation_alias=AliasChoices("event_date", "eventDate")
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -136,10 +147,15 @@ class Fact(BaseModel):
         number = parse_confidence(value)
         return 0.5 if number is None else number
 
-    @field_validator("created_at", "consolidated_at", mode="before")
+    @field_validator("created_at", "consolidated_at", "said_at", mode="before")
     @classmethod
     def _timestamps(cls, value: Any) -> datetime | None:
         return parse_timestamp(value)
+
+    @field_validator("event_date", mode="before")
+    @classmethod
+    def _event_date(cls, value: Any) -> str | None:
+        return parse_event_date(value)
 
     @field_validator("source", mode="before")
     @classmethod
@@ -185,6 +201,11 @@ class Fact(BaseModel):
     def _confirmations(cls, value: Any) -> int:
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
+    def when_said(self) -> datetime | None:
+        """When the user said it, or — for a fact from before memq knew that — when memq learnt
+        it: what time windows, staleness and "newest first" go by."""
+        return self.said_at if self.said_at is not None else self.created_at
+
     def provenance(self) -> list[Source]:
         """The fact's sources; a fact learnt before sources were kept reads as run-level
         attribution from its source thread (nothing, when that is unknown too)."""
@@ -193,6 +214,27 @@ class Fact(BaseModel):
         if self.source == "conversation" and self.source_thread_id is not None:
             return [Source(thread_id=self.source_thread_id)]
         return []
+
+
+def said_within(
+    facts: Iterable[Fact], since: datetime | None = None, until: datetime | None = None
+) -> list[Fact]:
+    """The facts said within ``[since, until]`` (either end open when None), by
+    :meth:`Fact.when_said`; with a window, a fact that knows no time at all is outside it."""
+    if since is None and until is None:
+        return list(facts)
+    low, high = _aware(since), _aware(until)
+    return [
+        f
+        for f in facts
+        if (said := f.when_said()) is not None
+        and (low is None or said >= low)
+        and (high is None or said <= high)
+    ]
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    return moment if moment is None or moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 SupersededKind = Literal["contradicted", "stale"]

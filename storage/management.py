@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from memq.core.errors import CorruptMemoryFile, FactEvicted, FactNotFound, InvalidMemoryData
 from memq.core.identity import validate_agent_name, validate_user_id
 from storage.base import Change, MemoryStorage, UpdateFn, UpdateResult
 from storage.cap import DEFAULT_FACT_MAX_CHARS, cap_facts_length
-from storage.document import Fact, MemoryDocument, SupersededFact, empty_document
+from storage.document import Fact, MemoryDocument, SupersededFact, empty_document, said_within
 from storage.fact_input import (
     append_capped,
     parse_import,
@@ -85,12 +86,15 @@ class MemoryManager:
         agent_name: str | None = None,
         category: str | None = None,
         limit: int = 10,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[Fact]:
         """The ``limit`` facts most relevant to ``query`` (BM25 over English and Chinese words,
-        confidence breaking ties); ``category`` filters before the cut."""
+        confidence breaking ties); ``category`` and the time window (``since``/``until``: when
+        the fact was said, :func:`said_within`) filter before the cut."""
         if not query.strip() or limit <= 0:
             return []
-        facts = self.storage.load(user_id, agent_name).facts
+        facts = said_within(self.storage.load(user_id, agent_name).facts, since, until)
         return search_facts(facts, query, top_k=limit, category=category)
 
     def history(

@@ -33,6 +33,8 @@ class RunMessage:
     role: Role
     # The start of the message's text, already made safe to store (see ``Source.excerpts``).
     excerpt: str = ""
+    # When it was said (the hand-off time when the agent did not say).
+    said_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class RunInfo:
         excerpts = [m.excerpt[:MAX_EXCERPT_CHARS] for m in chosen[:MAX_SOURCE_EXCERPTS]]
         if not all(excerpts):
             excerpts = []
+        said = [m.said_at for m in chosen if m.said_at is not None]
         return Source(
             thread_id=self.thread_id,
             messages=tuple(m.digest for m in chosen),
@@ -72,6 +75,7 @@ class RunInfo:
             at=self.at,
             model=self.model,
             prompt_version=self.prompt_version,
+            said_at=min(said) if said else None,
         )
 
 

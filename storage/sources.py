@@ -55,6 +55,9 @@ class Source(BaseModel):
     at: AwareDatetime | None = None
     model: str | None = None
     prompt_version: str | None = None
+    # When the messages were said (the earliest of them; the hand-off time for a message that
+    # carried none), apart from ``at``, when memq learnt it. None in sources written before.
+    said_at: AwareDatetime | None = None
 
 
 def repaired_source(data: Any) -> Source:
@@ -85,6 +88,7 @@ def _repaired(data: Mapping[str, Any]) -> dict[str, Any]:
         "at": parse_timestamp(data.get("at")),
         "model": _text_or_none(data.get("model")),
         "prompt_version": _text_or_none(data.get("prompt_version")),
+        "said_at": parse_timestamp(data.get("said_at")),
     }
 
 

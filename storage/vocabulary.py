@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 from memq.core.errors import InvalidMemoryData
@@ -106,3 +107,34 @@ def parse_timestamp(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+# An event's date as a fact keeps it: a day, or only its month or year when that is all the
+# conversation says ("in May 2023", "in 2022"); years 1000-9999.
+_EVENT_DATE = re.compile(r"([1-9]\d{3})(?:-(\d{2})(?:-(\d{2}))?)?")
+MAX_EVENT_DATE_CHARS = 40
+
+
+def parse_event_date(value: Any) -> str | None:
+    """``YYYY-MM-DD``, ``YYYY-MM`` or ``YYYY`` (the start of an ISO date-time is its day), or
+    None for anything else: an event date that cannot be read is no event date, never a lost
+    fact."""
+    if isinstance(value, datetime):
+        return value.date().isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    if not isinstance(value, str) or len(value) > MAX_EVENT_DATE_CHARS:
+        return None
+    text = value.strip()
+    found = _EVENT_DATE.fullmatch(text[:10] if len(text) > 10 and text[10] in "T " else text)
+    if found is None:
+        return None
+    year, month, day = found.group(1), found.group(2), found.group(3)
+    try:
+        if day is not None:
+            return date(int(year), int(month), int(day)).isoformat()
+        if month is not None:
+            return f"{year}-{month}" if 1 <= int(month) <= 12 else None
+    except ValueError:
+        return None
+    return year

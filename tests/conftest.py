@@ -14,6 +14,7 @@ import redis
 
 from memq.core.settings import MemqSettings
 from memq.local.redis_server import RedisServer
+from memq.testing.waiting import DEADLINE_SECONDS
 from tests.support.openai_server import ScriptedOpenAI
 
 # Fixtures shared by the end-to-end and reliability tests (real celery worker/beat subprocesses).
@@ -23,6 +24,8 @@ pytest_plugins = [
     "tests.support.cluster",
     "tests.support.serve",
     "tests.support.inspector",
+    "tests.support.memq_up",
+    "tests.support.cli",
 ]
 
 
@@ -33,6 +36,10 @@ _STARTS_REDIS = (
     "memq.local.stack",
     "bench.soak",
 )
+# A test that starts processes makes several waits of up to DEADLINE_SECONDS each on a loaded
+# machine: its own timeout (pyproject's 120 s is for the rest) must leave each wait its deadline,
+# so a stuck wait fails with its own "timed out ... waiting for <what>" line first.
+PROCESS_TEST_TIMEOUT_SECONDS = 5 * DEADLINE_SECONDS
 
 
 def _needs_redis_server(item: pytest.Item) -> bool:
@@ -51,10 +58,13 @@ def _needs_redis_server(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The `integration` marker is derived, never hand-applied: every test that needs a real
-    redis-server carries it, so `-m "not integration"` (`make fast`) runs without one."""
+    redis-server carries it, so `-m "not integration"` (`make fast`) runs without one. Such a
+    test also gets the longer timeout of a test that starts processes, unless it names its own."""
     for item in items:
         if _needs_redis_server(item):
             item.add_marker(pytest.mark.integration)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(PROCESS_TEST_TIMEOUT_SECONDS))
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +77,8 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False).start()
+    server = RedisServer(tmp_path_factory.mktemp("redis"), appendonly=False)
+    server.start(timeout_seconds=DEADLINE_SECONDS)
     yield server
     server.stop()
 

@@ -12,6 +12,7 @@ from memq.memory.update import NewFact, SectionUpdate, UpdateAnswer
 from storage.cap import evict_over_cap
 from storage.document import Fact, MemoryDocument
 from storage.sections import Section, UserContext
+from tests.support.documents import contents
 
 NOW = datetime(2026, 7, 15, 12, 0, tzinfo=UTC)
 EARLIER = datetime(2026, 1, 1, tzinfo=UTC)
@@ -33,10 +34,6 @@ def fact(fid: str, content: str, confidence: float = 0.9, category: str = "conte
 
 def apply(doc: MemoryDocument, answer: UpdateAnswer, **overrides: Any) -> Any:
     return apply_update(doc, answer, settings=settings(**overrides), now=NOW, thread_id="t-1")
-
-
-def contents(doc: MemoryDocument) -> list[str]:
-    return [f.content for f in doc.facts]
 
 
 def test_summaries_replaced_only_when_flagged_and_non_blank() -> None:

@@ -9,9 +9,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -21,49 +19,18 @@ from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
 from memq.local.redis_server import RedisServer, free_port
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer.producer import MemoryProducer
+from tests.support.cli import Run, assert_one_line_error, write_json
 from tests.support.openai_server import ScriptedOpenAI
 from worker.queue import QueueClient
 
 pytestmark = pytest.mark.integration
 
-Run = Callable[..., tuple[int, str, str]]
 CONVERSATION = [
     {"role": "user", "content": "I am Carol and I write Rust for embedded devices."},
     {"role": "assistant", "content": "Nice, what are you building?"},
 ]
-
-
-@pytest.fixture
-def cli_env(monkeypatch: pytest.MonkeyPatch, settings: MemqSettings) -> MemqSettings:
-    """The CLI reads its settings from the environment, like an operator's shell."""
-    for name in ("redis_url", "key_prefix", "storage_dir", "data_dir", "llm_provider"):
-        value = getattr(settings, name)
-        monkeypatch.setenv(f"MEMQ_{name.upper()}", str(value))
-    return settings
-
-
-@pytest.fixture
-def run(capsys: pytest.CaptureFixture[str]) -> Run:
-    def invoke(*argv: str) -> tuple[int, str, str]:
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return invoke
-
-
-def write_json(path: Path, data: Any) -> str:
-    path.write_text(json.dumps(data), encoding="utf-8")
-    return str(path)
-
-
-def assert_one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code != 0
-    assert len(err.strip().splitlines()) == 1, err
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in err
 
 
 # --- errors
@@ -80,7 +47,12 @@ def test_unreachable_redis_in_a_real_process_has_no_traceback(tmp_path: Path) ->
     env["MEMQ_REDIS_URL"] = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
     script = Path(sys.executable).with_name("memq")
     done = subprocess.run(
-        [str(script), "stats"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+        [str(script), "stats"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_SECONDS,
     )
     assert done.returncode == 1
     assert_one_line_error(done.returncode, done.stderr, "memq stats: cannot reach Redis")
@@ -128,10 +100,12 @@ def test_stats_names_depths_and_totals_apart(
         recorder.stale_run()
 
     code, out, _ = run("doctor", "--json")
-    assert {c["name"]: c for c in json.loads(out)}["ticker"]["status"] == "warn"  # long ago
+    assert {c["name"]: c for c in json.loads(out)["checks"]}["ticker"][
+        "status"
+    ] == "warn"  # long ago
     recorder.tick(TickReport(), int(time.time() * 1000))
     code, out, _ = run("doctor", "--json")
-    assert {c["name"]: c for c in json.loads(out)}["ticker"]["status"] == "ok"
+    assert {c["name"]: c for c in json.loads(out)["checks"]}["ticker"]["status"] == "ok"
 
     code, out, _ = run("stats")
     assert code == 0
@@ -153,7 +127,16 @@ def test_stats_names_depths_and_totals_apart(
     stats = json.loads(out)
     assert stats["extractions"] == {"dead": 1, "retry": 1, "updated": 2}
     assert stats["shards"] == [
-        {"shard": 0, "due": 0, "inflight": 0, "dead": 0, "oldest_due_lag_ms": 0}
+        {
+            "shard": 0,
+            "due": 0,
+            "inflight": 0,
+            "dead": 0,
+            "batch_pending": 0,
+            "batch_out": 0,
+            "batch_jobs": 0,
+            "oldest_due_lag_ms": 0,
+        }
     ]
 
 
@@ -260,7 +243,7 @@ def test_doctor_says_what_to_fix(
 
 def test_doctor_reports_offline_extractor(run: Run, cli_env: MemqSettings) -> None:
     _, out, _ = run("doctor", "--json")
-    checks = {c["name"]: c for c in json.loads(out)}
+    checks = {c["name"]: c for c in json.loads(out)["checks"]}
     assert checks["ticker"]["status"] == "warn"  # no beat has ticked on this prefix
     assert "no tick recorded yet" in checks["ticker"]["detail"]
     assert "offline rules extractor is in use" in checks["llm"]["detail"]
@@ -274,7 +257,7 @@ def test_doctor_and_config_show_file_storage_absolute_and_warn_it_is_not_shared(
     monkeypatch.setenv("MEMQ_STORAGE", "file")
     monkeypatch.setenv("MEMQ_STORAGE_DIR", "relative/memory")
     _, out, _ = run("doctor", "--json")
-    storage = {c["name"]: c for c in json.loads(out)}["storage"]
+    storage = {c["name"]: c for c in json.loads(out)["checks"]}["storage"]
     assert storage["status"] == "warn"
     assert str(tmp_path / "relative" / "memory") in storage["detail"]
     assert "other hosts" in storage["detail"]
@@ -282,7 +265,7 @@ def test_doctor_and_config_show_file_storage_absolute_and_warn_it_is_not_shared(
     assert code == 0 and (tmp_path / "relative" / "memory").as_posix() in out
     monkeypatch.delenv("MEMQ_STORAGE")
     _, out, _ = run("doctor", "--json")
-    assert {c["name"]: c for c in json.loads(out)}["storage"]["status"] == "ok"
+    assert {c["name"]: c for c in json.loads(out)["checks"]}["storage"]["status"] == "ok"
 
 
 def test_config_masks_secrets(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -461,8 +444,6 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
     import signal
     import urllib.request
 
-    from tests.support.waiting import wait_for
-
     port, exporter_port, serve_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
     env.update(
@@ -487,7 +468,6 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
             lambda: next(
                 (x for x in log.read_text().splitlines() if "password (generated" in x), None
             ),
-            timeout=30,
             what="memq up prints the Flower password",
         )
         password = line.rsplit(" ", 1)[1]
@@ -502,7 +482,7 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
             except OSError:
                 return False
 
-        wait_for(flower_answers, timeout=30, interval=0.2, what="Flower with the printed password")
+        wait_for(flower_answers, interval=0.2, what="Flower with the printed password")
 
         def metrics_served() -> bool:
             url = f"http://127.0.0.1:{exporter_port}/metrics"
@@ -512,7 +492,7 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
             except OSError:
                 return False
 
-        wait_for(metrics_served, timeout=30, interval=0.2, what="the supervised exporter")
+        wait_for(metrics_served, interval=0.2, what="the supervised exporter")
 
         def serve_ready() -> bool:
             # /readyz: the supervised `memq serve` reaches the private Redis and sees beat tick.
@@ -523,10 +503,10 @@ def test_up_runs_the_stack_until_sigterm(tmp_path: Path) -> None:
             except OSError:
                 return False
 
-        wait_for(serve_ready, timeout=30, interval=0.2, what="the supervised memq serve")
+        wait_for(serve_ready, interval=0.2, what="the supervised memq serve")
         assert any((tmp_path / "data" / "redis").glob("appendonly*"))  # private Redis, AOF on
         up.send_signal(signal.SIGTERM)
-        assert up.wait(timeout=30) == 0
+        assert up.wait(timeout=DEADLINE_SECONDS) == 0
     finally:
         if up.poll() is None:
             up.kill()

@@ -15,9 +15,7 @@ from memq.core.identity import ANONYMOUS_USER_ID
 from memq.core.settings import MemqSettings
 from storage import get_storage
 from storage.document import Fact, MemoryDocument
-from tests.test_cli import Run, assert_one_line_error, cli_env, run, write_json
-
-__all__ = ["cli_env", "run"]  # fixtures, imported for pytest
+from tests.support.cli import Run, assert_one_line_error, write_json
 
 pytestmark = pytest.mark.integration
 

@@ -17,12 +17,9 @@ from redis.cluster import RedisCluster
 
 from memq.core.connection import RedisClient
 from memq.core.errors import StaleClaim
-from memq.core.identity import ContextKey
-from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
 from memq.local.redis_cluster import LocalCluster
 from producer import MemoryProducer
-from producer.enqueue import Enqueuer, EnqueueRequest
 from producer.injector import MemoryInjector
 from storage import Fence, get_storage
 from storage.document import Fact, MemoryDocument
@@ -32,40 +29,10 @@ from tests.support.cluster import CLUSTER_SHARDS
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, learn_items, queue_idle, stack_settings, turn
 from tests.support.waiting import wait_for
+from tests.support.world import T0, World
 from worker.queue import CompleteResult, QueueClient
 
 pytestmark = pytest.mark.integration
-
-T0 = 1_700_000_000_000
-
-
-def messages(text: str) -> str:
-    return json.dumps([{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}])
-
-
-class World:
-    """Queue, storage and the producer's enqueue on one cluster client."""
-
-    def __init__(self, settings: MemqSettings, client: RedisClient) -> None:
-        self.settings, self.client = settings, client
-        self.queue = QueueClient(settings, client)
-        self.storage = get_storage(settings, redis=client)
-        self._enqueue = Enqueuer(
-            client,
-            KeySchema(settings.key_prefix, settings.shards),
-            debounce_ms=settings.debounce_ms,
-            max_delay_ms=settings.max_delay_ms,
-            retention_ms=settings.context_retention_ms,
-        )
-
-    def enqueue(
-        self, thread: str, user: str, text: str, *, flush: bool = False, now: int = T0
-    ) -> tuple[str, int, int]:
-        key = ContextKey.create(thread, user, None)
-        result = self._enqueue(
-            EnqueueRequest(key=key, messages_json=messages(text), flush=flush), now
-        )
-        return key.id, result.version, result.deadline_ms
 
 
 @pytest.fixture
@@ -106,14 +73,15 @@ def test_the_client_is_a_cluster_client(cluster_client: RedisClient) -> None:
 
 
 def test_enqueue_debounces_and_a_flush_makes_it_due(world: World) -> None:
-    context_id, version, deadline = world.enqueue("t1", "ann", "hello")
-    assert (version, deadline) == (1, T0 + 60_000)
-    _, version, deadline = world.enqueue("t1", "ann", "hello again", now=T0 + 1_000)
-    assert (version, deadline) == (2, T0 + 61_000)
+    first = world.hand_off("t1", "ann", "hello")
+    context_id = first.context_id
+    assert (first.version, first.deadline_ms) == (1, T0 + 60_000)
+    again = world.hand_off("t1", "ann", "hello again", now=T0 + 1_000)
+    assert (again.version, again.deadline_ms) == (2, T0 + 61_000)
     q = world.queue.keys.for_context(context_id)
     assert world.client.zscore(q.due, context_id) == T0 + 61_000
-    _, version, deadline = world.enqueue("t1", "ann", "bye", flush=True, now=T0 + 2_000)
-    assert (version, deadline) == (3, T0 + 2_000)
+    flushed = world.hand_off("t1", "ann", "bye", flush=True, now=T0 + 2_000)
+    assert (flushed.version, flushed.deadline_ms) == (3, T0 + 2_000)
     # Every message handed over stays pending until extracted, in order.
     stored = [m["content"] for m in json.loads(world.queue.load(context_id)["messages"])]
     assert stored == ["hello", "hello again", "bye", "ok"]
@@ -133,7 +101,7 @@ def test_shards_spread_evenly_over_the_masters_and_one_claim_reaches_every_shard
     ids: list[str] = []
     n = 0
     while len({keys.shard_of(i) for i in ids}) < CLUSTER_SHARDS:  # work in every shard
-        ids.append(world.enqueue("t", f"u{n}", f"text of u{n}", flush=True)[0])
+        ids.append(world.enqueue("t", f"u{n}", f"text of u{n}", flush=True))
         n += 1
 
     batch = world.queue.claim(T0 + 1)
@@ -145,7 +113,7 @@ def test_shards_spread_evenly_over_the_masters_and_one_claim_reaches_every_shard
 
 def test_lease_expiry_is_reaped_and_the_old_claim_is_stale(world: World) -> None:
     queue = world.queue
-    context_id, _, _ = world.enqueue("t1", "bob", "remember me", flush=True)
+    context_id = world.enqueue("t1", "bob", "remember me", flush=True)
     [first] = queue.claim(T0 + 1).claims
     assert queue.renew(context_id, first.token, T0 + 2)  # the run started
     reaped = queue.reap(T0 + 2 + world.settings.lease_ms + 1)
@@ -163,7 +131,7 @@ def test_lease_expiry_is_reaped_and_the_old_claim_is_stale(world: World) -> None
 
 def test_a_fenced_save_of_a_lost_claim_is_refused(world: World) -> None:
     queue, storage = world.queue, world.storage
-    context_id, _, _ = world.enqueue("t1", "cat", "fencing", flush=True)
+    context_id = world.enqueue("t1", "cat", "fencing", flush=True)
     [old] = queue.claim(T0 + 1).claims
     queue.reap(T0 + 2 + world.settings.lease_ms)  # its worker paused past the lease
     [new] = queue.claim(T0 + 3 + world.settings.lease_ms).claims
@@ -181,10 +149,10 @@ def test_forget_removes_everything_of_the_user_on_every_master(world: World) -> 
     queue, storage, prefix = world.queue, world.storage, world.settings.key_prefix
     storage.save("fay", None, MemoryDocument(facts=[Fact(content="fay-doc-secret")]))
     storage.save("fay", "coder", MemoryDocument(facts=[Fact(content="fay-agent-secret")]))
-    dead, _, _ = world.enqueue("t-dead", "fay", "fay-dead-secret", flush=True)
+    dead = world.enqueue("t-dead", "fay", "fay-dead-secret", flush=True)
     [claim] = queue.claim(T0 + 1).claims
     queue.fail(dead, claim.token, "PermanentLLMError: bad request", None, T0 + 2)
-    running, _, _ = world.enqueue("t-run", "fay", "fay-run-secret", flush=True, now=T0 + 3)
+    running = world.enqueue("t-run", "fay", "fay-run-secret", flush=True, now=T0 + 3)
     [in_flight] = queue.claim(T0 + 4).claims
     world.enqueue("t-wait", "fay", "fay-wait-secret", now=T0 + 5)
     world.enqueue("t-gus", "gus", "gus-wait-keep", now=T0 + 6)
@@ -239,8 +207,8 @@ def test_a_worker_extracts_what_a_producer_sent_through_the_cluster(
             for n, user in enumerate(users)
         )
 
-    wait_for(extracted, timeout=40, interval=0.2, what="every context extracted")
-    wait_for(lambda: queue_idle(queue), timeout=10, what="the queue idle")
+    wait_for(extracted, interval=0.2, what="every context extracted")
+    wait_for(lambda: queue_idle(queue), what="the queue idle")
     assert MemoryInjector(settings, storage).block("e3").count("item-3") == 1
 
 

@@ -19,7 +19,7 @@ from memq.testing.redis_dump import dump_redis
 from storage import Fence, get_storage
 from storage.document import Fact, MemoryDocument
 from storage.erasure import erase
-from tests.test_erasure import T0, World
+from tests.support.world import T0, World
 from worker.queue import CompleteResult
 
 STANDIN = Path(__file__).parent / "support" / "deerflow_standin"

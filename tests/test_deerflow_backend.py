@@ -317,9 +317,7 @@ def test_shutdown_flush_with_redis_down_then_up(tmp_path: Path, make_settings: A
         assert manager.shutdown_flush(0.5) is False  # Redis is down: not handed over
         # The bounded hand-over may return while its last try is still failing: the turn goes
         # back into the spool, never lost.
-        wait_for(
-            lambda: manager._producer.spool_size == 1, timeout=10, what="the turn spooled again"
-        )
+        wait_for(lambda: manager._producer.spool_size == 1, what="the turn spooled again")
         server.start()
         assert manager.shutdown_flush(10.0) is True
         assert manager._producer.spool_size == 0
@@ -353,7 +351,6 @@ def test_add_langchain_messages_end_to_end_to_get_context(
     )
     wait_for(
         lambda: "Postgres 16" in manager.get_context(ALICE, agent_name="coder"),
-        timeout=30,
         what="the fact in get_context",
     )
     conversation = openai_server.requests[0]["messages"][-1]["content"]
@@ -366,7 +363,7 @@ def test_add_langchain_messages_end_to_end_to_get_context(
         agent_name="coder",
         user_id=ALICE,
     )
-    wait_for(lambda: len(openai_server.requests) >= 2, timeout=30, what="the flushed run")
+    wait_for(lambda: len(openai_server.requests) >= 2, what="the flushed run")
     manager.close()
 
 
@@ -395,14 +392,14 @@ def test_clear_or_delete_is_not_undone_by_an_extraction_in_flight(
     # The run in flight re-learns the fact from the conversation the user is erasing it from.
     turn = [HumanMessage("I own a red bicycle."), AIMessage("A red bicycle, noted.")]
     callsites.after_agent(manager, "t-b", turn, agent_name="coder", user_id=ALICE)
-    wait_for(started.is_set, timeout=30, what="the extraction to reach the model")
+    wait_for(started.is_set, what="the extraction to reach the model")
     if action == "clear_memory":
         manager.clear_memory(user_id=ALICE, agent_name="coder")
     else:
         manager.delete_fact(bike, user_id=ALICE, agent_name="coder")
     release.set()
     queue = QueueClient(settings, manager._redis)
-    wait_for(lambda: queue_idle(queue), timeout=30, what="the run to settle")
+    wait_for(lambda: queue_idle(queue), what="the run to settle")
     facts = [f["content"] for f in manager.get_memory(user_id=ALICE, agent_name="coder")["facts"]]
     assert "The user owns a red bicycle" not in facts
     manager.close()

@@ -54,10 +54,8 @@ def test_three_quick_turns_make_exactly_one_llm_call(
     celery_procs.start_beat(env)
 
     expected = [fact_for(f"item-{n}") for n in (1, 2, 3)]
-    wait_for(
-        lambda: sorted(facts_of(settings, "alice")) == expected, timeout=30, what="the facts stored"
-    )
-    wait_for(lambda: queue_idle(queue), timeout=5, what="the queue drained")
+    wait_for(lambda: sorted(facts_of(settings, "alice")) == expected, what="the facts stored")
+    wait_for(lambda: queue_idle(queue), what="the queue drained")
     assert openai_server.call_count == 1, celery_procs.logs()
     assert "item-3" in openai_server.prompts()[0]  # the latest messages, not the first turn's
     assert queue.stats()["completed_total"] == 1
@@ -89,8 +87,7 @@ def test_a_flush_is_due_at_once_and_extracted_without_waiting_out_the_debounce(
 
     wait_for(
         lambda: facts_of(settings, "bob") == [fact_for("item-1")],
-        timeout=30,
         what="the flushed fact",
     )
     assert openai_server.call_count == 1
-    wait_for(lambda: queue_idle(QueueClient(settings, redis_client)), timeout=5)
+    wait_for(lambda: queue_idle(QueueClient(settings, redis_client)))

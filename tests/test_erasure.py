@@ -13,54 +13,15 @@ import pytest
 import redis
 
 from memq.core.errors import StaleClaim
-from memq.core.identity import ContextKey
-from memq.core.keys import KeySchema
-from memq.core.settings import MemqSettings
 from memq.testing.redis_dump import dump_redis
-from producer.enqueue import Enqueuer, EnqueueRequest
-from storage import Fence, get_storage
+from storage import Fence
 from storage.document import Fact, MemoryDocument
 from storage.erasure import erase, erase_thread
 from storage.sources import Source
-from worker.queue import CompleteResult, QueueClient
+from tests.support.world import T0, World
+from worker.queue import CompleteResult
 
 pytestmark = pytest.mark.integration
-
-T0 = 1_700_000_000_000
-
-
-class World:
-    """A queue and a storage on one redis-server, with the producer's own enqueue client."""
-
-    def __init__(self, settings: MemqSettings, client: redis.Redis) -> None:
-        self.settings, self.client = settings, client
-        self.queue = QueueClient(settings, client)
-        self.storage = get_storage(settings, redis=client)
-        self._enqueue = Enqueuer(
-            client,
-            KeySchema(settings.key_prefix, settings.shards),
-            debounce_ms=settings.debounce_ms,
-            max_delay_ms=settings.max_delay_ms,
-            retention_ms=settings.context_retention_ms,
-        )
-
-    def enqueue(
-        self,
-        thread: str,
-        user: str,
-        text: str,
-        *,
-        agent: str | None = None,
-        flush: bool = False,
-        now: int = T0,
-    ) -> str:
-        key = ContextKey.create(thread, user, agent)
-        messages = f'[{{"role":"user","content":"{text}"}},{{"role":"assistant","content":"ok"}}]'
-        self._enqueue(EnqueueRequest(key=key, messages_json=messages, flush=flush), now)
-        return key.id
-
-    def remember(self, user: str, text: str, agent: str | None = None) -> None:
-        self.storage.save(user, agent, MemoryDocument(facts=[Fact(content=text)]))
 
 
 @pytest.fixture(params=["redis", "file"])

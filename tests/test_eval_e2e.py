@@ -24,7 +24,7 @@ from memq.evaluation.prompts import ANSWER_SYSTEM, JUDGE_SYSTEM
 from memq.testing.celery_procs import REPO_ROOT, CeleryProcs, memq_env
 from memq.testing.eval_responder import evaluation_responder
 from memq.testing.openai_server import ScriptedOpenAI
-from memq.testing.waiting import wait_for
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from storage import get_storage
 from tests.support.scenarios import stack_settings
 
@@ -71,7 +71,14 @@ def eval_stack(
     `memq eval` derives from the user's by default."""
     openai_server.responder = evaluation_responder
     settings: MemqSettings = stack_settings(make_settings, openai_server)
-    evaluation = settings.model_copy(update={"key_prefix": f"{settings.key_prefix}-eval"})
+    # The workers keep the bill `memq eval` reports, at the prices its command line names.
+    evaluation = settings.model_copy(
+        update={
+            "key_prefix": f"{settings.key_prefix}-eval",
+            "llm_price_input_per_million": 1.0,
+            "llm_price_output_per_million": 2.0,
+        }
+    )
     env = memq_env(evaluation)
     celery_procs.start_worker(env, concurrency=4, pool="threads")
     celery_procs.start_beat(env)
@@ -126,10 +133,13 @@ def test_locomo_scores_cost_and_latency_come_out_as_computed_by_hand(
         billed_prompt,
         billed_completion,
     )
-    assert ex["cached_tokens_recorded"] is False
+    assert ex["cached_tokens"] == 0  # the scripted server caches nothing here
     expected_cost = (billed_prompt * 1.0 + billed_completion * 2.0) / 1e6
     assert ex["cost_usd"] == pytest.approx(expected_cost)
-    assert ex["cost_per_1000_turns_usd"] == pytest.approx(expected_cost * 1000 / 12)  # 12 turns
+    # Per 1,000 turns as `memq stats` counts them: the messages sent for extraction, each
+    # session's messages once for each of its two speakers (2 x (4 + 2) x 2).
+    assert ex["turns_extracted"] == 24
+    assert ex["cost_per_1000_turns_usd"] == pytest.approx(expected_cost * 1000 / 24)
     # The estimate printed before the run: the same calls, tokens and cost within a quarter.
     estimated = result["estimate"]
     assert estimated["extraction"]["calls"] == 8
@@ -229,7 +239,7 @@ def test_a_run_killed_mid_way_resumes_without_paying_for_any_extraction_twice(
 
     try:
         # conv-a's four sessions and its questions, then the first of conv-b's: kill then.
-        wait_for(lambda: sessions_done() >= 5, timeout=120, what="five sessions extracted")
+        wait_for(lambda: sessions_done() >= 5, what="five sessions extracted")
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=10)
@@ -302,11 +312,10 @@ def test_memq_starts_its_own_workers_and_a_ctrl_c_stops_it_to_be_resumed(
     try:
         wait_for(
             lambda: journal.exists() and journal.read_text().count('"session"') >= 2,
-            timeout=120,
             what="two sessions extracted by memq's own worker",
         )
         first.send_signal(signal.SIGINT)  # what Ctrl-C sends
-        _, err = first.communicate(timeout=60)
+        _, err = first.communicate(timeout=DEADLINE_SECONDS)
     finally:
         if first.poll() is None:
             first.kill()

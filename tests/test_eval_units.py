@@ -155,10 +155,9 @@ def test_a_session_seen_by_each_speaker_and_its_hand_off_points() -> None:
     session = conversation.sessions[0]
     ann = messages_for(conversation, session, "Ann")
     assert [m["role"] for m in ann] == ["user", "assistant", "user", "assistant"]
-    assert (
-        ann[0]["content"]
-        == "[1:00 pm on 8 May, 2023] Ann: Hi! I adopted a cat named Miso last week."
-    )
+    # The session's date is each message's time (not text in the first turn any more).
+    assert ann[0]["content"] == "Ann: Hi! I adopted a cat named Miso last week."
+    assert {m["created_at"] for m in ann} == {"2023-05-08T13:00:00+00:00"}
     assert [m["id"] for m in ann] == ["D1:1", "D1:2", "D1:3", "D1:4"]
     assert hand_off_points(ann) == [2, 4]  # after each reply; the last is the flush
     ben = messages_for(conversation, session, "Ben")
@@ -280,7 +279,11 @@ def test_the_report_is_built_from_the_records_and_the_chart_escapes_what_it_show
         for n, q in enumerate(evalset.questions)
     }  # fmt: skip
     sessions = {"s": {"hand_off_ms": [2.0, 4.0], "outcome": "extracted"}}
-    delta = {"llm_requests:ok": 4, "prompt_tokens": 4000, "completion_tokens": 400}
+    # The workers' bill: 4 runs, 6 turns extracted, $0.0048 (the eval never re-prices it).
+    delta = {
+        "llm_requests:ok": 4, "prompt_tokens": 4000, "completion_tokens": 400,
+        "billed_runs": 4, "turns_extracted": 6, "cost_nano_usd": 4_800_000,
+    }  # fmt: skip
     settings = MemqSettings(token_counting=False)
     planned = estimate(
         evalset, settings, estimate_tokens,

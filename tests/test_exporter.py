@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import redis
 from prometheus_client.exposition import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from memq.core.settings import MemqSettings
 from memq.local.redis_server import free_port
@@ -25,6 +24,7 @@ from memq.server.exporter import build_registry
 from producer import MemoryProducer
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
+from tests.support.prometheus import Samples, parse, value
 from tests.support.scenarios import conversation_of, queue_idle, stack_settings
 from tests.support.waiting import wait_for
 from worker.queue import QueueClient
@@ -33,21 +33,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 GOOD, DOOMED = 5, 2
 PROMPT_TOKENS, COMPLETION_TOKENS = 123, 45
-
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def parse(text: str) -> Samples:
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return samples
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
 
 
 def answer(request: dict[str, Any]) -> Reply:
@@ -127,7 +112,6 @@ def test_metrics_match_a_known_workload(
             assert producer.flush(f"d{n}", f"gone{n}", "Bot", talk("This one is doomed."))
     wait_for(
         lambda: queue_idle(queue) and queue.stats()["dead"] == DOOMED,
-        timeout=40,
         interval=0.1,
         what="every context extracted or dead",
     )
@@ -144,7 +128,7 @@ def test_metrics_match_a_known_workload(
         ) == (GOOD, DOOMED, GOOD + DOOMED)
         return samples if done else None
 
-    samples = wait_for(counted, timeout=20, interval=0.1, what="the workload counted in /metrics")
+    samples = wait_for(counted, interval=0.1, what="the workload counted in /metrics")
     assert value(samples, "memq_up") == 1
     assert value(samples, "memq_extractions_total", outcome="updated") == GOOD
     assert value(samples, "memq_extractions_total", outcome="dead") == DOOMED

@@ -32,6 +32,7 @@ from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage
 from storage.document import Fact, MemoryDocument
 from tests.support.celery_procs import CeleryProcs, memq_env
+from tests.support.cluster import planned_failover
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, learn_items, stack_settings, turn
 from tests.support.waiting import wait_for
@@ -50,7 +51,7 @@ def test_a_claim_token_lost_in_a_failover_is_never_issued_again(
         extra_args=("--replicaof", "127.0.0.1", str(primary.port)),
     ).start()
     try:
-        wait_for(lambda: replica_in_sync(replica.port), timeout=20, what="replica sync")
+        wait_for(lambda: replica_in_sync(replica.port), what="replica sync")
         old = redis.Redis.from_url(primary.url, decode_responses=True)
         settings: MemqSettings = make_settings(redis_url=primary.url, storage="redis")
         key = ContextKey.create("t1", "ada", None)
@@ -133,7 +134,7 @@ class Load:
 
     def start(self) -> None:
         self.thread.start()
-        wait_for(lambda: len(self.done_rounds) >= 8, timeout=20, what="agents under way")
+        wait_for(lambda: len(self.done_rounds) >= 8, what="agents under way")
 
     def finish(self) -> None:
         self.failed_over.set()
@@ -152,7 +153,7 @@ class Load:
             found = {u: {f.content for f in storage.load(f"s{u}").facts} for u in range(users)}
             return {u: len(expected[u] - found[u]) for u in range(users) if expected[u] - found[u]}
 
-        wait_for(lambda: not missing(), timeout=90, interval=0.25, what="every turn extracted")
+        wait_for(lambda: not missing(), interval=0.25, what="every turn extracted")
         for u in range(users):
             contents = [f.content for f in storage.load(f"s{u}").facts]
             assert Counter(contents).most_common(1)[0][1] == 1, u  # no fact twice
@@ -165,7 +166,7 @@ class Load:
             stats = queue.stats()
             return stats["due"] + stats["inflight"] == 0
 
-        wait_for(idle, timeout=30, what="the queue idle")
+        wait_for(idle, what="the queue idle")
         assert queue.stats()["dead"] == 0
 
 
@@ -203,7 +204,6 @@ def kill_the_primary_under_load(
     deployment.primary.kill()
     wait_for(
         lambda: deployment.master_port() != old_port,
-        timeout=30,
         interval=0.1,
         what="the Sentinels promoting the replica",
     )
@@ -250,8 +250,8 @@ def test_a_cluster_master_failover_under_load_loses_nothing(
         load.start()
         victim, [heir] = cluster.masters[0], cluster.replicas_of[0]
         victim.kill()
-        wait_for(lambda: cluster.is_master(heir), timeout=30, what="the replica promoted")
-        wait_for(lambda: cluster.state_ok(heir.port), timeout=30, what="the cluster healed")
+        wait_for(lambda: cluster.is_master(heir), what="the replica promoted")
+        wait_for(lambda: cluster.state_ok(heir.port), what="the cluster healed")
         load.finish()
         load.check_everything_extracted(settings)
 
@@ -307,12 +307,11 @@ def test_while_a_master_fails_over_the_other_masters_shards_are_still_claimed(
         during = {c.context_id for c in queue.claim().claims}  # no exception: others served
 
         assert during == set(ids) - down or during == set(ids)  # (promoted already: all)
-        wait_for(lambda: cluster.is_master(heir), timeout=30, what="the replica promoted")
-        wait_for(lambda: cluster.state_ok(heir.port), timeout=30, what="the cluster healed")
+        wait_for(lambda: cluster.is_master(heir), what="the replica promoted")
+        wait_for(lambda: cluster.state_ok(heir.port), what="the cluster healed")
         after = (
             wait_for(
                 lambda: {c.context_id for c in queue.claim().claims} or None,
-                timeout=30,
                 what="the failed-over shards claimed",
             )
             if during != set(ids)
@@ -336,8 +335,8 @@ def test_a_planned_sentinel_failover_is_followed_by_the_same_client(
         old_port = deployment.master_port()
         with redis.Redis(port=deployment.sentinels[0].port, decode_responses=True) as sentinel:
             sentinel.execute_command("SENTINEL", "FAILOVER", deployment.master_name)
-        wait_for(lambda: deployment.master_port() != old_port, timeout=30, what="the switch")
-        wait_for(lambda: replica_in_sync(old_port), timeout=30, what="the old primary as a replica")
+        wait_for(lambda: deployment.master_port() != old_port, what="the switch")
+        wait_for(lambda: replica_in_sync(old_port), what="the old primary as a replica")
 
         storage.update(
             "eve", None, lambda d: MemoryDocument(facts=[*d.facts, Fact(content="after")])
@@ -357,11 +356,8 @@ def test_a_planned_cluster_failover_is_followed_by_the_same_client(
         users = [f"v{n}" for n in range(12)]  # some on every master
         for user in users:
             storage.save(user, None, MemoryDocument(facts=[Fact(content="before")]))
-        for replicas in cluster.replicas_of.values():
-            with redis.Redis(port=replicas[0].port) as replica:
-                replica.execute_command("CLUSTER FAILOVER")
-        for replicas in cluster.replicas_of.values():
-            wait_for(lambda r=replicas[0]: cluster.is_master(r), timeout=30, what="the switch")
+        for replicas in cluster.replicas_of.values():  # one shard at a time, as maintenance does
+            planned_failover(cluster, replicas[0])
 
         for user in users:
             storage.update(

@@ -79,7 +79,7 @@ def start_flower(
             for line in str(text).splitlines()
         )
 
-    wait_for(worker_seen, timeout=30, interval=0.1, what="Flower receiving the worker's events")
+    wait_for(worker_seen, interval=0.1, what="Flower receiving the worker's events")
     return base, flower
 
 
@@ -103,7 +103,7 @@ def test_flower_shows_memq_tasks_behind_basic_auth(
     def succeeded() -> list[dict[str, Any]]:
         return [t for t in extract_tasks(base) if t["state"] == "SUCCESS"]
 
-    (task,) = wait_for(succeeded, timeout=30, interval=0.2, what="memq.extract in Flower")
+    (task,) = wait_for(succeeded, interval=0.2, what="memq.extract in Flower")
     assert task["name"] == "memq.extract"
     shown = json.dumps(task)
     assert "thread=thread-flower-1" in task["args"]
@@ -140,7 +140,7 @@ def test_a_retry_is_retry_and_a_dead_letter_is_failure_with_its_reason(
         by_state = {t["state"]: t for t in extract_tasks(base)}
         return by_state if {"RETRY", "FAILURE"} <= set(by_state) else {}
 
-    tasks = wait_for(settled, timeout=30, interval=0.2, what="a RETRY and a FAILURE in Flower")
+    tasks = wait_for(settled, interval=0.2, what="a RETRY and a FAILURE in Flower")
     assert len(extract_tasks(base)) == 2  # the retry was the queue's: Celery sent nothing more
     failed, retried = tasks["FAILURE"], tasks["RETRY"]
     assert "ExtractionDeadLettered" in failed["exception"]

@@ -48,7 +48,7 @@ def test_the_async_flush_leaves_the_event_loop_responsive(make_settings: Any) ->
                 # Runs once the flush's command reached the hung server: on a free loop that is
                 # while the flush still waits for its answer (nothing spooled yet).
                 while hung.bytes_received == 0:
-                    await asyncio.sleep(0.005)
+                    await asyncio.sleep(0.005)  # wait-ok: polling, under the wait_for below
                 spooled_while_flushing.append(producer.stats.spooled)
 
             async def scenario() -> None:

@@ -188,7 +188,7 @@ def test_an_outage_on_the_first_run_freezes_nothing(
             run(agent, "t-out", "Still there?")
             return "Acme" in system_of(model)
 
-        wait_for(sees_memory, timeout=15, what="the thread reading memory after the outage")
+        wait_for(sees_memory, what="the thread reading memory after the outage")
         frozen = system_of(model)
         remember(settings, "Moved to Globex")
         run(agent, "t-out", "And now?")
@@ -220,7 +220,7 @@ def test_the_ttl_lets_a_long_thread_refresh(redis_settings: MemqSettings, memori
         run(agent, "t-long", "Anything new?")
         return "Globex" in system_of(model)
 
-    wait_for(refreshed, timeout=10, what="the frozen block expiring")
+    wait_for(refreshed, what="the frozen block expiring")
     assert system_of(model).startswith(STATIC_PROMPT)
 
 

@@ -90,7 +90,6 @@ def test_run_one_teaches_run_two_sees_it(stack: MemqSettings, producers: Any) ->
     agent.invoke({"messages": [HumanMessage("Please remember that I own item-1.")]}, config)
     wait_for(
         lambda: fact_for("item-1") in facts(stack, "alice", "helper"),
-        timeout=30,
         what="run 1's fact in memory",
     )
     config2 = {"configurable": {"thread_id": "t-2", "user_id": "alice"}}
@@ -117,7 +116,6 @@ def test_async_path_with_runtime_context(stack: MemqSettings, producers: Any) ->
         await asyncio.to_thread(
             wait_for,
             lambda: fact_for("item-2") in facts(stack, "bob", "helper"),
-            timeout=30,
             what="the async run's fact",
         )
         await agent.ainvoke(
@@ -143,7 +141,6 @@ def test_summarisation_flushes_what_it_summarises_away(
         # the flush happens before the summary, and it is due at once.
         wait_for(
             lambda: any("item-7" in conversation_of(r) for r in openai_server.requests),
-            timeout=30,
             what="the flushed messages at the extraction model",
         )
 
@@ -175,7 +172,6 @@ def test_summarisation_flushes_what_it_summarises_away(
     assert "item-7" not in final  # summarised away before the run ended...
     wait_for(
         lambda: fact_for("item-7") in facts(stack, "carol", "helper"),
-        timeout=30,
         what="the flushed fact",
     )  # ...yet memq learned it, from the flush
 
@@ -264,6 +260,5 @@ def test_summarised_messages_survive_the_end_of_run_hand_off(
     agent.invoke({"messages": history}, {"configurable": {"thread_id": "t-r", "user_id": "fay"}})
     wait_for(
         lambda: fact_for("item-8") in facts(stack, "fay", "helper"),
-        timeout=20,
         what="the summarised-away fact",
     )

@@ -14,7 +14,7 @@ from storage import get_storage
 from storage.files import FileMemoryStorage
 from storage.management import MemoryManager
 from storage.redis_store import RedisMemoryStorage
-from tests.test_storage_file import DEERFLOW_MEMORY_JSON
+from tests.support.documents import DEERFLOW_MEMORY_JSON
 
 
 @pytest.fixture(params=["file", pytest.param("redis", marks=pytest.mark.integration)])

@@ -69,3 +69,16 @@ def test_the_prompt_carries_the_slice_when_set() -> None:
     assert "hiking trail number 199" in full.user
     assert "uvicorn behind nginx" in sliced.user and "uses uv" in sliced.user
     assert COUNT(sliced.user) < COUNT(full.user) / 3
+
+
+def test_a_configured_category_is_protected_however_it_is_spelt() -> None:
+    """`Corrections` in the settings names the stored category `correction`, as staleness,
+    consolidation and injection read it: the slice keeps those facts whatever the query."""
+    memory = big_memory()
+    message = [Message("user", "Which hiking trail is the longest?")]
+    settings = MemqSettings(
+        memory_slice_max_tokens=400, staleness_protected_categories=" Corrections"
+    )
+    sliced = build_update_prompt(memory, message, settings=settings, now=NOW, count_tokens=COUNT)
+    assert sliced is not None
+    assert "Never suggest pip, the user uses uv" in sliced.user

@@ -4,12 +4,15 @@ exporter read them through one snapshot, and the task wrapper tells Celery how e
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 import pytest
 import redis
 from celery.exceptions import Retry
 
+from memq.cli import main
 from memq.core.errors import ExtractionDeadLettered
 from memq.core.identity import ContextKey
 from memq.core.metrics import (
@@ -19,7 +22,6 @@ from memq.core.metrics import (
     latency_bucket,
     parse_metrics,
     read_snapshot,
-    summarise,
 )
 from memq.core.settings import MemqSettings
 from worker.celery_app import settle_task
@@ -110,23 +112,39 @@ def test_a_recording_that_redis_refuses_never_raises(
 
 
 def test_stats_the_cli_and_the_queue_client_read_one_snapshot(
-    settings: MemqSettings, redis_client: redis.Redis
+    settings: MemqSettings,
+    redis_client: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     recorder = MetricsRecorder.for_settings(settings, redis_client)
     recorder.extraction("updated", {"prompt_tokens": 9})
     recorder.extraction("skipped")
     recorder.tick(TickReport(claimed=2), 1_000)
     stats = QueueClient(settings, redis_client).stats(now=3_000)
-    assert stats == summarise(read_snapshot(redis_client, settings, 3_000))
+    for name in ("redis_url", "key_prefix"):
+        monkeypatch.setenv(f"MEMQ_{name.upper()}", str(getattr(settings, name)))
+    capsys.readouterr()
+    assert main(["stats", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    # Every figure the queue client reads, `memq stats --json` prints alike (the tick's age is
+    # measured at each reader's own clock).
+    same = [name for name in stats if name != "last_tick_age_ms"]
+    assert {name: printed[name] for name in same} == {name: stats[name] for name in same}
+    assert printed["last_tick_age_ms"] >= 2_000
     assert stats["extractions"] == {"updated": 1, "skipped": 1}
     assert stats["completed_total"] == 2 and stats["last_tick_age_ms"] == 2_000
     assert {c.field for c in COUNTERS} <= set(stats)
     assert (stats["prompt_tokens"], stats["tick_claimed"]) == (9, 2)
 
 
-def test_a_recording_lost_to_redis_never_raises(settings: MemqSettings) -> None:
+def test_a_recording_lost_to_redis_never_raises(
+    settings: MemqSettings, caplog: pytest.LogCaptureFixture
+) -> None:
     dead = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
+    caplog.set_level(logging.DEBUG, logger="memq.core.metrics")
     MetricsRecorder.for_settings(settings, dead).extraction("updated")  # logged, not raised
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["metrics not recorded"]
 
 
 def test_each_end_of_a_run_is_told_to_celery_and_counted_by_the_run_alone(

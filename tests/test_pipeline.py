@@ -108,17 +108,17 @@ def test_report_carries_usage_and_changes(harness: Harness) -> None:
     assert (report.prompt_tokens, report.completion_tokens) == (1234, 56)
     assert report.messages_sent == 2 and report.duration_ms >= 0
     assert sorted(c.action for c in report.changes) == ["add", "summary"]
-    assert harness.storage.history(USER, AGENT) == report.changes
+    assert harness.storage.history(USER, AGENT) == report.changes[::-1]  # newest first
 
 
 def test_garbage_is_a_parse_error_and_the_memory_is_untouched(harness: Harness) -> None:
     before = MemoryDocument(facts=[Fact(id="f1", content="Likes tea")])
     harness.storage.save(USER, AGENT, before)
-    saves = harness.storage.saves
+    saved, saves = harness.memory(), harness.storage.saves
     harness.server.script(Reply(content="I'm sorry, I can't produce JSON today."))
     with pytest.raises(ResponseParseError):
         harness.pipeline.run(context())
-    assert harness.storage.saves == saves and harness.memory() == before
+    assert harness.storage.saves == saves and harness.memory() == saved
 
 
 def test_fail_closed_answer_leaves_the_memory_untouched(harness: Harness) -> None:

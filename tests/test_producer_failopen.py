@@ -90,7 +90,7 @@ def test_outage_spools_then_replays_after_restart(
         restarted.start()
         client = redis.Redis.from_url(own_redis.url, decode_responses=True)
         try:
-            wait_for(lambda: producer.stats.replayed == 2, timeout=15, what="spool replay")
+            wait_for(lambda: producer.stats.replayed == 2, what="spool replay")
             keys = KeySchema(key_prefix)
             t1 = client.hgetall(keys.shard(0).context(ContextKey.create("t1", "u", None).id))
             t2_id = ContextKey.create("t2", "u", "coder").id
@@ -193,7 +193,7 @@ def test_a_late_replay_never_overwrites_a_newer_turn(
                 client.config_set("maxmemory", "0")
             assert b.after_agent("t", "u", None, turns("that's wrong: Lyon", "Paris")) is True
             a.drain_spool()
-            wait_for(lambda: a.stats.replayed == 1, timeout=10, what="A's replay")
+            wait_for(lambda: a.stats.replayed == 1, what="A's replay")
         stored = client.hgetall(KeySchema(key_prefix).shard(0).context("t:u:"))
     finally:
         client.close()
@@ -239,7 +239,7 @@ def test_a_lone_surrogate_is_replaced_not_a_lost_turn(
 def test_an_unexpected_send_error_is_retried_then_dropped(settings: MemqSettings) -> None:
     with MemoryProducer(settings, redis=failing_client(settings.redis_url)) as producer:
         assert producer.after_agent("t", "u", None, dialogue(BROKEN)) is False
-        wait_for(lambda: producer.stats.poisoned == 1, timeout=5, what="the turn dropped")
+        wait_for(lambda: producer.stats.poisoned == 1, what="the turn dropped")
         assert producer.stats.errors == 3 and producer.spool_size == 0
 
 
@@ -258,7 +258,7 @@ def test_an_unexpected_replay_error_keeps_the_rest_of_the_batch(
             reader = redis.Redis.from_url(server.url, decode_responses=True)
             due = KeySchema(key_prefix).shard(0).due
             try:
-                wait_for(lambda: reader.zcard(due) == 2, timeout=15, what="a and c replayed")
+                wait_for(lambda: reader.zcard(due) == 2, what="a and c replayed")
                 ids = sorted(
                     ContextKey.from_id(str(i)).thread_id for i in reader.zrange(due, 0, -1)
                 )
@@ -266,7 +266,7 @@ def test_an_unexpected_replay_error_keeps_the_rest_of_the_batch(
                 reader.close()
             assert ids == ["a", "c"]
             # "b" is tried a few times and then dropped, counted; never a reason to back off
-            wait_for(lambda: producer.stats.poisoned == 1, timeout=5, what="b dropped")
+            wait_for(lambda: producer.stats.poisoned == 1, what="b dropped")
             assert producer.spool_size == 0
             producer.close()
     finally:

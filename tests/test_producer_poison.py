@@ -44,8 +44,8 @@ def test_a_poison_request_neither_backs_off_nor_blocks_other_users(
         # Every other user's turn goes straight to Redis: no back-off, nothing spooled.
         sent = [producer.after_agent(f"t{i}", f"u{i}", None, dialogue("hi")) for i in range(60)]
         assert sent == [True] * 60
-        wait_for(lambda: producer.stats.poisoned == 1, timeout=10, what="the poison dropped")
-        wait_for(lambda: producer.spool_size == 0, timeout=10, what="the spool empty")
+        wait_for(lambda: producer.stats.poisoned == 1, what="the poison dropped")
+        wait_for(lambda: producer.spool_size == 0, what="the spool empty")
         stats = producer.stats
     assert (stats.enqueued, stats.dropped, stats.errors) == (60, 0, 3)
     assert POISON not in caplog.text
@@ -91,5 +91,5 @@ def test_an_id_that_cannot_be_encoded_never_holds_up_the_others(
         assert [producer.after_agent(f"t{i}", "u", None, dialogue("hi")) for i in range(5)] == [
             True
         ] * 5
-        wait_for(lambda: producer.spool_size == 0, timeout=10, what="nothing left behind")
+        wait_for(lambda: producer.spool_size == 0, what="nothing left behind")
         assert producer.stats.enqueued == 5

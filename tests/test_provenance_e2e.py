@@ -18,6 +18,7 @@ from memq.core.models import Message
 from memq.core.settings import MemqSettings
 from memq.testing.openai_server import CitingModel, Teach
 from memq.testing.redis_dump import dump_redis
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer.injector import MemoryInjector
 from prompts.update_prompt import PROMPT_VERSION
 from storage import get_storage
@@ -26,7 +27,6 @@ from storage.management import MemoryManager
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs, memq_env
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import document_of, queue_idle, stack_settings
-from tests.support.waiting import wait_for
 from worker.queue import QueueClient
 from worker.watermark import message_identity
 
@@ -58,7 +58,7 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
         env={**os.environ, **env},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=DEADLINE_SECONDS,
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -89,7 +89,7 @@ def test_citations_confirmations_grounding_and_supersession(
     # 1. A right citation is stored as such; a wrong or a missing one falls back to the run.
     openai_server.responder = CitingModel([MUNICH, OOLONG_WRONG, CHESS_UNCITED])
     assert producer.flush("t-munich", "alice", None, [user(SAID), assistant("Noted!")])
-    wait_for(lambda: len(document_of(settings, "alice").facts) == 3, timeout=30, what="3 facts")
+    wait_for(lambda: len(document_of(settings, "alice").facts) == 3, what="3 facts")
     munich = fact_named(settings, "alice", "User lives in Munich")
     assert munich is not None
     (source,) = munich.sources
@@ -121,7 +121,7 @@ def test_citations_confirmations_grounding_and_supersession(
         fact = fact_named(settings, "alice", "User drinks oolong tea")
         return fact is not None and fact.confirmations == 1
 
-    wait_for(confirmed, timeout=30, what="the confirmation")
+    wait_for(confirmed, what="the confirmation")
     oolong = fact_named(settings, "alice", "User drinks oolong tea")
     assert oolong is not None
     assert [(s.thread_id, s.attribution) for s in oolong.sources] == [
@@ -134,12 +134,12 @@ def test_citations_confirmations_grounding_and_supersession(
     calls = openai_server.call_count
     echo = [user("What do you remember about my pets?"), assistant("You have a cat called Miso.")]
     assert producer.flush("t-echo", "alice", None, echo)
-    wait_for(lambda: openai_server.call_count > calls and queue_idle(queue), timeout=30)
+    wait_for(lambda: openai_server.call_count > calls and queue_idle(queue))
     assert fact_named(settings, "alice", MISO.content) is None
-    wait_for(lambda: queue.stats()["facts_refused"] == 1, timeout=10)
+    wait_for(lambda: queue.stats()["facts_refused"] == 1)
     confirm = [*echo, user("Yes, exactly: Miso is my cat."), assistant("Lovely.")]
     assert producer.flush("t-echo", "alice", None, confirm)
-    wait_for(lambda: fact_named(settings, "alice", MISO.content) is not None, timeout=30)
+    wait_for(lambda: fact_named(settings, "alice", MISO.content) is not None)
     miso = fact_named(settings, "alice", MISO.content)
     assert miso is not None and "user" in miso.sources[0].roles
 
@@ -148,7 +148,7 @@ def test_citations_confirmations_grounding_and_supersession(
     openai_server.responder = CitingModel([berlin_rule], contradicts=["Munich"])
     moved = [user("I moved from Munich to Berlin last month."), assistant("Welcome!")]
     assert producer.flush("t-move", "alice", None, moved)
-    wait_for(lambda: fact_named(settings, "alice", "User lives in Berlin") is not None, timeout=30)
+    wait_for(lambda: fact_named(settings, "alice", "User lives in Berlin") is not None)
     berlin = fact_named(settings, "alice", "User lives in Berlin")
     assert berlin is not None
     assert fact_named(settings, "alice", "User lives in Munich") is None
@@ -192,10 +192,10 @@ def test_forget_a_thread_with_a_run_of_it_in_flight(
     assert producer.flush(
         "t-keep", "ken", None, [user("I drink oolong tea. I work at Acme."), assistant("Ok.")]
     )
-    wait_for(lambda: len(document_of(settings, "ken").facts) == 2, timeout=30, what="t-keep")
+    wait_for(lambda: len(document_of(settings, "ken").facts) == 2, what="t-keep")
     secret = [user("My secret project is Bluebird. I drink oolong tea too."), assistant("Ok.")]
     assert producer.flush("t-secret", "ken", None, secret)
-    wait_for(lambda: len(document_of(settings, "ken").facts) == 3, timeout=30, what="t-secret")
+    wait_for(lambda: len(document_of(settings, "ken").facts) == 3, what="t-secret")
     shared = fact_named(settings, "ken", oolong.content)
     assert shared is not None and shared.confirmations == 1
 
@@ -204,13 +204,12 @@ def test_forget_a_thread_with_a_run_of_it_in_flight(
     calls = openai_server.call_count
     more = [*secret, user("Bluebird launches in March, at Bluebird Labs."), assistant("Ok.")]
     assert producer.flush("t-secret", "ken", None, more)
-    wait_for(lambda: openai_server.call_count > calls, timeout=20, what="the run in flight")
+    wait_for(lambda: openai_server.call_count > calls, what="the run in flight")
     done = json.loads(cli(env, "forget", "ken", "--thread", "t-secret", "--json").stdout)
     removed = done["removed"]
     assert (removed["facts_removed"], removed["facts_trimmed"], removed["in_flight"]) == (1, 1, 1)
     wait_for(
         lambda: "outcome=stale answer discarded" in celery_procs.logs(),
-        timeout=20,
         what="the in-flight run discarded",
     )
 

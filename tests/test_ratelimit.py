@@ -20,6 +20,7 @@ from memq.testing.openai_server import ScriptedOpenAI
 from memq.testing.provider import Provider, RateLimits
 from producer import MemoryProducer
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs, memq_env
+from tests.support.clock import T0_MS, Clock
 from tests.support.scenarios import facts_of, learn_items, queue_idle, stack_settings, turn
 from tests.support.waiting import wait_for
 from worker.ratelimit import (
@@ -31,14 +32,6 @@ from worker.ratelimit import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-class Clock:
-    def __init__(self, now: int = 1_700_000_000_000) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def limiter(
@@ -95,7 +88,7 @@ def wait(rate: SharedRateLimit, tokens: int = 0) -> int | None:
 def test_requests_fit_the_burst_then_come_at_the_rate(
     settings: MemqSettings, redis_client: redis.Redis
 ) -> None:
-    clock = Clock()
+    clock = Clock(T0_MS)
     # 120 per minute over 2 s with 0.2 s ticks: the provider's bucket holds 4 requests; ours
     # 2.6 (a tenth, two ticks and 100 ms less: how late a reserved run may arrive).
     rate = limiter(
@@ -119,7 +112,7 @@ def test_requests_fit_the_burst_then_come_at_the_rate(
 def test_a_run_that_does_not_fit_reserves_its_own_slot(
     settings: MemqSettings, redis_client: redis.Redis
 ) -> None:
-    clock = Clock()
+    clock = Clock(T0_MS)
     rate = limiter(settings, redis_client, clock, llm_rate_limit_rpm=60.0)  # one per second
     rate.gate_for(None)(0)  # admitted
     slots = []
@@ -139,7 +132,7 @@ def test_a_run_that_does_not_fit_reserves_its_own_slot(
 def test_requests_and_tokens_are_taken_together_or_not_at_all(
     settings: MemqSettings, redis_client: redis.Redis
 ) -> None:
-    clock = Clock()
+    clock = Clock(T0_MS)
     rate = limiter(
         settings,
         redis_client,
@@ -161,7 +154,7 @@ def test_requests_and_tokens_are_taken_together_or_not_at_all(
 def test_a_provider_pause_holds_everyone_and_is_never_shortened(
     settings: MemqSettings, redis_client: redis.Redis
 ) -> None:
-    clock = Clock()
+    clock = Clock(T0_MS)
     rate = limiter(settings, redis_client, clock, llm_rate_limit_rpm=6000.0)
     rate.observe(429, {"retry-after": "20"}, 20.0)
     rate.observe(429, {}, 1.0)  # shorter: the 20 s pause stays
@@ -177,7 +170,7 @@ def test_redis_unreachable_admits_the_call(settings: MemqSettings) -> None:
     from memq.local.redis_server import free_port
 
     client = redis.Redis(port=free_port(), socket_timeout=0.5)
-    rate = limiter(settings, client, Clock(), llm_rate_limit_rpm=1.0)
+    rate = limiter(settings, client, Clock(T0_MS), llm_rate_limit_rpm=1.0)
     assert wait(rate) is None and wait(rate) is None
 
 
@@ -216,7 +209,7 @@ def test_the_limit_holds_across_processes(settings: MemqSettings) -> None:
     assert all(p.returncode == 0 for p in procs)
     # Replayed through the provider's own bucket (600 per minute, enforced per second), the
     # admitted calls of all four processes together would never have met a 429 ...
-    replay = Clock()
+    replay = Clock(T0_MS)
     provider = RateLimits(requests_per_minute=600, burst_seconds=1.0, clock=lambda: replay.now)
     for t in times:
         replay.now = t  # type: ignore[assignment]
@@ -257,7 +250,6 @@ def test_a_worker_over_the_limit_defers_runs_instead_of_meeting_429s(
         queue = QueueClient(settings, redis_client)
         wait_for(
             lambda: queue_idle(queue) and server.call_count >= contexts,
-            timeout=60,
             interval=0.1,
             what="every context extracted",
         )

@@ -68,11 +68,10 @@ def test_fifty_threads_of_one_user_lose_no_fact(
     expected = sorted(fact_for(f"item-{n}") for n in range(threads))
     wait_for(
         lambda: len(facts_of(settings, "uma", "coder")) >= threads,
-        timeout=40,
         interval=0.2,
         what="all fifty facts",
     )
-    wait_for(lambda: queue_idle(queue), timeout=10, what="the queue drained")
+    wait_for(lambda: queue_idle(queue), what="the queue drained")
     assert sorted(facts_of(settings, "uma", "coder")) == expected  # all there, none twice
     assert openai_server.call_count == threads
     per_worker = [p.log_text().count("outcome=updated") for p in celery_procs.processes[:2]]
@@ -117,7 +116,7 @@ def test_a_thread_that_never_goes_quiet_is_extracted_within_max_delay(
     talker = threading.Thread(target=chatty, daemon=True)
     talker.start()
     try:
-        wait_for(lambda: len(windows()) >= 3, timeout=40, what="two windows claimed")
+        wait_for(lambda: len(windows()) >= 3, what="two windows claimed")
     finally:
         stop.set()
         talker.join(10)
@@ -179,12 +178,12 @@ def test_a_flood_of_turns_does_not_hold_up_another_tenants_flush(
         for n in range(flood):  # tenant "noisy": hundreds of threads talking at once
             assert producer.after_agent(f"t{n}", "noisy", None, turn(f"item-{n}"))
         assert producer.flush("t-vip", "quiet", None, turn("item-9999"))
-        wait_for(lambda: "quiet" in calls, timeout=30, what="the other tenant's flush extracted")
+        wait_for(lambda: "quiet" in calls, what="the other tenant's flush extracted")
     # Order, not time: the flush is due before any of the flood, so it is not queued behind it.
     before = calls.index("quiet")
     assert before < flood // 2, f"{before} of the flood's {flood} extractions went first"
-    wait_for(lambda: facts_of(settings, "quiet") == [fact_for("item-9999")], timeout=5)
-    wait_for(lambda: queue_idle(queue), timeout=60, interval=0.2, what="the flood drained")
+    wait_for(lambda: facts_of(settings, "quiet") == [fact_for("item-9999")])
+    wait_for(lambda: queue_idle(queue), interval=0.2, what="the flood drained")
     assert len(facts_of(settings, "noisy")) == flood
 
 
@@ -203,9 +202,9 @@ def test_a_backlog_of_one_tenants_flushes_does_not_hold_up_another_tenants_flush
     with MemoryProducer(settings) as producer:
         for n in range(backlog):
             assert producer.flush(f"t{n}", "noisy", None, turn(f"item-{n}"))
-        wait_for(lambda: len(calls) >= 8, timeout=10, what="the flood under way")
+        wait_for(lambda: len(calls) >= 8, what="the flood under way")
         assert producer.flush("t-vip", "quiet", None, turn("item-9999"))
-        wait_for(lambda: "quiet" in calls, timeout=30, what="the other tenant's flush extracted")
+        wait_for(lambda: "quiet" in calls, what="the other tenant's flush extracted")
     # Due last, yet extracted while most of the backlog still waits: the per-user cap keeps the
     # noisy tenant from holding every claim, so the next tick takes the quiet tenant's flush.
     before = calls.index("quiet")

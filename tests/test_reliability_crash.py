@@ -56,13 +56,13 @@ def test_a_worker_killed_mid_extraction_is_replaced_and_the_update_applied_once(
     queue = QueueClient(settings, redis_client)
 
     assert producer_for(settings).flush("t-kill", "kim", None, turn("item-1"))
-    wait_for(lambda: openai_server.call_count == 1, timeout=10, what="the first LLM call")
+    wait_for(lambda: openai_server.call_count == 1, what="the first LLM call")
     assert queue.stats()["inflight"] == 1
     doomed.kill()  # SIGKILL: no warm shutdown, the task is neither acked nor failed
 
     celery_procs.start_worker(env, concurrency=2)
-    wait_for(lambda: facts_of(settings, "kim"), timeout=20, what="the fact from the 2nd worker")
-    wait_for(lambda: queue_idle(queue), timeout=5, what="the queue drained")
+    wait_for(lambda: facts_of(settings, "kim"), what="the fact from the 2nd worker")
+    wait_for(lambda: queue_idle(queue), what="the queue drained")
 
     assert facts_of(settings, "kim") == [fact_for("item-1")]  # applied once, no duplicate
     history = get_storage(settings).history("kim", None)
@@ -109,9 +109,9 @@ def test_redis_restarted_under_load_loses_no_conversation(
 
     talker = threading.Thread(target=agents, daemon=True)
     talker.start()
-    wait_for(lambda: len(sent) >= 10, timeout=10, what="agents under way")
+    wait_for(lambda: len(sent) >= 10, what="agents under way")
     aof_redis.stop()  # graceful: SIGTERM, Redis fsyncs its AOF
-    wait_for(lambda: producer.stats.spooled >= 3, timeout=15, what="the producer spooling")
+    wait_for(lambda: producer.stats.spooled >= 3, what="the producer spooling")
     aof_redis.start()
     restarted.set()
     talker.join(30)
@@ -122,7 +122,7 @@ def test_redis_restarted_under_load_loses_no_conversation(
         return [n for n in range(total) if facts_of(settings, f"u{n}") != [fact_for(f"item-{n}")]]
 
     try:
-        wait_for(lambda: not missing(), timeout=60, interval=0.25, what="every context extracted")
+        wait_for(lambda: not missing(), interval=0.25, what="every context extracted")
     except AssertionError as exc:
         client = redis.Redis.from_url(aof_redis.url, decode_responses=True)
         try:
@@ -179,5 +179,5 @@ def test_a_hung_redis_never_holds_up_the_agent_and_spooled_turns_are_extracted(
     def all_extracted() -> bool:
         return all(facts_of(settings, f"h{n}") == [fact_for(f"item-{n}")] for n in range(10))
 
-    wait_for(all_extracted, timeout=30, interval=0.25, what="the spooled turns extracted")
+    wait_for(all_extracted, interval=0.25, what="the spooled turns extracted")
     assert producer.stats.replayed == 10 and producer.stats.dropped == 0

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from memq.testing.redis_dump import dump_redis
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from storage import get_storage
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import facts_of, learn_items, queue_idle, stack_settings, turn
-from tests.support.waiting import wait_for
 from worker.queue import QueueClient
 
 pytestmark = [pytest.mark.reliability, pytest.mark.e2e, pytest.mark.integration]
@@ -42,15 +42,15 @@ def test_forget_with_work_in_flight_is_not_undone_by_the_queue(
     # A memory, then a dead letter (the model refuses the request for good).
     openai_server.responder = learn_items
     assert producer.flush("t-0", "fey", None, turn("item-5551000"))
-    wait_for(lambda: facts_of(settings, "fey"), timeout=20, what="fey's first memory")
+    wait_for(lambda: facts_of(settings, "fey"), what="fey's first memory")
     openai_server.script(Reply(status=400))
     assert producer.flush("t-dead", "fey", None, turn("item-5551001"))
-    wait_for(lambda: queue.stats()["dead"] == 1, timeout=20, what="the dead letter")
+    wait_for(lambda: queue.stats()["dead"] == 1, what="the dead letter")
     # An extraction in flight (its model call answers in 3 s), and a turn still debouncing.
     openai_server.script(Reply(content=json.dumps(_answer("item-5551002")), delay_seconds=3.0))
     calls = openai_server.call_count
     assert producer.flush("t-run", "fey", None, turn("item-5551002"))
-    wait_for(lambda: openai_server.call_count == calls + 1, timeout=20, what="the call in flight")
+    wait_for(lambda: openai_server.call_count == calls + 1, what="the call in flight")
     assert producer.after_agent("t-wait", "fey", None, turn("item-5551003"))
     assert producer.after_agent("t-gus", "gus", None, turn("item-9"))
 
@@ -60,7 +60,7 @@ def test_forget_with_work_in_flight_is_not_undone_by_the_queue(
         env={**os.environ, **env},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=DEADLINE_SECONDS,
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -75,7 +75,6 @@ def test_forget_with_work_in_flight_is_not_undone_by_the_queue(
     # The run in flight answers after the forget: its save must be refused.
     wait_for(
         lambda: "outcome=stale answer discarded" in worker.log_text(),
-        timeout=20,
         what="the in-flight run discarded",
     )
     assert facts_of(settings, "fey") == []
@@ -95,7 +94,7 @@ def test_forget_with_work_in_flight_is_not_undone_by_the_queue(
         env={**os.environ, **env},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=DEADLINE_SECONDS,
         check=False,
     )
     assert again.returncode == 0 and "nothing held about user fey" in again.stdout

@@ -13,9 +13,6 @@ docs/reliability.md.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import threading
 import time
 from pathlib import Path
@@ -23,11 +20,10 @@ from typing import Any
 
 import pytest
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from memq.core.connection import redis_client
 from memq.local.redis_server import RedisServer
+from memq.testing.redis_procs import kill_redis, shutdown_redis
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import (
@@ -52,36 +48,14 @@ def slow_model(request: dict[str, Any]) -> Reply:
     return reply
 
 
-def stop_gracefully(server: RedisServer) -> None:
-    """SHUTDOWN, as an operator's `redis-cli shutdown` does: Redis fsyncs its AOF and exits."""
-    assert server.process is not None
-    # No client-side retries: redis-py would keep re-sending SHUTDOWN to a Redis that is gone.
-    admin = redis.Redis(
-        host="127.0.0.1", port=server.port, socket_timeout=5, retry=Retry(NoBackoff(), 0)
-    )
-    with contextlib.suppress(redis.ConnectionError):
-        admin.shutdown()
-    admin.close()
-    server.process.wait(timeout=10)
-    server.stop()
-
-
-def kill_hard(server: RedisServer) -> None:
-    """kill -9: no fsync, no goodbye; AOF everysec keeps all but the last second."""
-    assert server.process is not None
-    os.kill(server.process.pid, signal.SIGKILL)
-    server.process.wait(timeout=10)
-    server.stop()
-
-
 @pytest.mark.parametrize(
     ("stop", "pool", "contexts"),
     [
-        (stop_gracefully, "threads", 1),
-        (kill_hard, "threads", 1),
-        (stop_gracefully, "prefork", 1),
+        (shutdown_redis, "threads", 1),
+        (kill_redis, "threads", 1),
+        (shutdown_redis, "prefork", 1),
         # A backlog: runs in flight and more messages waiting for a free slot of the worker.
-        (stop_gracefully, "threads", 6),
+        (shutdown_redis, "threads", 6),
     ],
     ids=["shutdown-threads", "kill-9-threads", "shutdown-prefork", "shutdown-threads-backlog"],
 )
@@ -115,7 +89,7 @@ def test_a_redis_restart_with_extractions_in_flight_keeps_the_worker_and_the_wor
     for n, user in enumerate(users):
         assert producer.flush(f"t-restart-{n}", user, None, turn(f"item-{n}"))
     busy = min(contexts, concurrency)
-    wait_for(lambda: openai_server.call_count >= busy, timeout=15, what="the model holds requests")
+    wait_for(lambda: openai_server.call_count >= busy, what="the model holds requests")
     time.sleep(0.3)  # wait-ok: the repro's shape — well inside the 2 s call, task in flight
 
     stop(aof_redis)
@@ -133,7 +107,6 @@ def test_a_redis_restart_with_extractions_in_flight_keeps_the_worker_and_the_wor
 
     wait_for(
         lambda: not missing(),
-        timeout=60,
         interval=0.1,
         what="every context in flight extracted after the restart"
         + ("" if worker.alive() else f" (worker exited {worker.process.returncode})"),
@@ -145,7 +118,6 @@ def test_a_redis_restart_with_extractions_in_flight_keeps_the_worker_and_the_wor
     assert producer.flush("t-after", "rita-after", None, turn("item-99"))
     wait_for(
         lambda: facts_of(settings, "rita-after") == [fact_for("item-99")],
-        timeout=30,
         interval=0.1,
         what="a context enqueued after the restart extracted",
     )
@@ -153,7 +125,7 @@ def test_a_redis_restart_with_extractions_in_flight_keeps_the_worker_and_the_wor
     client = redis.Redis.from_url(aof_redis.url, decode_responses=True)
     try:
         queue = QueueClient(settings, client)
-        wait_for(lambda: queue_idle(queue), timeout=10, what="the queue drained")
+        wait_for(lambda: queue_idle(queue), what="the queue drained")
         stats = queue.stats()
     finally:
         client.close()
@@ -181,7 +153,7 @@ def test_a_client_with_outage_retries_rides_out_a_redis_restart(
     impatient = redis_client(settings)
     try:
         patient.set("k", "before")
-        stop_gracefully(aof_redis)
+        shutdown_redis(aof_redis)
         with pytest.raises(redis.ConnectionError):
             impatient.get("k")  # the default: fail at once (producers, the CLI)
         restarter = threading.Timer(0.5, aof_redis.start)  # the outage lasts half a second

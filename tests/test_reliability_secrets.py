@@ -75,14 +75,13 @@ def test_api_key_and_redis_password_never_appear_in_messages_logs_or_cli(
 
         env = memq_env(settings)
         worker = celery_procs.start_worker(env, concurrency=2)
-        wait_for(lambda: facts_of(settings, "sam") == [fact_for("item-7")], timeout=20)
+        wait_for(lambda: facts_of(settings, "sam") == [fact_for("item-7")])
         assert openai_server.auth_headers[-1] == f"Bearer {API_KEY}"  # the key was really used
         assert_no_secret("the worker log", worker.log_text())
 
         # The task counts its outcome just after the save the facts showed.
         wait_for(
             lambda: read_snapshot(client, settings, 0).metrics.extractions == {"updated": 1},
-            timeout=20,
         )
         for name, value in env.items():
             monkeypatch.setenv(name, value)

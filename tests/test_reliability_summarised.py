@@ -67,11 +67,10 @@ def settle(settings: MemqSettings, queue: QueueClient, user: str, items: list[st
     expected = sorted(fact_for(item) for item in items)
     wait_for(
         lambda: sorted(set(facts_of(settings, user))) == expected,
-        timeout=30,
         interval=0.1,
         what=f"facts of {items}",
     )
-    wait_for(lambda: queue_idle(queue), timeout=10, what="the queue drained")
+    wait_for(lambda: queue_idle(queue), what="the queue drained")
 
 
 def test_flush_then_an_immediate_summarised_turn_extracts_both(
@@ -116,13 +115,13 @@ def test_a_summarised_turn_while_the_context_waits_extracts_every_turn_once(
     if where == "behind the user cap":
         # Another thread of the same user holds the only slot while t1's flush waits in `due`.
         assert producer.flush("busy", "bob", None, turn("item-0"))
-        wait_for(lambda: openai_server.call_count == 1, timeout=10, what="the busy run")
+        wait_for(lambda: openai_server.call_count == 1, what="the busy run")
         items.insert(0, "item-0")
     assert producer.flush("t1", "bob", None, turn("item-1"))
     if where == "in flight":
-        wait_for(lambda: openai_server.call_count == 1, timeout=10, what="t1 in flight")
+        wait_for(lambda: openai_server.call_count == 1, what="t1 in flight")
     elif where == "behind the user cap":
-        wait_for(lambda: queue.stats()["due"] == 1, timeout=5, what="t1 waiting in due")
+        wait_for(lambda: queue.stats()["due"] == 1, what="t1 waiting in due")
     else:  # one tick claims it and sends its task, which waits in the broker for a worker
         app = create_app(settings)
         try:
@@ -158,7 +157,7 @@ def test_a_spooled_turn_replaced_by_a_summarised_one_extracts_both(
 
     back = RedisServer(aof_redis.data_dir, port=aof_redis.port, appendonly=True).start()
     try:
-        wait_for(lambda: producer.stats.replayed == 1, timeout=15, what="the spool replayed")
+        wait_for(lambda: producer.stats.replayed == 1, what="the spool replayed")
         env = memq_env(settings)
         celery_procs.start_worker(env, concurrency=2)
         celery_procs.start_beat(env)

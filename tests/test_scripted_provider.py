@@ -18,14 +18,7 @@ from memq.testing.provider import (
     RateLimits,
     cached_tokens_for,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 def words(n: int, tag: str = "w") -> str:
@@ -40,7 +33,7 @@ def word_tokens(text: str) -> list[int]:
 
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(1000.0)
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from memq.cli import main
-from memq.commands.common import mask_url
 from memq.core.errors import ConfigError
+from memq.core.redis_urls import mask_url
 from memq.core.settings import load_settings
 
 

@@ -8,9 +8,7 @@ unless it declares the one `Authorize` dependency and that dependency refuses a 
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,26 +21,15 @@ from memq.local.redis_server import RedisServer
 from memq.server import create_app
 from memq.server.auth import Authorize, Keyring, check_bind
 from memq.server.mcp_tools import KeyGuard
-from memq.testing.celery_procs import memq_env
 from memq.testing.serve_proc import ServeProcess
 from storage import get_storage
-from tests.support.serve import Keys, bearer
+from tests.support.serve import Keys, bearer, module_server
 
 pytestmark = [pytest.mark.integration]
 
 # Served without a key on purpose: the route table's own description.
 PUBLIC_DOCUMENTS = {"/openapi.json"}
 _PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
-
-
-def _settings(redis_server: RedisServer, tmp: Path) -> MemqSettings:
-    return MemqSettings(
-        redis_url=redis_server.url,
-        key_prefix=f"t{uuid.uuid4().hex[:10]}",
-        storage_dir=tmp / "memory",
-        data_dir=tmp / "data",
-        llm_provider="rules",
-    )
 
 
 def _routes() -> list[tuple[str, str, bool]]:
@@ -88,16 +75,8 @@ def test_every_route_declares_exactly_one_authorize_dependency() -> None:
 def server(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServeProcess, MemqSettings]]:
-    tmp = tmp_path_factory.mktemp("serve-auth")
-    settings = _settings(redis_server, tmp)
-    keys_file = tmp / "keys.json"
-    keys_file.write_text(Keys().file_text(), encoding="utf-8")
-    proc = ServeProcess(
-        memq_env(settings, MEMQ_SERVE_API_KEYS_FILE=str(keys_file)), tmp / "serve.log"
-    )
-    proc.start()
-    yield proc, settings
-    proc.stop()
+    with module_server(redis_server, tmp_path_factory.mktemp("serve-auth")) as served:
+        yield served
 
 
 def _request(method: str, path: str, user: str) -> tuple[str, str, dict[str, Any] | None]:

@@ -46,7 +46,6 @@ def test_a_hand_off_over_http_is_extracted_and_read_back_over_http(
         assert answer.json()["status"] == "queued"
         wait_for(
             lambda: facts_over_http(http, "app1-carol") == [fact_for("item-1")],
-            timeout=30,
             what="the fact visible over GET",
         )
         block = http.post("/v1/users/app1-carol/context", json={"query": "what do I own?"})
@@ -85,7 +84,6 @@ def test_a_flush_over_http_is_extracted_on_the_next_tick(
         assert answer.json()["deadline_ms"] <= _now_ms()  # due now, not in 300 s
         wait_for(
             lambda: facts_over_http(http, "dave") == [fact_for("item-8")],
-            timeout=20,
             what="the flushed turn extracted",
         )
         # The debounced one still waits its debounce: the flush skipped it, not the queue.
@@ -134,7 +132,6 @@ def test_with_redis_stopped_a_hand_off_is_still_202_and_extracted_once_redis_is_
             celery_procs.start_beat(env)
             wait_for(
                 lambda: facts_over_http(http, "erin") == [fact_for("item-3"), fact_for("item-4")],
-                timeout=40,
                 what="both spooled hand-offs extracted after Redis came back",
             )
         finally:

@@ -110,7 +110,7 @@ def test_with_redis_hung_hand_offs_are_spooled_bad_ones_still_refused_then_repla
     client = redis.Redis.from_url(aof_redis.url, decode_responses=True)
     try:
         queue = QueueClient(settings, client)
-        wait_for(lambda: queue.stats()["due"] == 3, timeout=20, what="the spool replayed")
+        wait_for(lambda: queue.stats()["due"] == 3, what="the spool replayed")
     finally:
         client.close()
 

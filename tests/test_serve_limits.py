@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,10 +13,9 @@ import pytest
 
 from memq.core.settings import MemqSettings
 from memq.local.redis_server import RedisServer
-from memq.testing.celery_procs import memq_env
 from memq.testing.serve_proc import ServeProcess
 from storage import get_storage
-from tests.support.serve import Keys, bearer
+from tests.support.serve import Keys, bearer, module_server
 from worker.queue import QueueClient
 
 pytestmark = [pytest.mark.integration]
@@ -32,20 +30,9 @@ def server(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServeProcess, MemqSettings]]:
     tmp = tmp_path_factory.mktemp("serve-limits")
-    settings = MemqSettings(
-        redis_url=redis_server.url,
-        key_prefix=f"t{uuid.uuid4().hex[:10]}",
-        storage_dir=tmp / "memory",
-        data_dir=tmp / "data",
-        llm_provider="rules",
-        serve_max_body_bytes=MAX_BODY,
-        producer_max_messages=MAX_MESSAGES,
-    )
-    keys_file = tmp / "keys.json"
-    keys_file.write_text(Keys().file_text(), encoding="utf-8")
-    env = memq_env(settings, MEMQ_SERVE_API_KEYS_FILE=str(keys_file))
-    with ServeProcess(env, tmp / "serve.log") as proc:
-        yield proc, settings
+    limits = {"serve_max_body_bytes": MAX_BODY, "producer_max_messages": MAX_MESSAGES}
+    with module_server(redis_server, tmp, **limits) as served:
+        yield served
 
 
 @pytest.fixture

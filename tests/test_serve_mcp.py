@@ -18,6 +18,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from memq.core.settings import MemqSettings
 from memq.testing.celery_procs import REPO_ROOT
+from memq.testing.waiting import DEADLINE_SECONDS
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, learn_items, stack_settings
@@ -26,7 +27,6 @@ from tests.support.serve import Keys, bearer
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 TOOLS = {"remember", "recall", "list_facts", "edit_fact", "delete_fact"}
-RECALL_TIMEOUT_SECONDS = 30.0
 
 
 def _text(result: Any) -> str:
@@ -34,25 +34,37 @@ def _text(result: Any) -> str:
     return "".join(getattr(part, "text", "") for part in result.content)
 
 
-async def remember_then_recall(session: ClientSession, item: str) -> dict[str, Any]:
+async def remember_then_recall(
+    session: ClientSession, item: str, said_at: str | None = None, reply: str = "will be remembered"
+) -> dict[str, Any]:
     await session.initialize()
     tools = {tool.name: tool for tool in (await session.list_tools()).tools}
     assert set(tools) == TOOLS
     assert all(tool.description for tool in tools.values())
     assert "user_id" not in json.dumps([t.input_schema for t in tools.values()])
 
-    said = await session.call_tool("remember", {"text": f"Please remember that I own {item}."})
-    assert _text(said) == "will be remembered"
+    when = {} if said_at is None else {"said_at": said_at}
+    said = await session.call_tool(
+        "remember", {"text": f"Please remember that I own {item}.", **when}
+    )
+    assert _text(said) == reply
 
     recalled = ""
-    with anyio.fail_after(RECALL_TIMEOUT_SECONDS):
+    with anyio.fail_after(DEADLINE_SECONDS):
         while fact_for(item) not in recalled:
             recalled = _text(await session.call_tool("recall", {"query": "what do I own?"}))
             if fact_for(item) not in recalled:
                 await anyio.sleep(0.2)  # wait-ok: polling the worker's result under a deadline
     listed = await session.call_tool("list_facts", {})
-    facts = json.loads(_text(listed)) if listed.structured_content is None else None
-    return {"recalled": recalled, "listed": listed, "facts": facts}
+    assert not listed.is_error, listed
+    # The structured result when the SDK gives one, else one JSON text part per fact.
+    if listed.structured_content is not None:
+        facts = listed.structured_content["result"]
+    else:
+        facts = [json.loads(part.text) for part in listed.content]
+    assert [fact["content"] for fact in facts] == [fact_for(item)]
+    assert all(fact["id"].startswith("fact_") for fact in facts)
+    return {"recalled": recalled, "facts": facts}
 
 
 def _stack(
@@ -91,7 +103,7 @@ def test_mcp_over_stdio_remembers_through_a_worker_and_recalls(
 
     async def main() -> dict[str, Any]:
         async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-            out = await remember_then_recall(session, "item-5")
+            out = await remember_then_recall(session, "item-5", said_at="2023-05-08T13:56:00Z")
             document = await session.read_resource("memq://users/frank/memory")
             out["document"] = json.loads(document.contents[0].text)  # type: ignore[union-attr]
             return out
@@ -99,6 +111,8 @@ def test_mcp_over_stdio_remembers_through_a_worker_and_recalls(
     out = _run(main)
     assert out["recalled"].startswith("<user_memory>")
     assert [f["content"] for f in out["document"]["facts"]] == [fact_for("item-5")]
+    assert out["document"]["facts"][0]["said_at"] == "2023-05-08T13:56:00Z"
+    assert "8 May 2023:" in out["recalled"]
 
 
 def test_mcp_over_streamable_http_with_a_key_remembers_and_recalls(
@@ -117,7 +131,14 @@ def test_mcp_over_streamable_http_with_a_key_remembers_and_recalls(
             streamable_http_client(server.url + "/mcp", http_client=http) as (read, write),
             ClientSession(read, write) as session,
         ):
-            out = await remember_then_recall(session, "item-6")
+            # A time that is none is no refusal: the call's own time stands in, and it says so.
+            out = await remember_then_recall(
+                session,
+                "item-6",
+                said_at="99999-01-01",
+                reply="will be remembered (said_at is no ISO 8601 time: the time of this call "
+                "stands in)",
+            )
             # An agent key may not delete: the tool says so, nothing changes.
             refused = await session.call_tool("delete_fact", {"fact_id": "fact_00000000"})
             out["refused"] = refused

@@ -55,11 +55,11 @@ def test_why_superseded_and_forget_a_thread_over_http(
 
     openai_server.responder = CitingModel([MUNICH, TEA])
     assert producer.flush("t-home", WHO, None, turn("I live in Munich and drink oolong tea."))
-    wait_for(lambda: len(facts_of(settings)) == 2, timeout=30, what="two facts from t-home")
+    wait_for(lambda: len(facts_of(settings)) == 2, what="two facts from t-home")
     openai_server.responder = CitingModel([BERLIN, TEA, SECRET], contradicts=["Munich"])
     secret = "I moved to Berlin. My secret project is Bluebird; still oolong tea, <b>always</b>."
     assert producer.flush("t-secret", WHO, None, turn(secret))
-    wait_for(lambda: "User lives in Berlin" in facts_of(settings), timeout=30, what="Berlin")
+    wait_for(lambda: "User lives in Berlin" in facts_of(settings), what="Berlin")
     ids = facts_of(settings)
 
     with httpx.Client(base_url=server.url, timeout=10, headers=bearer(keys.agent)) as http:

@@ -14,8 +14,8 @@ import pytest
 
 from memq.core.settings import MemqSettings
 from memq.local.redis_server import RedisServer
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from tests.support.celery_procs import REPO_ROOT, CeleryProcs
-from tests.support.waiting import wait_for
 from worker.queue import QueueClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -45,7 +45,7 @@ def run_agent(command: str, cwd: Path, env: dict[str, str]) -> str:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=DEADLINE_SECONDS,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
@@ -82,7 +82,7 @@ def test_an_agent_in_another_directory_reads_what_the_worker_wrote(
         stats = queue.stats()
         return bool(stats["completed_total"]) and stats["due"] + stats["inflight"] == 0
 
-    wait_for(extracted, timeout=30, interval=0.1, what="the worker extracted the thread")
+    wait_for(extracted, interval=0.1, what="the worker extracted the thread")
 
     block = run_agent("read", agent_dir, agent_env)
     assert "User prefers short answers" in block and "User's name is Dora" in block, block

@@ -3,32 +3,22 @@ to another port behind its agents' backs. A real `memq up` subprocess, the scrip
 
 from __future__ import annotations
 
-import signal
 import socket
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
 from memq.core.settings import MemqSettings
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer import MemoryProducer
 from producer.injector import MemoryInjector
+from tests.support.memq_up import Up, up_env
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, learn_items, turn
-from tests.support.waiting import wait_for
-from tests.test_stack_supervision import Up, up_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-
-@pytest.fixture
-def ups() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    yield started
-    for up in started:
-        up.stop(signal.SIGKILL if up.process.poll() is None else signal.SIGTERM, timeout=30)
 
 
 def _agent_url(up: Up) -> str:
@@ -59,7 +49,6 @@ def test_agents_can_enqueue_and_read_memory_but_not_administer_redis(
     injector = MemoryInjector(agent)
     wait_for(
         lambda: fact_for("item-1") in injector.block("alice@example.com"),
-        timeout=45,
         interval=0.2,
         what="the fact, read back through the agent URL",
     )
@@ -118,7 +107,7 @@ def test_memq_up_refuses_to_start_when_its_remembered_port_is_taken(
         (redis_dir / "port").write_text(f"{port}\n", encoding="utf-8")
         up = Up(up_env(tmp_path, openai_server), tmp_path / "up.log")
         ups.append(up)  # stopped at teardown if it wrongly started
-        code = up.process.wait(timeout=30)
+        code = up.process.wait(timeout=DEADLINE_SECONDS)
         text = up.text()
     assert code != 0
     lines = [line for line in text.splitlines() if str(port) in line]

@@ -12,9 +12,7 @@ import re
 import signal
 import stat
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +22,12 @@ import redis
 from memq.core.settings import MemqSettings
 from memq.local.redis_server import free_port
 from memq.local.supervision import DataDirLock, RestartPolicy, StackLocked, restart_delay
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer import MemoryProducer
+from tests.support.memq_up import MEMQ, Up, up_env
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import fact_for, facts_of, learn_items, turn
-from tests.support.waiting import wait_for
 from worker.queue import QueueClient
-
-MEMQ = str(Path(sys.executable).with_name("memq"))
-_REDIS_LINE = re.compile(r"memq up: Redis redis://:\*\*\*@127\.0\.0\.1:(\d+)/0")
 
 
 # --- the pure policy
@@ -61,98 +57,7 @@ def test_a_data_folder_is_locked_by_one_stack_at_a_time(tmp_path: Path) -> None:
     DataDirLock(tmp_path).acquire().release()  # free again once released
 
 
-# --- `memq up` as a real subprocess
-class Up:
-    """One `memq up` subprocess, its combined output in a file."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.log = log
-        with log.open("wb") as sink:
-            self.process = subprocess.Popen(
-                [MEMQ, "up", "--no-flower"],
-                env=env,
-                cwd=log.parent,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-
-    def text(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
-
-    def wait_text(self, needle: str, count: int = 1, timeout: float = 45.0) -> None:
-        def seen() -> bool:
-            if self.process.poll() is not None:
-                raise AssertionError(f"memq up exited {self.process.returncode}:\n{self.text()}")
-            return self.text().count(needle) >= count
-
-        wait_for(seen, timeout=timeout, interval=0.1, what=f"{needle!r} x{count} in memq up")
-
-    @property
-    def port(self) -> int:
-        found = _REDIS_LINE.search(self.text())
-        assert found, self.text()
-        return int(found.group(1))
-
-    def child(self, role: str) -> int:
-        """The pid of the supervisor's child playing ``role`` (worker, beat, redis)."""
-        pid = self.child_or_none(role)
-        assert pid is not None, f"no {role} child of memq up"
-        return pid
-
-    def child_or_none(self, role: str) -> int | None:
-        pids = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read_text()
-        for pid in pids.split():
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except FileNotFoundError:  # exited meanwhile
-                continue
-            if role == "redis" and b"redis-server" in argv[0]:
-                return int(pid)
-            if role.encode() in argv and b"celery" in argv:
-                return int(pid)
-        return None
-
-    def replaced(self, role: str, old: int) -> bool:
-        new = self.child_or_none(role)
-        return new is not None and new != old
-
-    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 60.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
-
-
-def up_env(tmp_path: Path, server: ScriptedOpenAI, **extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("MEMQ_") and k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")
-    }
-    env.update(
-        MEMQ_DATA_DIR=str(tmp_path / "data"),
-        MEMQ_EXPORTER_PORT="0",  # any free port: these tests do not scrape it
-        MEMQ_STORAGE="file",
-        MEMQ_STORAGE_DIR=str(tmp_path / "memory"),
-        MEMQ_LLM_PROVIDER="openai",
-        MEMQ_LLM_BASE_URL=server.base_url,
-        MEMQ_LLM_API_KEY="sk-scripted",
-        MEMQ_LLM_MAX_RETRIES="0",
-        MEMQ_LLM_TIMEOUT_SECONDS="10",
-        MEMQ_TICK_SECONDS="0.2",
-        MEMQ_DEBOUNCE_SECONDS="0",
-        MEMQ_TOKEN_COUNTING="false",
-        MEMQ_WORKER_CONCURRENCY="2",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
-    return env
-
-
+# --- `memq up` as a real subprocess (the `Up` process and its fixture: tests/support/memq_up.py)
 def agent_settings(tmp_path: Path, port: int) -> MemqSettings:
     """What an agent uses: the URL `memq up` printed, the password from its 0600 file."""
     password = (tmp_path / "data" / "redis" / "password").read_text().strip()
@@ -161,14 +66,6 @@ def agent_settings(tmp_path: Path, port: int) -> MemqSettings:
         storage="file",
         storage_dir=tmp_path / "memory",
     )
-
-
-@pytest.fixture
-def ups() -> Iterator[list[Up]]:
-    started: list[Up] = []
-    yield started
-    for up in started:
-        up.stop(signal.SIGKILL if up.process.poll() is None else signal.SIGTERM, timeout=30)
 
 
 def kill9(pid: int) -> None:
@@ -210,18 +107,17 @@ def test_memq_up_restarts_what_dies_and_keeps_extracting(
     beat = up.child("beat")
     kill9(beat)
     up.wait_text("memq up: beat exited with code -9; restarting in")
-    wait_for(lambda: up.replaced("beat", beat), timeout=20, what="a new beat")
+    wait_for(lambda: up.replaced("beat", beat), what="a new beat")
 
     redis_pid = up.child("redis")
     started = time.monotonic()
     kill9(redis_pid)
     up.wait_text("memq up: redis exited with code -9; restarting in")
-    wait_for(lambda: up.replaced("redis", redis_pid), timeout=20, what="a new redis-server")
-    wait_for(lambda: answers(settings), timeout=20, what="the restarted Redis answering")
+    wait_for(lambda: up.replaced("redis", redis_pid), what="a new redis-server")
+    wait_for(lambda: answers(settings), what="the restarted Redis answering")
     enqueue(settings, "t-sup", "item-1")  # the restarted Redis answers on the same URL
     wait_for(
         lambda: facts_of(settings, "una") == [fact_for("item-1")],
-        timeout=45,
         interval=0.2,
         what="an extraction after Redis was killed and restarted",
     )
@@ -255,7 +151,7 @@ def test_ctrl_c_finishes_the_run_in_flight_then_a_restart_gets_the_same_port_and
     port = first.port
     settings = agent_settings(tmp_path, port)
     enqueue(settings, "t-ctrl-c", "item-1")
-    wait_for(lambda: openai_server.call_count == 1, timeout=20, what="the model holds the request")
+    wait_for(lambda: openai_server.call_count == 1, what="the model holds the request")
 
     interrupted = time.monotonic()
     assert first.stop(signal.SIGINT) == 0  # Ctrl-C: the run in flight finishes and saves first
@@ -281,7 +177,7 @@ def test_ctrl_c_finishes_the_run_in_flight_then_a_restart_gets_the_same_port_and
 
     third = Up(env, tmp_path / "up-3.log")
     ups.append(third)
-    assert third.process.wait(timeout=30) == 1
+    assert third.process.wait(timeout=DEADLINE_SECONDS) == 1
     lines = [line for line in third.text().splitlines() if line.strip()]
     assert len(lines) == 1 and "another memq up is already running on" in lines[0], lines
     assert second.process.poll() is None  # the owner is untouched
@@ -294,7 +190,11 @@ def test_memq_up_fails_at_once_on_an_unreachable_configured_redis(
     url = f"redis://:secret-pw@127.0.0.1:{free_port()}/0"
     env = up_env(tmp_path, openai_server, MEMQ_REDIS_URL=url)
     done = subprocess.run(
-        [MEMQ, "up", "--no-flower"], env=env, cwd=tmp_path, capture_output=True, timeout=30
+        [MEMQ, "up", "--no-flower"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=DEADLINE_SECONDS,
     )
     err = done.stderr.decode()
     assert done.returncode == 1

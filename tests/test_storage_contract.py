@@ -2,7 +2,11 @@
 backends through one ``result_backend`` fixture): what a caller of :class:`MemoryStorage` may rely
 on whichever backend is configured. Each backend is built by its own registry factory from the
 settings and the deployment's Redis client; backend-specific behaviour (file layout, Redis keys,
-locks, corrupt data on disk) stays in tests/test_storage_file.py and tests/test_storage_redis.py."""
+locks, corrupt data on disk) stays in tests/test_storage_file.py and tests/test_storage_redis.py.
+
+The in-memory double of the algorithm tests (tests/support/memory_storage.py) runs the same
+contract, so a test that passes on it would pass on a real backend; only fencing against the queue
+(it has no queue behind it) is checked on the real backends alone."""
 
 from __future__ import annotations
 
@@ -21,17 +25,14 @@ from storage import get_storage
 from storage.backends import BACKENDS, backend_for
 from storage.base import Change, Fence, MemoryStorage, UpdateResult
 from storage.document import Fact, MemoryDocument
+from tests.support.documents import contents, doc_with
+from tests.support.memory_storage import InMemoryStorage
 from worker.queue import QueueClient
 
 T0 = 1_700_000_000_000
 
 
-def doc_with(*contents: str) -> MemoryDocument:
-    return MemoryDocument(facts=[Fact(content=c, confidence=0.8) for c in contents])
-
-
-def contents(document: MemoryDocument) -> list[str]:
-    return [f.content for f in document.facts]
+IN_MEMORY = "in-memory"  # the test double, beside the registry's backends
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -39,13 +40,34 @@ def backend_settings(request: pytest.FixtureRequest, make_settings: Any) -> Memq
     return make_settings(storage=request.param, history_max_entries=3)  # type: ignore[no-any-return]
 
 
-@pytest.fixture
-def store(backend_settings: MemqSettings, redis_client: redis.Redis) -> Iterator[MemoryStorage]:
-    storage = backend_for(backend_settings).open(backend_settings, redis_client)
+def _opened(settings: MemqSettings, client: redis.Redis) -> Iterator[MemoryStorage]:
+    storage = backend_for(settings).open(settings, client)
     yield storage
     close = getattr(storage, "close", None)
     if close is not None:
         close()
+
+
+@pytest.fixture
+def backend_store(
+    backend_settings: MemqSettings, redis_client: redis.Redis
+) -> Iterator[MemoryStorage]:
+    """A real backend of the registry (what fences against the queue)."""
+    yield from _opened(backend_settings, redis_client)
+
+
+@pytest.fixture(params=[*sorted(BACKENDS), IN_MEMORY])
+def store(
+    request: pytest.FixtureRequest, make_settings: Any, redis_client: redis.Redis
+) -> Iterator[MemoryStorage]:
+    """Every backend of the registry, and the in-memory double."""
+    settings: MemqSettings = make_settings(
+        storage="file" if request.param == IN_MEMORY else request.param, history_max_entries=3
+    )
+    if request.param == IN_MEMORY:
+        yield InMemoryStorage(settings)
+    else:
+        yield from _opened(settings, redis_client)
 
 
 def test_the_registry_names_exactly_the_backends_the_setting_accepts() -> None:
@@ -176,8 +198,9 @@ def _add(content: str) -> Any:
 
 
 def test_only_the_current_claim_of_the_queue_writes(
-    store: MemoryStorage, backend_settings: MemqSettings, redis_client: redis.Redis
+    backend_store: MemoryStorage, backend_settings: MemqSettings, redis_client: redis.Redis
 ) -> None:
+    store = backend_store
     queue, old = _claim(backend_settings, redis_client, T0)
     store.fence_run("amy", None, old)
     queue.reap(T0 + 10 * 60_000)  # the old run's lease ran out: the context is due again

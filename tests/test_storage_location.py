@@ -44,9 +44,7 @@ def test_a_worker_publishes_its_place_at_start(
     settings = _file_settings(make_settings, tmp_path / "worker-memory")
     assert published(redis_client, settings) is None
     celery_procs.start_worker(memq_env(settings))
-    workers = wait_for(
-        lambda: published(redis_client, settings), timeout=30, what="the published place"
-    )
+    workers = wait_for(lambda: published(redis_client, settings), what="the published place")
     assert workers.backend == "file"
     assert workers.folder == str((tmp_path / "worker-memory").resolve())
     assert workers.same_place(location_of(settings))
@@ -61,7 +59,7 @@ def test_injector_says_in_one_line_when_it_reads_elsewhere(
     reader = _file_settings(make_settings, tmp_path / "gateway")
     caplog.set_level(logging.WARNING, logger="memq.storage")
     assert MemoryInjector(reader).block("u") == ""  # looks empty: the reason is logged
-    wait_for(lambda: _lines(caplog), timeout=10, what="the warning line")
+    wait_for(lambda: _lines(caplog), what="the warning line")
     MemoryInjector(reader).block("u")  # once per process, not per turn
     lines = _lines(caplog)
     assert len(lines) == 1

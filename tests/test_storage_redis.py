@@ -14,7 +14,7 @@ from storage import get_storage
 from storage.document import Fact, MemoryDocument
 from storage.history import parse_document
 from storage.redis_store import RedisMemoryStorage
-from tests.test_storage_file import DEERFLOW_MEMORY_JSON, contents, doc_with
+from tests.support.documents import DEERFLOW_MEMORY_JSON, contents, doc_with
 
 pytestmark = pytest.mark.integration
 

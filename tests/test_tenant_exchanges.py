@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from memq.testing.celery_procs import CeleryProcs, memq_env
+from memq.testing.waiting import DEADLINE_SECONDS
 from worker.celery_app import celery_config, create_app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -39,7 +40,7 @@ def test_a_broadcast_reaches_only_the_workers_of_its_own_prefix(
         assert names_a != names_b
         # One deployment's `celery control shutdown` leaves the other's worker running.
         app_a.control.shutdown(destination=None)
-        worker_a.process.wait(timeout=20)
+        worker_a.process.wait(timeout=DEADLINE_SECONDS)
         assert worker_b.alive() and app_b.control.ping(timeout=2.0)
     finally:
         app_a.close()

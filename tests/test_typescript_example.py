@@ -15,7 +15,7 @@ import pytest
 
 from memq.core.settings import MemqSettings
 from memq.testing.celery_procs import REPO_ROOT
-from memq.testing.waiting import wait_for
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, learn_items, stack_settings
@@ -41,7 +41,7 @@ def _run_agent(node: str, url: str, key: str, user: str, text: str, **env: str) 
         env={"PATH": os.environ.get("PATH", ""), "MEMQ_URL": url, "MEMQ_API_KEY": key, **env},
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=DEADLINE_SECONDS,
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -75,7 +75,7 @@ def test_the_typescript_agent_hands_a_turn_over_and_reads_the_memory_back(
         )
         return fact_for("item-11") in [f["content"] for f in answer.json()["facts"]]
 
-    wait_for(remembered, timeout=30, what="the first turn extracted")
+    wait_for(remembered, what="the first turn extracted")
     second = _run_agent(node, server.url, key, "app1-hana", "What do I own?")
     assert fact_for("item-11") in second["block"]
     assert second["reply"].startswith("I remember")

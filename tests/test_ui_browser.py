@@ -80,10 +80,10 @@ def navigate(driver: WebDriver, action: Callable[[], object], *, alert: bool = F
 
 def log_in(driver: WebDriver, url: str, key: str) -> None:
     driver.get(url + "/ui/users")
-    wait_for(lambda: driver.current_url.endswith("/ui/login"), timeout=10, what="the login page")
+    wait_for(lambda: driver.current_url.endswith("/ui/login"), what="the login page")
     by_id(driver, "key").send_keys(key)
     navigate(driver, by_id(driver, "login").click)
-    wait_for(lambda: driver.current_url.endswith("/ui/users"), timeout=10, what="the users page")
+    wait_for(lambda: driver.current_url.endswith("/ui/users"), what="the users page")
 
 
 def console_errors(driver: WebDriver) -> list[str]:
@@ -114,7 +114,6 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
         producer.enqueue("poison-1", GUS, None, turn(POISON), flush=True)
     wait_for(
         lambda: len(manager.list_facts(GUS)) == 2 and queue.dead_list(),
-        timeout=60,
         what="two facts learnt and the poisoned thread dead",
     )
 
@@ -190,7 +189,6 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     assert dead[0].find_element(By.CLASS_NAME, "reason").text.strip()
     wait_for(
         lambda: by_id(browser, "live").text.startswith("(live"),
-        timeout=10,
         what="the queue figures refreshed by the page's script",
     )
     model.healthy.set()
@@ -198,7 +196,6 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     assert "1 dead letter(s) retried" in by_id(browser, "notice").text
     wait_for(
         lambda: fact_for(POISON) in [f.content for f in manager.list_facts(GUS)],
-        timeout=60,
         what="the retried thread extracted",
     )
     browser.get(server.url + "/ui/queue")

@@ -22,13 +22,12 @@ from memq.local.redis_server import RedisServer
 from memq.server import create_app
 from memq.server.ui.access import Access
 from memq.server.ui.render import CONTENT_SECURITY_POLICY, path_segment
-from memq.testing.celery_procs import memq_env
 from memq.testing.serve_proc import ServeProcess
 from storage import get_storage
 from storage.management import MemoryManager
 from storage.sources import MAX_EXCERPT_CHARS, MAX_SOURCE_EXCERPTS
 from tests.support.inspector import HOSTILE_FACTS, REAL_USER_IDS, UiClient
-from tests.support.serve import Keys, bearer
+from tests.support.serve import Keys, bearer, module_server
 
 pytestmark = [pytest.mark.integration]
 _PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
@@ -87,19 +86,8 @@ def ui_server(
     redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[ServeProcess, MemqSettings]]:
     """One `memq serve` for the module (each test uses its own users)."""
-    tmp = tmp_path_factory.mktemp("ui-http")
-    settings = MemqSettings(
-        redis_url=redis_server.url,
-        key_prefix=f"t{uuid.uuid4().hex[:10]}",
-        storage_dir=tmp / "memory",
-        data_dir=tmp / "data",
-        llm_provider="rules",
-    )
-    keys_file = tmp / "keys.json"
-    keys_file.write_text(Keys().file_text(), encoding="utf-8")
-    env = memq_env(settings, MEMQ_SERVE_API_KEYS_FILE=str(keys_file))
-    with ServeProcess(env, tmp / "serve.log") as server:
-        yield server, settings
+    with module_server(redis_server, tmp_path_factory.mktemp("ui-http")) as served:
+        yield served
 
 
 def _manager(settings: MemqSettings) -> MemoryManager:

@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import cast
 
@@ -32,25 +32,37 @@ from memq.core.keys import QueueKeys
 from memq.core.metrics import MetricsRecorder
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
+from memq.core.timestamps import ms_datetime, stored_ms
 from storage.base import Fence
 from storage.provenance import RunInfo, RunMessage
 from storage.sources import Role
 from worker.batch_api import BatchEndpoint
 from worker.batch_jobs import FINISHED, RequestResult, read_results, request_lines
-from worker.batch_queue import BATCH_CYCLE_SECONDS, BATCH_LOCK_MS, BatchQueue, OutRequest
-from worker.cost import CallUsage, PriceTable, bill_fields, prompt_cache_key
+from worker.batch_queue import (
+    BATCH_CYCLE_SECONDS,
+    BATCH_LOCK_MS,
+    BatchQueue,
+    OutRequest,
+    parked_with,
+)
+from worker.budget import TokenBudget
+from worker.cost import PriceTable, prompt_cache_key
 from worker.llm import chat_request
 from worker.model import ModelAnswer
-from worker.pipeline import ExtractionPipeline, Prepared
+from worker.pipeline import ExtractionPipeline, Prepared, saved_report, stale_report
 from worker.queue import QueueClient
-from worker.report import answer_counts
+from worker.report import usage_of
 from worker.response_format import FormatChoice
+from worker.settle import AnsweredRun, Settlement
 
 log = logging.getLogger("memq.batch")
 
 
-# Fields of the metrics hash the lane adds to (beside extractions:<outcome>): batch tokens have
-# their own names, so a price table can apply the batch discount to them.
+def _int(value: str | None) -> int:
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
 
 
 def request_body(
@@ -83,7 +95,9 @@ def run_to_json(run: RunInfo) -> str:
             "thread_id": run.thread_id,
             "run_id": run.run_id,
             "at": run.at.isoformat(),
-            "messages": [[m.label, m.digest, m.role, m.excerpt] for m in run.messages],
+            "messages": [
+                [m.label, m.digest, m.role, m.excerpt, _said_ms(m.said_at)] for m in run.messages
+            ],
             "prompt_version": run.prompt_version,
             "user_confirmed": run.user_confirmed,
         }
@@ -98,9 +112,16 @@ def run_from_json(text: str, model: str) -> RunInfo:
             thread_id=raw["thread_id"],
             run_id=str(raw["run_id"]),
             at=datetime.fromisoformat(raw["at"]),
-            # A run parked before excerpts were kept has three items per message.
+            # A run parked before excerpts (message times) were kept has three (four) items
+            # per message.
             messages=tuple(
-                RunMessage(str(m[0]), str(m[1]), cast("Role", m[2]), str(m[3]) if m[3:] else "")
+                RunMessage(
+                    str(m[0]),
+                    str(m[1]),
+                    cast("Role", m[2]),
+                    str(m[3]) if m[3:] else "",
+                    _said_datetime(m[4] if m[4:] else None),
+                )
                 for m in raw["messages"]
             ),
             model=model or None,
@@ -109,6 +130,15 @@ def run_from_json(text: str, model: str) -> RunInfo:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError("unreadable parked run") from exc
+
+
+def _said_ms(moment: datetime | None) -> int | None:
+    return None if moment is None else int(moment.timestamp() * 1000)
+
+
+def _said_datetime(value: object) -> datetime | None:
+    ms = stored_ms(value)
+    return None if ms is None else ms_datetime(ms)
 
 
 def _turns_sent(data: dict[str, str]) -> int:
@@ -164,6 +194,7 @@ class BatchLane:
         endpoint: BatchEndpoint,
         *,
         clock: Callable[[], int] = now_ms,
+        settlement: Settlement | None = None,
     ) -> None:
         self.settings = settings
         self.queue = queue
@@ -172,7 +203,12 @@ class BatchLane:
         self.endpoint = endpoint
         self.clock = clock
         self._metrics = MetricsRecorder(queue.redis, queue.keys.metrics())
-        self._prices = PriceTable.from_settings(settings)
+        self.settlement = settlement or Settlement(
+            self._metrics,
+            TokenBudget.for_settings(settings, queue.redis),
+            PriceTable.from_settings(settings),
+            clock,
+        )
 
     def cycle(self) -> CycleReport:
         report = CycleReport()
@@ -285,16 +321,31 @@ class BatchLane:
     def _settle(
         self, request: OutRequest, batch_id: str, answer: ModelAnswer, report: CycleReport
     ) -> None:
+        """Apply one answer under the fence it was parked with, then settle it as a synchronous
+        run is settled (:class:`Settlement`: budget, queue, counters, bill, log line)."""
         data, stored = self.queue.load_run(request.context_id)
-        current = data.get("claim_token") == request.token == data.get("batch_token")
+        current = parked_with(data, request.token)
         covered = data.get("batch_watermark") or None
-        outcome = "stale"
-        counts: dict[str, int] = {}  # what the answer's shape adds to the counters
-        if current and not (covered is not None and stored == covered):
+        usage = usage_of(answer)
+        run = AnsweredRun(
+            request.context_id,
+            _int(data.get("claimed_version")),
+            "batch",
+            _int(data.get("batch_parked_ms")) or self.clock(),
+            trace_id=data.get("trace_id") or None,
+            batch_id=batch_id,
+        )
+        if not current:
+            # Superseded (a flush claimed it) or forgotten: the request only leaves the job.
+            self.batches.complete(request, batch_id, covered, self.clock())
+            applied = stale_report(usage, 0, "its claim moved on while the job was out")
+        elif covered is not None and stored == covered:
+            # Saved before a crash; only the settlement was missing: not applied again.
+            applied = saved_report([], usage, None, covered, False, 0)
+        else:
             try:
-                context = ConversationContext.from_hash(data)
                 applied = self.pipeline.apply_answer(
-                    context,
+                    ConversationContext.from_hash(data),
                     answer,
                     run_from_json(data.get("batch_run", ""), answer.model),
                     watermark=covered,
@@ -308,39 +359,15 @@ class BatchLane:
                 )
                 self._fall_back_one(request, batch_id, report)
                 return
-            outcome = applied.outcome
-            counts = answer_counts(applied)
-        elif current:
-            outcome = "unchanged"  # saved before a crash; only the settlement was missing
-        settled = self.batches.complete(request, batch_id, covered, self.clock())
-        discarded = outcome == "stale" or settled.name == "STALE"
-        # Priced at the batch discount; the bill (cost_nano_usd, its runs and turns) is one
-        # figure for both lanes. A discarded answer's tokens were spent, its turns not extracted.
-        batch_call = CallUsage(
-            answer.prompt_tokens, answer.cached_tokens, answer.completion_tokens, "batch"
+        if applied.outcome != "stale":
+            applied = replace(applied, messages_sent=_turns_sent(data))
+        settled = self.settlement.settle(
+            run, applied, lambda: self.batches.complete(request, batch_id, covered, self.clock())
         )
-        self._metrics.count(
-            batch_prompt_tokens=answer.prompt_tokens,
-            batch_cached_tokens=answer.cached_tokens,
-            batch_completion_tokens=answer.completion_tokens,
-            **bill_fields(self._prices, batch_call, 0 if discarded else _turns_sent(data)),
-        )
-        if discarded:
+        if settled["outcome"] == "stale":
             report.stale += 1
-            log.info("batch answer of %s discarded: its claim moved on", request.context_id)
-            return
-        report.applied += 1
-        self._metrics.extraction(outcome, counts)
-        log.info(
-            "extraction key=%s outcome=%s lane=batch batch=%s prompt_tokens=%d "
-            "completion_tokens=%d queue=%s",
-            request.context_id,
-            outcome,
-            batch_id,
-            answer.prompt_tokens,
-            answer.completion_tokens,
-            settled.name.lower(),
-        )
+        else:
+            report.applied += 1
 
     def _fall_back(self, requests: list[OutRequest], batch_id: str, report: CycleReport) -> None:
         for request in requests:

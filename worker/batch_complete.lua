@@ -8,6 +8,7 @@
 -- KEYS[5]  batch:job:<id>  hash  claim token -> context id (the job's requests)
 -- KEYS[6]  inflight        zset  context id -> lease expiry (a parked context is not in it)
 -- KEYS[7]  uinflight:<user>  zset  the user's in-flight contexts (likewise)
+-- KEYS[8]  batch:pending   zset  context id -> time parked (epoch ms)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the context was sent with (the request's custom id)
@@ -17,23 +18,25 @@
 --
 -- Returns
 --   0  stale: the claim moved on (a flush claimed it, it was forgotten); nothing done but the
---      request leaving the job
+--      request leaving the job (and the lane's sets, when no batch holds the context now)
 --   1  done: the version did not move while the job was out; the hash is deleted
 --   2  rescheduled: messages arrived while the job was out; back in `due` at deadline_ms
 
 --- @include "includes/release_claim"
 --- @include "includes/requeue"
+--- @include "includes/parked_with"
+--- @include "includes/leave_batch_lane"
 
 local ctx, out, due, wm, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local inflight, users = KEYS[6], KEYS[7]
+local inflight, users, pending = KEYS[6], KEYS[7], KEYS[8]
 local id, token = ARGV[1], ARGV[2]
 
 redis.call('HDEL', job, token)
 local f = redis.call('HMGET', ctx, 'claim_token', 'batch_token', 'version', 'claimed_version',
   'deadline_ms')
-if f[1] ~= token or f[2] ~= token then
+if not parked_with(f[1], f[2], token) then
   if not f[2] then
-    redis.call('ZREM', out, id)  -- in no batch any more (else another job holds it)
+    leave_batch_lane(ctx, pending, out, id)  -- in no batch any more (else another job holds it)
   end
   return 0
 end
@@ -43,14 +46,13 @@ end
 if f[3] == f[4] then
   redis.call('DEL', ctx)
   redis.call('ZREM', due, id)
-  redis.call('ZREM', out, id)
+  leave_batch_lane(ctx, pending, out, id)
   release_claim(ctx, inflight, users, id)
   return 1
 end
 redis.call('HSET', ctx, 'attempts', '0')
-redis.call('HDEL', ctx, 'last_error', 'batch_token', 'batch_request', 'batch_watermark',
-  'batch_run', 'batch_id', 'batch_parked_ms')
+redis.call('HDEL', ctx, 'last_error')
 requeue(ctx, due, id, f[5] or ARGV[3])
-redis.call('ZREM', out, id)
+leave_batch_lane(ctx, pending, out, id)
 release_claim(ctx, inflight, users, id)
 return 2

@@ -21,6 +21,8 @@
 
 --- @include "includes/release_claim"
 --- @include "includes/requeue"
+--- @include "includes/parked_with"
+--- @include "includes/leave_batch_lane"
 
 local ctx, out, pending, due, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local inflight, users = KEYS[6], KEYS[7]
@@ -28,18 +30,14 @@ local id, token = ARGV[1], ARGV[2]
 
 redis.call('HDEL', job, token)
 local f = redis.call('HMGET', ctx, 'claim_token', 'batch_token')
-if f[1] ~= token or f[2] ~= token then
+if not parked_with(f[1], f[2], token) then
   if not f[2] then
-    redis.call('ZREM', out, id)
-    redis.call('ZREM', pending, id)
+    leave_batch_lane(ctx, pending, out, id)
   end
   return 0
 end
-redis.call('HDEL', ctx, 'batch_token', 'batch_request', 'batch_watermark', 'batch_run',
-  'batch_id', 'batch_parked_ms')
 redis.call('HSET', ctx, 'batch_fallback', '1')
 requeue(ctx, due, id, ARGV[3])
-redis.call('ZREM', out, id)
-redis.call('ZREM', pending, id)
+leave_batch_lane(ctx, pending, out, id)
 release_claim(ctx, inflight, users, id)
 return 1

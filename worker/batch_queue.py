@@ -11,11 +11,13 @@ script next to this module; see each file's header for its KEYS, ARGV and return
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from memq.core.connection import RedisClient
 from memq.core.keys import KeySchema, QueueKeys
+from memq.core.metrics import BATCH_DEPTHS
 from memq.core.scripts import LuaScripts
 from memq.core.settings import MemqSettings
 from worker.queue import CompleteResult, QueueClient
@@ -35,6 +37,18 @@ _READ_BATCH = 1000  # ids read per pipelined call
 
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def parked_with(fields: Mapping[str, Any], token: str) -> bool:
+    """Whether a context is in the batch lane with ``token``: parked with it (``batch_token``)
+    and still claimed by it (``claim_token``; a later claim supersedes the batch). The one
+    Python reading of the rule ``includes/batch_lane.lua`` states for the scripts."""
+    return bool(token) and _field(fields, "claim_token") == token == _field(fields, "batch_token")
+
+
+def _field(fields: Mapping[str, Any], name: str) -> str | None:
+    value = fields.get(name)
+    return None if value is None else _text(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +123,10 @@ class BatchQueue:
             )
         parked = []
         for context_id, (claim, token, request, batch_id) in zip(ids, pipe.execute(), strict=True):
-            if token is not None and claim == token and request is not None and batch_id is None:
-                parked.append(Parked(context_id, _text(token), _text(request)))
+            fields = {"claim_token": claim, "batch_token": token}
+            if token is not None and parked_with(fields, _text(token)):
+                if request is not None and batch_id is None:
+                    parked.append(Parked(context_id, _text(token), _text(request)))
             elif token is None:
                 # Superseded by a claim (a flush) or forgotten: leaves `batch:pending`, in a
                 # script that checks again (it may have been parked anew since the read).
@@ -180,6 +196,7 @@ class BatchQueue:
                 q.batch_job(batch_id),
                 q.inflight,
                 QueueClient.user_inflight_key(q, request.context_id),
+                q.batch_pending,
             ],
             args=[
                 request.context_id,
@@ -228,16 +245,13 @@ class BatchQueue:
         return any(int(n) for n in pipe.execute())
 
     def depths(self) -> dict[str, int]:
-        """Contexts parked for a job, out in one, and jobs out, over every shard."""
+        """Contexts parked for a job, out in one, and jobs out, over every shard (the depths
+        `memq stats` shows, named in :data:`memq.core.metrics.BATCH_DEPTHS`)."""
         pipe = self.redis.pipeline(transaction=False)
         shards = self.keys.all_shards()
         for shard in shards:
-            pipe.zcard(shard.batch_pending)
-            pipe.zcard(shard.batched)
-            pipe.zcard(shard.batch_jobs)
+            for depth in BATCH_DEPTHS:
+                pipe.zcard(depth.key(shard))
         replies = [int(n) for n in pipe.execute()]
-        return {
-            "batch_pending": sum(replies[0::3]),
-            "batch_out": sum(replies[1::3]),
-            "batch_jobs": sum(replies[2::3]),
-        }
+        width = len(BATCH_DEPTHS)
+        return {d.name: sum(replies[i::width]) for i, d in enumerate(BATCH_DEPTHS)}

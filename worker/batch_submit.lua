@@ -19,19 +19,22 @@
 -- answer will be ignored. One no longer parked at all leaves `batch:pending`. With none
 -- recorded the job is not polled (the caller cancels it).
 
+--- @include "includes/parked_with"
+--- @include "includes/leave_batch_lane"
+
 local pending, out, jobs, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local moved = 0
 for i = 1, (#ARGV - 4) / 2 do
   local ctx, id, token = KEYS[4 + i], ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   local f = redis.call('HMGET', ctx, 'claim_token', 'batch_token', 'batch_id')
-  if f[1] == token and f[2] == token and not f[3] then
+  if parked_with(f[1], f[2], token) and not f[3] then
     redis.call('HSET', ctx, 'batch_id', ARGV[1])
     redis.call('HSET', job, token, id)
     redis.call('ZADD', out, ARGV[2], id)
     redis.call('ZREM', pending, id)
     moved = moved + 1
   elseif not f[2] then
-    redis.call('ZREM', pending, id)
+    leave_batch_lane(ctx, pending, out, id)
   end
 end
 if moved > 0 then

@@ -6,9 +6,11 @@
 -- KEYS[1]      due        zset  context id -> deadline (epoch ms)
 -- KEYS[2]      inflight   zset  context id -> lease expiry (epoch ms)
 -- KEYS[3]      epoch      string  the shard's claim counter: each claim token is its next value,
---                                 and at least ARGV[1] * 1000 (see next_token)
--- KEYS[2+2i]   ctx:<id>   hash of candidate i (i = 1..n)
--- KEYS[3+2i]   uinflight:<user>  zset  the in-flight contexts of candidate i's user -> lease expiry,
+--                                 and at least ARGV[1] * 1000 (see reserve_tokens)
+-- KEYS[4]      batch:pending  zset  context id -> time parked (a claim supersedes a parked run)
+-- KEYS[5]      batch:out  zset  context id -> time past which its job counts as lost (likewise)
+-- KEYS[4+2i]   ctx:<id>   hash of candidate i (i = 1..n)
+-- KEYS[5+2i]   uinflight:<user>  zset  the in-flight contexts of candidate i's user -> lease expiry,
 --                                 and the member `~defer` -> minus the user's deferral horizon
 --
 -- ARGV[1]    now_ms         current time, epoch milliseconds
@@ -27,8 +29,13 @@
 -- A candidate whose hash vanished is removed from `due` (celery-redbeat's cleanup); one already in
 -- flight is removed from `due` too (its complete reschedules it from deadline_ms), and so is one
 -- parked for or out in a batch job (`batch_token` set) unless it is `urgent` (a flush).
--- A claim sets `claimed_sync` ("1": urgent, or sent back by a failed batch) and clears `urgent`,
--- `batch_fallback` and the batch fields.
+-- A claim sets `claimed_sync` ("1": urgent, or sent back by a failed batch) and clears `urgent`
+-- and `batch_fallback`; a claim of a context in the batch lane takes it out of the
+-- lane (includes/leave_batch_lane.lua), so the batch's answer is fenced off.
+--
+-- Calls per claimed candidate: HMGET, HSET, HDEL. The rest is per call or per user: one INCRBY
+-- reserves every token the call hands out, one ZCOUNT reads a user's live leases and one ZADD
+-- adds the user's new ones (however many of the candidates are that user's).
 --
 -- Fairness: a capped candidate only moves back in `due`, so the next batch reaches other users'
 -- due keys instead of the same wall of one user's. Its hash keeps deadline_ms: that is its real
@@ -49,7 +56,9 @@
 -- Redis does not roll back what a failing script already wrote. Writes are ordered so that a
 -- claimed id is in `inflight` before it leaves `due`: a failure can never leave it in no set.
 
-local due, inflight, epoch = KEYS[1], KEYS[2], KEYS[3]
+--- @include "includes/leave_batch_lane"
+
+local due, inflight, epoch, pending, batched = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 -- A replica promoted after its primary died may have missed the last INCRs of the counter (the
 -- replication is asynchronous), and would hand out again a token that a run of the dead primary
@@ -57,13 +66,14 @@ local due, inflight, epoch = KEYS[1], KEYS[2], KEYS[3]
 -- floor has passed every token issued before it (unless one shard made a million claims in
 -- that time). Tokens stay integers below 2^53, exact in Lua's numbers.
 local token_floor = tonumber(ARGV[1]) * 1000
-local function next_token()
-  local n = redis.call('INCR', epoch)
-  if n < token_floor then
-    n = token_floor
-    redis.call('SET', epoch, string.format('%d', n))
+-- The first of `count` consecutive tokens, reserved in one write (the counter ends at the last).
+local function reserve_tokens(count)
+  local last = redis.call('INCRBY', epoch, count)
+  if last - count + 1 < token_floor then
+    last = token_floor + count - 1
+    redis.call('SET', epoch, string.format('%d', last))
   end
-  return string.format('%d', n)
+  return last - count + 1
 end
 local now = tonumber(ARGV[1])
 local lease_until = string.format('%d', now + tonumber(ARGV[2]))
@@ -75,7 +85,7 @@ local defer_step = tonumber(ARGV[5]) / (2 * user_cap)
 local DEFER = '~defer'
 local horizon = {}  -- per-user key -> where its next capped candidate goes in `due`
 local out = {1, 0}
-local n = (#KEYS - 3) / 2
+local n = (#KEYS - 5) / 2
 if n == 0 then return out end
 
 local CHUNK = 500
@@ -104,10 +114,12 @@ local deadlines = scores(due)
 local leases = scores(inflight)
 local count = redis.call('ZCARD', inflight)
 local held = {}  -- per-user key -> live leases, counted once per user per call
+local added = {}  -- per-user key -> {lease, id, ...} of its new leases, one ZADD per user
+local claimed = {}  -- {ctx, id, version, fields} of each candidate claimed, in order
 local drop, lease_args, defer_args = {}, {}, {}
 
 for i = 1, n do
-  local ctx, users, id = KEYS[2 + 2 * i], KEYS[3 + 2 * i], ids[i]
+  local ctx, users, id = KEYS[4 + 2 * i], KEYS[5 + 2 * i], ids[i]
   local deadline = tonumber(deadlines[i])
   if deadline and deadline <= now then
     -- `version` is set by every enqueue, so its absence means the hash vanished.
@@ -147,29 +159,45 @@ for i = 1, n do
         lease_args[#lease_args + 1] = id
         count = count + 1
         user_held = user_held + 1
-        redis.call('ZADD', users, lease_until, id)
-        -- The shard's counter never goes back, even when a hash is deleted and re-created, so a
-        -- token is unique and a newer claim of a context always has a larger one: the storage
-        -- fences saves with it (a run from an earlier claim can never match, nor outrank).
-        local token = next_token()
-        local version = fields[1]
-        -- claimed_sync: this run calls the model itself, never through the batch lane (a
-        -- flush or an over-size context, or a batch that failed it).
-        local sync = (fields[3] or fields[4]) and '1' or '0'
-        redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
-          'claimed_at_ms', ARGV[1], 'claimed_sync', sync)
-        -- The next enqueue starts a fresh debounce window: it must not inherit this run's past
-        -- deadline (which would make it due at once) nor its max-delay start. A batch the context
-        -- was parked for is superseded by this claim.
-        redis.call('HDEL', ctx, 'pending_since_ms', 'deadline_ms', 'urgent', 'batch_fallback',
-          'batch_token', 'batch_request', 'batch_watermark', 'batch_run', 'batch_id',
-          'batch_parked_ms')
-        out[#out + 1] = id
-        out[#out + 1] = token
-        out[#out + 1] = version
+        local mine = added[users]
+        if not mine then
+          mine = {}
+          added[users] = mine
+        end
+        mine[#mine + 1] = lease_until
+        mine[#mine + 1] = id
+        claimed[#claimed + 1] = {ctx, id, fields}
       end
       held[users] = user_held
     end
+  end
+end
+for users, mine in pairs(added) do
+  bulk('ZADD', users, mine, 2)
+end
+if #claimed > 0 then
+  -- The shard's counter never goes back, even when a hash is deleted and re-created, so a
+  -- token is unique and a newer claim of a context always has a larger one: the storage
+  -- fences saves with it (a run from an earlier claim can never match, nor outrank).
+  local first = reserve_tokens(#claimed)
+  for k = 1, #claimed do
+    local ctx, id, fields = claimed[k][1], claimed[k][2], claimed[k][3]
+    local token = string.format('%d', first + k - 1)
+    local version = fields[1]
+    -- claimed_sync: this run calls the model itself, never through the batch lane (a flush or
+    -- an over-size context, or a batch that failed it).
+    local sync = (fields[3] or fields[4]) and '1' or '0'
+    redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
+      'claimed_at_ms', ARGV[1], 'claimed_sync', sync)
+    -- The next enqueue starts a fresh debounce window: it must not inherit this run's past
+    -- deadline (which would make it due at once) nor its max-delay start.
+    redis.call('HDEL', ctx, 'pending_since_ms', 'deadline_ms', 'urgent', 'batch_fallback')
+    if fields[2] then
+      leave_batch_lane(ctx, pending, batched, id)  -- superseded by this claim
+    end
+    out[#out + 1] = id
+    out[#out + 1] = token
+    out[#out + 1] = version
   end
 end
 bulk('ZADD', inflight, lease_args, 2)

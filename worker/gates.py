@@ -22,6 +22,13 @@ class RunGates:
         self.budget = TokenBudget.for_settings(settings, client)
         self.limiter = SharedRateLimit.for_settings(settings, client)
 
+    def admit_batch(self, user_id: str) -> None:
+        """Before a run is parked for a batch job: the budgets, as before a call (RunDeferred
+        when one is spent). No rate-limit slot: the job is not a call at the rate the limit
+        shares; its tokens are spent when its answer is settled."""
+        if self.budget is not None:
+            self.budget.check(user_id)
+
     def gate_for(self, user_id: str, slot_ms: int | None) -> Gate | None:
         """The gate of one run of ``user_id`` (None: neither a budget nor a limit is set);
         ``slot_ms``: the rate-limit slot an earlier deferral reserved for it."""

@@ -130,9 +130,12 @@ class RulesUpdateModel:
         _announce()
 
     def propose(self, prompt: UpdatePrompt, *, cache_key: str | None = None) -> ModelAnswer:
+        # Each fact cites the message it was read from, so its source — and when it was said —
+        # is that message's.
+        labels = prompt.labels if len(prompt.labels) == len(prompt.conversation) else ()
         facts = [
-            fact
-            for message in prompt.conversation
+            fact.model_copy(update={"cites": labels[index : index + 1]})
+            for index, message in enumerate(prompt.conversation)
             if message.role == "user"
             for fact in extract_facts(message.content)
         ]

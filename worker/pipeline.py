@@ -24,6 +24,7 @@ from datetime import datetime
 from memq.core.errors import StaleClaim
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
+from memq.core.timestamps import ms_datetime
 from memq.memory.apply import apply_to_own
 from memq.memory.signals import signals_in
 from memq.memory.update import UpdateAnswer
@@ -228,8 +229,8 @@ class ExtractionPipeline:
             saving = None if fence is None else replace(fence, watermark=watermark)
             changes = [] if parsed.is_noop() else self._apply(context, parsed, run, saving, refused)
         except StaleClaim as exc:
-            return _stale_report(usage, elapsed_ms(), str(exc))
-        report = _saved_report(changes, usage, prompt, watermark, more, elapsed_ms())
+            return stale_report(usage, elapsed_ms(), str(exc))
+        report = saved_report(changes, usage, prompt, watermark, more, elapsed_ms())
         report = replace(
             report,
             facts_invalid=parsed.dropped_facts,
@@ -302,7 +303,13 @@ def run_info(
     identity is the uncut message's, the one the watermark knows it by."""
     sent = [m for m in selection.new if message_text(m)][-len(prompt.conversation) :]
     messages = tuple(
-        RunMessage(label, message_identity(m), m.role, message_excerpt(m))
+        RunMessage(
+            label,
+            message_identity(m),
+            m.role,
+            message_excerpt(m),
+            None if m.at is None else ms_datetime(m.at),
+        )
         for m, label in zip(sent, prompt.labels, strict=True)
     )
     return RunInfo(
@@ -322,7 +329,7 @@ def _stopwatch() -> Callable[[], int]:
     return lambda: int((time.monotonic() - started) * 1000)
 
 
-def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionReport:
+def stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionReport:
     """The save was fenced off: the answer is discarded, its tokens were spent all the same."""
     return ExtractionReport(
         "stale",
@@ -336,7 +343,7 @@ def _stale_report(usage: Usage, duration_ms: int, reason: str) -> ExtractionRepo
     )
 
 
-def _saved_report(
+def saved_report(
     changes: list[Change],
     usage: Usage,
     prompt: UpdatePrompt | None,

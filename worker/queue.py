@@ -7,6 +7,7 @@ ARGV and return codes), assembled with its shared fragments (``includes/``) by
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Iterable
@@ -17,7 +18,7 @@ from typing import Any, Literal, cast
 from memq.core.clock import now_ms
 from memq.core.connection import RedisClient
 from memq.core.errors import InvalidIdentifier
-from memq.core.identity import user_id_of
+from memq.core.identity import decode_user, encode_user, user_id_of
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.metrics import MetricsRecorder, read_snapshot, summarise
 from memq.core.scripts import LuaScripts
@@ -86,6 +87,18 @@ class DeadEntry:
     expires_at_ms: int = 0  # when the dead letter (and the text it holds) is deleted
 
 
+@functools.lru_cache(maxsize=65_536)
+def _canonical_user_segment(segment: str) -> bool:
+    """Whether ``segment`` is a user's key part exactly as :func:`encode_user` writes it (pure,
+    so memoised: the ticker meets the same users tick after tick)."""
+    if not segment:
+        return False
+    try:
+        return encode_user(decode_user(segment)) == segment
+    except InvalidIdentifier:
+        return False
+
+
 class QueueClient:
     """The worker side of the Redis contract, on one client (its scripts registered once)."""
 
@@ -124,7 +137,7 @@ class QueueClient:
         ):
             if not ids:
                 continue
-            keys = [shard.due, shard.inflight, shard.epoch]
+            keys = [shard.due, shard.inflight, shard.epoch, shard.batch_pending, shard.batched]
             for context_id in ids:
                 keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
             raw = self._scripts["claim_due"](
@@ -378,6 +391,10 @@ class QueueClient:
     @staticmethod
     def user_inflight_key(q: QueueKeys, context_id: str) -> str:
         """The per-user lease set of a context's user, in the context's own shard."""
+        parts = context_id.split(":")
+        if len(parts) == 3 and _canonical_user_segment(parts[1]):
+            # The id already carries the user's key part: no decode and encode per candidate.
+            return q.user_inflight_segment(parts[1])
         try:
             user_id = user_id_of(context_id)
         except InvalidIdentifier:

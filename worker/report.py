@@ -47,8 +47,8 @@ class ExtractionReport:
 
 
 def answer_counts(report: ExtractionReport) -> dict[str, int]:
-    """What a saved answer adds to the counters of its shape (memq.core.metrics.COUNTERS): both
-    lanes' settlements record the same."""
+    """What a saved answer adds to the counters of its shape (memq.core.metrics.COUNTERS), as
+    the one settlement of both lanes records it."""
     return {
         "facts_invalid": report.facts_invalid,
         "facts_refused": report.facts_refused,

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from memq.core.clock import now_ms
 from memq.core.connection import RedisClient, redis_client
 from memq.core.metrics import MetricsRecorder
 from memq.core.settings import MemqSettings
@@ -18,6 +19,7 @@ from worker.cost import PriceTable
 from worker.gates import RunGates
 from worker.queue import QueueClient
 from worker.response_format import FormatChoice
+from worker.settle import Settlement
 
 if TYPE_CHECKING:
     from worker.batch import BatchLane
@@ -86,6 +88,10 @@ class WorkerRuntime:
                 self._gates = RunGates(self.settings, self._base_locked()[0])
             return self._gates
 
+    def settlement(self, clock: Callable[[], int]) -> Settlement:
+        """Where an answered run of either lane is spent, settled, counted and logged."""
+        return Settlement(self.metrics, self.gates.budget, self.prices, clock)
+
     @property
     def batches(self) -> BatchQueue:
         """The batch lane's queue operations (its scripts registered once per process)."""
@@ -102,7 +108,7 @@ class WorkerRuntime:
         from worker.batch import BatchLane
         from worker.batch_api import OpenAIBatchEndpoint
 
-        pipeline, batches = self.pipeline, self.batches
+        pipeline, batches, settlement = self.pipeline, self.batches, self.settlement(now_ms)
         with self._lock:
             if self._lane is None:
                 self._lane = BatchLane(
@@ -111,6 +117,7 @@ class WorkerRuntime:
                     batches,
                     pipeline,
                     OpenAIBatchEndpoint(self.settings),
+                    settlement=settlement,
                 )
             return self._lane
 

@@ -19,12 +19,11 @@ from memq.core.identity import ContextKey
 from memq.core.metrics import MetricsRecorder
 from memq.core.models import ConversationContext
 from storage.base import Fence
-from worker.cost import CallUsage, PriceTable, bill_fields
 from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient
-from worker.report import answer_counts
 from worker.retry import content_free_traceback, public_reason, retry_delay_ms
 from worker.runtime import WorkerRuntime
+from worker.settle import AnsweredRun
 
 if TYPE_CHECKING:
     from worker.report import ExtractionReport
@@ -54,25 +53,14 @@ class _Run:
     version: int
     started: int  # epoch ms
     clock: Callable[[], int]
-    prices: PriceTable | None = None
-
-    def usage(self, report: ExtractionReport, turns: int) -> dict[str, int]:
-        """The metrics fields this run's usage adds to, its bill included."""
-        call = CallUsage(
-            report.prompt_tokens,
-            report.cached_tokens,
-            report.completion_tokens,
-            report.service_tier,
-        )
-        return {
-            "prompt_tokens": report.prompt_tokens,
-            "completion_tokens": report.completion_tokens,
-            "cached_tokens": report.cached_tokens,
-            **bill_fields(self.prices, call, turns),
-        }
 
     def log_extra(self, outcome: str) -> dict[str, Any]:
         return {"memq_key": self.context_id, "memq_version": self.version, "memq_outcome": outcome}
+
+    def answered(self, context: ConversationContext) -> AnsweredRun:
+        return AnsweredRun(
+            self.context_id, self.version, "sync", self.started, trace_id=context.trace_id
+        )
 
 
 def extract(
@@ -84,9 +72,7 @@ def extract(
     clock: Callable[[], int] = now_ms,
 ) -> dict[str, Any]:
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
-    run = _Run(
-        runtime.queue, runtime.metrics, context_id, token, version, clock(), clock, runtime.prices
-    )
+    run = _Run(runtime.queue, runtime.metrics, context_id, token, version, clock(), clock)
     data, watermark = run.queue.load_run(context_id)
     if not _start(run, data):
         return {"outcome": "stale"}
@@ -111,12 +97,13 @@ def extract(
             extra=run.log_extra("batched"),
         )
         return {"outcome": "batched", "queue": "batched"}
-    budget = runtime.gates.budget
-    if budget is not None:
-        budget.spend(context.user_id, report.prompt_tokens + report.completion_tokens)
-    if report.outcome == "stale":
-        return _discarded(run, report)
-    return _completed(run, context, report)
+    return runtime.settlement(clock).settle(
+        run.answered(context),
+        report,
+        lambda: run.queue.complete(
+            run.context_id, run.token, run.clock(), watermark=report.watermark, more=report.more
+        ),
+    )
 
 
 def _start(run: _Run, data: dict[str, Any]) -> bool:
@@ -180,71 +167,12 @@ def _run_pipeline(
             return step
         if step.selection.more:  # over one prompt's budget: chunks go synchronously
             return runtime.pipeline.finish(context, step, fence=fence, gate=gate)
+        # A batch request asks the budgets as a call does (and spends at its settlement).
+        runtime.gates.admit_batch(context.user_id)
         batches, pipeline, formats = runtime.batches, runtime.pipeline, runtime.formats
         if park(settings, batches, pipeline, context, run.token, step, run.clock(), formats):
             return None
         return ExtractionReport("stale", reason="claim gone before the run was parked")
-
-
-def _completed(run: _Run, context: ConversationContext, report: ExtractionReport) -> dict[str, Any]:
-    """Settle a run that saved (or had nothing to save); counted under its outcome even when
-    the claim went stale after the save, since what it saved stays."""
-    # The watermark advances with the settlement, never before: a run that fails or lost its
-    # claim leaves it where it was, so its messages are sent again.
-    settled = run.queue.complete(
-        run.context_id, run.token, run.clock(), watermark=report.watermark, more=report.more
-    )
-    duration = run.clock() - run.started
-    run.metrics.extraction(
-        report.outcome,
-        {
-            **run.usage(report, report.messages_sent),
-            **answer_counts(report),
-        },
-    )
-    log.info(
-        "extraction key=%s version=%d outcome=%s facts_added=%d facts_removed=%d "
-        "facts_invalid=%d facts_refused=%d prompt_tokens=%d cached_tokens=%d "
-        "completion_tokens=%d duration_ms=%d queue=%s",
-        run.context_id,
-        run.version,
-        report.outcome,
-        report.facts_added,
-        report.facts_removed,
-        report.facts_invalid,
-        report.facts_refused,
-        report.prompt_tokens,
-        report.cached_tokens,
-        report.completion_tokens,
-        duration,
-        settled.name.lower(),
-        extra={**run.log_extra(report.outcome), "memq_trace_id": context.trace_id},
-    )
-    return {
-        "outcome": report.outcome,
-        "facts_added": report.facts_added,
-        "facts_removed": report.facts_removed,
-        "queue": settled.name.lower(),
-    }
-
-
-def _discarded(run: _Run, report: ExtractionReport) -> dict[str, Any]:
-    """A run whose claim was lost before it could save: its answer is dropped (the current claim
-    extracts the same messages), its tokens were spent all the same."""
-    run.metrics.stale_run(run.usage(report, 0))
-    log.warning(
-        "extraction key=%s version=%d outcome=stale answer discarded: %s prompt_tokens=%d "
-        "cached_tokens=%d completion_tokens=%d duration_ms=%d",
-        run.context_id,
-        run.version,
-        report.reason,
-        report.prompt_tokens,
-        report.cached_tokens,
-        report.completion_tokens,
-        run.clock() - run.started,
-        extra=run.log_extra("stale"),
-    )
-    return {"outcome": "stale", "queue": "stale"}
 
 
 def _deferred(run: _Run, exc: RunDeferred) -> dict[str, Any]:

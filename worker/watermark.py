@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memq.core.models import Message
-from prompts.conversation import message_text, render_line, truncate_middle
+from prompts.conversation import day_cost, message_text, render_line, truncate_middle
 from prompts.tokens import TokenCounter
 
 # Identities remembered per context: enough to find the boundary after the last extracted
@@ -135,12 +135,15 @@ class ChunkBudget:
         ``message_max_chars`` — at least one message with text, which the prompt then shrinks
         (blank messages cost nothing)."""
         used = 0
+        before: Message | None = None  # the previous message with text
         for index, original in enumerate(messages):
             content = message_text(original)
             if not content:
                 continue
             cut = truncate_middle(content, self.message_max_chars)
             cost = self.count_tokens(render_line(Message(original.role, cut, original.id))) + 1
+            cost += day_cost(original, before, self.count_tokens)  # its day line, as rendered
+            before = original
             if used + cost > self.max_tokens:
                 return index if used else index + 1
             used += cost

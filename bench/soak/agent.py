@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from memq.core.settings import MemqSettings
+from memq.testing.waiting import DEADLINE_SECONDS
 from producer import MemoryProducer
 
 KEEP_AFTER_SUMMARY = 2
@@ -82,7 +83,7 @@ def run(plan: dict[str, Any]) -> int:
             if wanted - forgotten:
                 forgotten |= wanted
                 # Nothing of theirs may still be on its way: the spool is replayed first.
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + DEADLINE_SECONDS
                 while producer.spool_size and time.monotonic() < deadline:
                     producer.drain_spool()
                     time.sleep(0.1)  # wait-ok: the replay backs off while Redis is away

@@ -15,6 +15,7 @@ from bench.soak.stack import Stack, now_ms, wait_until
 from memq.core.connection import redis_client
 from memq.core.settings import MemqSettings
 from memq.testing.redis_procs import kill_redis
+from memq.testing.waiting import DEADLINE_SECONDS
 
 # Redis fsyncs its AOF once a second with everysec, so a kill -9 may drop about the last second or
 # two of acknowledged writes (Redis documents "up to 2 seconds" when the disk is slow).
@@ -143,7 +144,7 @@ class FaultRunner:
         )
         wanted = self.stack.forgotten | set(chosen)
         (self.stack.control / "forget").write_text("\n".join(sorted(wanted)) + "\n")
-        acked = wait_until(lambda: self._agents_stopped_for(wanted), 60.0)
+        acked = wait_until(lambda: self._agents_stopped_for(wanted), DEADLINE_SECONDS)
         for user in chosen:
             self.stack.forget_method = forget_user(self.stack.settings, user)
         self.stack.forgotten |= set(chosen)

@@ -29,6 +29,11 @@ MIN_REDIS_VERSION = (6, 2)
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
+# The shape of `memq doctor --json`: raised whenever a field is renamed, moved or removed
+# (CHANGELOG.md says what changed).
+DOCTOR_VERSION = 1
+
+
 @dataclass(frozen=True)
 class Check:
     status: Status
@@ -60,7 +65,11 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         checks += _guard("ticker", lambda: check_ticker(context.redis, settings))
         checks += _guard("workers' storage", lambda: check_workers_storage(context.redis, settings))
     if args.json:
-        print(json.dumps([c.__dict__ for c in checks], indent=2))
+        print(
+            json.dumps(
+                {"version": DOCTOR_VERSION, "checks": [c.__dict__ for c in checks]}, indent=2
+            )
+        )
     else:
         for check in checks:
             print(f"{check.status.upper():4}  {check.name}: {shown(check.detail)}")
@@ -328,7 +337,7 @@ def check_ticker(
 ) -> list[Check]:
     """Whether beat ticks: its heartbeat is the time of the last tick, kept in Redis."""
     from memq.core.clock import now_ms as clock
-    from memq.core.metrics import read_snapshot
+    from memq.core.metrics import beat_alive, read_snapshot
 
     now = clock() if now_ms is None else now_ms
     last = read_snapshot(client, settings, now).metrics.last_tick_ms
@@ -336,7 +345,7 @@ def check_ticker(
     if last is None:
         return [Check("warn", "ticker", "no tick recorded yet for this key prefix", fix)]
     age = (now - last) / 1000
-    if age > max(10 * settings.tick_seconds, 30.0):
+    if not beat_alive(last, now, settings.tick_seconds):
         return [Check("warn", "ticker", f"last tick {age:.0f} s ago: beat looks down", fix)]
     return [Check("ok", "ticker", f"last tick {max(age, 0.0):.1f} s ago")]
 

@@ -60,6 +60,12 @@ def _options(parser: argparse.ArgumentParser) -> None:
     add("--yes", action="store_true", help="start without asking after the estimate")
     add("--estimate-only", action="store_true", help="print the estimate and stop")
     add("--no-progress", action="store_true", help="no progress bars on stderr")
+    add(
+        "--ideal",
+        action="store_true",
+        help="recall only, no model: the data set's observations as the facts (said at their "
+        "session's date), an ideal reader; reports how often the evidence reaches the block",
+    )
 
 
 def run(args: argparse.Namespace, context: CommandContext) -> int:
@@ -93,5 +99,6 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
         yes=args.yes,
         estimate_only=args.estimate_only,
         progress=not args.no_progress,
+        ideal=args.ideal,
     )
     return run_eval(request)

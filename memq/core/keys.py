@@ -95,7 +95,11 @@ class QueueKeys:
     def user_inflight(self, user_id: str) -> str:
         """Zset of one user's contexts in flight in this shard (id -> lease expiry): the per-user
         cap counts it, so one tenant's backlog cannot fill the broker ahead of everyone else."""
-        return f"{self.tag}:uinflight:{encode_user(user_id)}"
+        return self.user_inflight_segment(encode_user(user_id))
+
+    def user_inflight_segment(self, user_segment: str) -> str:
+        """:meth:`user_inflight` by the user's encoded key part (as a context id carries it)."""
+        return f"{self.tag}:uinflight:{user_segment}"
 
     # --- the batch lane: contexts whose extraction goes out in a provider's batch job
     @property

@@ -16,12 +16,12 @@ better than an extraction that fails because of its bookkeeping.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from memq.core.connection import RedisClient
-from memq.core.keys import KeySchema
+from memq.core.keys import KeySchema, QueueKeys
 from memq.core.settings import MemqSettings
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,15 @@ EXTRACTION_OUTCOMES = ("updated", "unchanged", "skipped", "retry", "dead")
 # rate_limit: the shared rate limit had no slot; budget: a token budget was spent.
 DEFERRAL_REASONS = ("rate_limit", "budget")
 NANO_USD_PER_USD: Final = 1_000_000_000
+# The shape of `memq stats --json` and `/v1/queue/stats` (:func:`summarise`): raised whenever a
+# field is renamed, moved or removed (CHANGELOG.md says what changed); adding one keeps it.
+STATS_VERSION: Final = 1
+
+# "Is beat alive?": its last tick is at most this old, and never less than ten ticks. The one
+# threshold of /readyz, `memq doctor` and the MemqBeatDown alert (deploy/prometheus/alerts.yml,
+# whose expression tests/test_liveness.py holds to it).
+BEAT_ALIVE_SECONDS: Final = 30.0
+BEAT_ALIVE_TICKS: Final = 10
 LATENCY_BUCKETS_SECONDS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
 
@@ -115,6 +124,22 @@ class TickFigures(Protocol):
     def dead(self) -> int: ...
     @property
     def deferred(self) -> int: ...
+
+
+def beat_alive_within_ms(tick_seconds: float) -> int:
+    """How old beat's last tick may be while beat counts as alive (milliseconds)."""
+    return int(max(BEAT_ALIVE_SECONDS, BEAT_ALIVE_TICKS * tick_seconds) * 1000)
+
+
+def beat_alive(last_tick_ms: int | None, now_ms: int, tick_seconds: float) -> bool:
+    """Whether beat ticks: a tick recorded, no older than :func:`beat_alive_within_ms`."""
+    return last_tick_ms is not None and now_ms - last_tick_ms <= beat_alive_within_ms(tick_seconds)
+
+
+def per_thousand_turns(value: float | None, turns: int) -> float | None:
+    """``value`` per 1,000 turns: the bill's turns, conversation messages sent for extraction
+    (``turns_extracted``). The one meaning `memq stats` and `memq eval` give the figure."""
+    return None if value is None or turns <= 0 else value * 1000 / turns
 
 
 def latency_bucket(seconds: float) -> str:
@@ -244,8 +269,11 @@ class MetricsSnapshot:
 
     @property
     def cost_per_1000_turns_usd(self) -> float | None:
-        turns = self["turns_extracted"]
-        return self.cost_usd * 1000 / turns if turns else None
+        return per_thousand_turns(self.cost_usd, self["turns_extracted"])
+
+    def both_lanes(self, kind: str) -> int:
+        """Tokens of ``kind`` (prompt, cached, completion) over both lanes."""
+        return self[f"{kind}_tokens"] + self[f"batch_{kind}_tokens"]
 
     @property
     def dead_lettered(self) -> int:
@@ -288,6 +316,27 @@ def parse_metrics(raw: Mapping[str, Any]) -> MetricsSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchDepth:
+    """One depth of the batch lane: its name (in `memq stats`, ``/v1/queue/stats`` and, as
+    ``memq_<name>``, the exporter), the shard's zset it counts, and what it means."""
+
+    name: str
+    key: Callable[[QueueKeys], str]  # the shard's zset whose size this depth is
+    text: str
+
+
+# The batch lane's states, as depths: parked (`batch_pending`, waiting to be gathered into a
+# job), out (`batch_out`, in a job the provider holds) and the jobs out themselves.
+BATCH_DEPTHS: Final[tuple[BatchDepth, ...]] = (
+    BatchDepth(
+        "batch_pending", lambda q: q.batch_pending, "batch lane: contexts parked, waiting for a job"
+    ),
+    BatchDepth("batch_out", lambda q: q.batched, "batch lane: contexts out in a job"),
+    BatchDepth("batch_jobs", lambda q: q.batch_jobs, "batch lane: jobs out at the provider"),
+)
+
+
+@dataclass(frozen=True, slots=True)
 class ShardGauges:
     """One shard of the queue, now."""
 
@@ -296,6 +345,7 @@ class ShardGauges:
     inflight: int
     dead: int
     oldest_due_lag_ms: int  # how far the oldest due context is past its deadline (0: none due)
+    batch: dict[str, int] = field(default_factory=dict)  # by the names of BATCH_DEPTHS
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,14 +368,23 @@ def read_snapshot(client: RedisClient, settings: MemqSettings, now_ms: int) -> S
         pipe.zcard(shard.inflight)
         pipe.zcard(shard.dead)
         pipe.zrange(shard.due, 0, 0, withscores=True)
+        for depth in BATCH_DEPTHS:
+            pipe.zcard(depth.key(shard))
     pipe.hgetall(schema.metrics())
     replies = pipe.execute()
     gauges = []
+    width = 4 + len(BATCH_DEPTHS)
     for index in range(len(shards)):
-        due, inflight, dead, first = replies[index * 4 : index * 4 + 4]
+        due, inflight, dead, first, *batch = replies[index * width : (index + 1) * width]
         lag = max(0, now_ms - int(first[0][1])) if first else 0
-        gauges.append(ShardGauges(index, int(due), int(inflight), int(dead), lag))
+        depths = {d.name: int(n) for d, n in zip(BATCH_DEPTHS, batch, strict=True)}
+        gauges.append(ShardGauges(index, int(due), int(inflight), int(dead), lag, depths))
     return Snapshot(gauges, parse_metrics(replies[-1]), now_ms)
+
+
+def batch_depths(shards: list[ShardGauges]) -> dict[str, int]:
+    """The batch lane's depths over every shard, by name."""
+    return {d.name: sum(s.batch.get(d.name, 0) for s in shards) for d in BATCH_DEPTHS}
 
 
 def read_counts(client: RedisClient, settings: MemqSettings) -> dict[str, int]:
@@ -347,14 +406,17 @@ def _outcome_order(outcome: str) -> tuple[int, str]:
 
 
 def summarise(snapshot: Snapshot) -> dict[str, Any]:
-    """Everything `memq stats` knows, as plain data (what `--json` prints): totals of the shards,
-    each shard, the extractions by outcome, the LLM figures and every counter by its field."""
+    """Everything `memq stats` knows, as plain data (what `--json` prints and ``/v1/queue/stats``
+    serves, shape :data:`STATS_VERSION`): totals of the shards (the batch lane's depths
+    included), each shard, the extractions by outcome, the LLM figures and every counter."""
     shards, metrics = snapshot.shards, snapshot.metrics
     last_tick = metrics.last_tick_ms
     return {
+        "version": STATS_VERSION,
         "due": sum(s.due for s in shards),
         "inflight": sum(s.inflight for s in shards),
         "dead": sum(s.dead for s in shards),
+        **batch_depths(shards),
         "oldest_due_lag_ms": max((s.oldest_due_lag_ms for s in shards), default=0),
         "last_tick_age_ms": None if last_tick is None else snapshot.now_ms - last_tick,
         "shards": [
@@ -363,6 +425,7 @@ def summarise(snapshot: Snapshot) -> dict[str, Any]:
                 "due": s.due,
                 "inflight": s.inflight,
                 "dead": s.dead,
+                **{d.name: s.batch.get(d.name, 0) for d in BATCH_DEPTHS},
                 "oldest_due_lag_ms": s.oldest_due_lag_ms,
             }
             for s in shards

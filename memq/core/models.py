@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from memq.core.errors import InvalidMessages
 from memq.core.identity import ContextKey
+from memq.core.timestamps import stored_ms
 
 Role = Literal["user", "assistant"]
 
@@ -24,11 +25,16 @@ class Message:
     role: Role
     content: str
     id: str | None = None
+    # When it was said, epoch milliseconds (``memq.core.timestamps``); None when the agent did
+    # not say: the worker then takes the hand-off time.
+    at: int | None = None
 
-    def to_json(self) -> dict[str, str]:
-        data = {"role": self.role, "content": self.content}
+    def to_json(self) -> dict[str, str | int]:
+        data: dict[str, str | int] = {"role": self.role, "content": self.content}
         if self.id is not None:
             data["id"] = self.id
+        if self.at is not None:
+            data["at"] = self.at
         return data
 
     @classmethod
@@ -38,7 +44,19 @@ class Message:
         role, content, mid = data.get("role"), data.get("content"), data.get("id")
         if role not in ("user", "assistant") or not isinstance(content, str):
             raise InvalidMessages(f"stored message has an unknown shape: {data!r:.80}")
-        return cls(role=role, content=content, id=mid if isinstance(mid, str) else None)
+        return cls(
+            role=role,
+            content=content,
+            id=mid if isinstance(mid, str) else None,
+            at=stored_ms(data.get("at")),
+        )
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
 
 
 # Built once: json.dumps with these options builds a new encoder on every call.
@@ -67,6 +85,13 @@ def sendable_json(payload: str) -> str:
     return payload
 
 
+def timed(messages: tuple[Message, ...], handed_at_ms: int | None) -> tuple[Message, ...]:
+    """``messages``, each that carries no time stamped with the hand-off time."""
+    if handed_at_ms is None or all(m.at is not None for m in messages):
+        return messages
+    return tuple(m if m.at is not None else replace(m, at=handed_at_ms) for m in messages)
+
+
 def messages_from_json(raw: str) -> tuple[Message, ...]:
     try:
         data = json.loads(raw)
@@ -86,6 +111,9 @@ class ConversationContext:
     key: ContextKey
     messages: tuple[Message, ...]
     trace_id: str | None = None
+    # When the latest hand-off was captured (epoch ms), the time of each message that carried
+    # none (already filled in by ``from_hash``).
+    handed_at_ms: int | None = None
 
     @property
     def thread_id(self) -> str:
@@ -106,10 +134,12 @@ class ConversationContext:
             key = ContextKey.create(
                 data["thread_id"], data["user_id"], data.get("agent_name") or None
             )
+            handed = stored_ms(_number(data.get("captured_ms")))
             return cls(
                 key=key,
-                messages=messages_from_json(data.get("messages", "[]")),
+                messages=timed(messages_from_json(data.get("messages", "[]")), handed),
                 trace_id=data.get("trace_id") or None,
+                handed_at_ms=handed,
             )
         except (KeyError, ValueError) as exc:
             raise InvalidMessages(f"context hash is malformed: {exc}") from exc

@@ -14,6 +14,7 @@ import re
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Literal
 
 from memq.core.errors import MemqError
@@ -127,12 +128,29 @@ def thread_id_for(conversation_id: str, session_id: str) -> str:
     return f"eval:{conversation_id}:{session_id}"
 
 
+# How the data sets write a session's time: LoCoMo "1:56 pm on 8 May, 2023", LongMemEval
+# "2023/05/20 (Sat) 02:21"; read as UTC (neither says a zone).
+_SESSION_TIME_FORMATS = ("%I:%M %p on %d %B, %Y", "%Y/%m/%d (%a) %H:%M", "%Y/%m/%d")
+
+
+def session_time(date: str) -> datetime | None:
+    """When a session took place, from the data set's own text; None when it says no time."""
+    text = " ".join(date.split())
+    for layout in _SESSION_TIME_FORMATS:
+        try:
+            return datetime.strptime(text, layout).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+    return None
+
+
 def turn_content(conversation: Conversation, session: Session, index: int) -> str:
-    """What one turn says, as handed to memq: the session's date before its first turn (the
-    model needs it to place events in time), the speaker's name where there are two people."""
+    """What one turn says, as handed to memq: the speaker's name where there are two people, and
+    — when the session's date is no time memq can read (its messages then carry none) — that
+    date before its first turn, so the model can still place events in time."""
     turn = session.turns[index]
     text = f"{turn.speaker}: {turn.text}" if conversation.named_speakers else turn.text
-    if index == 0 and session.date:
+    if index == 0 and session.date and session_time(session.date) is None:
         text = f"[{session.date}] {text}"
     return text
 
@@ -141,8 +159,11 @@ def messages_for(
     conversation: Conversation, session: Session, subject: str
 ) -> list[dict[str, str]]:
     """The session as OpenAI-style messages seen from ``subject``: their turns are the user's,
-    everyone else's the assistant's; each message carries its turn id."""
-    return [
+    everyone else's the assistant's; each message carries its turn id and, as its
+    ``created_at``, the session's time (LoCoMo's ``session_N_date_time``, LongMemEval's
+    haystack date)."""
+    said = session_time(session.date)
+    messages = [
         {
             "role": USER if turn.speaker == subject else ASSISTANT,
             "content": turn_content(conversation, session, index),
@@ -150,6 +171,10 @@ def messages_for(
         }
         for index, turn in enumerate(session.turns)
     ]
+    if said is not None:
+        for message in messages:
+            message["created_at"] = said.isoformat()
+    return messages
 
 
 def hand_off_points(messages: Sequence[dict[str, str]]) -> list[int]:

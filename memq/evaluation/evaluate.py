@@ -45,7 +45,13 @@ RESULT_FILE = "results.json"
 REPORT_FILE = "report.md"
 DEFAULT_DEBOUNCE_SECONDS = 3600.0
 # Settings fields a price table may provide (US dollars per million tokens), read when present.
-PRICE_FIELDS = ("price_input_per_million", "price_output_per_million", "price_cached_per_million")
+# The workers' price table: what their bill is priced with, and the eval's prices when the
+# command line gives none.
+PRICE_FIELDS = (
+    "llm_price_input_per_million",
+    "llm_price_output_per_million",
+    "llm_price_cached_input_per_million",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,8 @@ class EvalRequest:
     yes: bool = False
     estimate_only: bool = False
     progress: bool = True
+    # Recall only: the data set's observations as the facts, an ideal reader, no model at all.
+    ideal: bool = False
 
 
 def load_evalset(benchmark: Benchmark, path: Path) -> EvalSet:
@@ -91,6 +99,10 @@ def eval_settings(request: EvalRequest) -> MemqSettings:
     }
     if not request.external_workers:
         overrides["data_dir"] = request.out_dir / "stack"
+    if request.price_input is not None and request.price_output is not None:
+        # The workers memq starts bill at these prices (external workers keep their own).
+        prices = (request.price_input, request.price_output, request.price_cached)
+        overrides.update({k: v for k, v in zip(PRICE_FIELDS, prices, strict=True) if v is not None})
     settings = load_settings(**overrides)
     if settings.resolved_llm_provider == "rules":
         raise ConfigError(
@@ -154,6 +166,8 @@ def run_eval(
     evalset = load_evalset(request.benchmark, request.path).select(
         conversations=request.conversations, limit=request.limit
     )
+    if request.ideal:
+        return _run_ideal(request, evalset, out)
     settings = eval_settings(request)
     models = Models(
         settings.llm_model,
@@ -172,6 +186,18 @@ def run_eval(
         return _run(request, evalset, settings, models, prices, checkpoint, out, ask, interactive)
     finally:
         checkpoint.close()
+
+
+def _run_ideal(request: EvalRequest, evalset: EvalSet, out: TextIO) -> int:
+    from memq.evaluation.ideal import ideal_markdown, run_ideal
+
+    if not evalset.observations:
+        raise DatasetError("--ideal needs a data set with observations (LoCoMo's)")
+    result = run_ideal(evalset, load_settings(), request.out_dir)
+    text = ideal_markdown(result)
+    (request.out_dir / REPORT_FILE).write_text(text, encoding="utf-8")
+    out.write(text)
+    return 0
 
 
 def _run(

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from html import escape
 from typing import Any
 
-from memq.core.metrics import parse_metrics
+from memq.core.metrics import parse_metrics, per_thousand_turns
 from memq.evaluation.dataset import EvalSet
 from memq.evaluation.estimate import Estimate
 from memq.evaluation.scoring import (
@@ -26,12 +26,12 @@ from memq.evaluation.scoring import (
     cost,
     distribution,
     extraction_score,
-    per_thousand_turns,
 )
 
-# Names other versions of the metrics hash may give cached prompt tokens; absent: not recorded.
-CACHED_TOKEN_FIELDS = ("cached_tokens", "prompt_cached_tokens", "cached_prompt_tokens")
 CHART_FILE = "chart.svg"
+# The shape of results.json (:func:`build_result`): raised whenever a field is renamed, moved or
+# removed (CHANGELOG.md says what changed).
+RESULT_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,9 @@ class Models:
 
 @dataclass(frozen=True, slots=True)
 class PriceTable:
+    """The prices of the estimate and of the answer and judge calls. The extraction's cost is
+    never priced here: it is the bill the workers recorded (:func:`extraction_bill`)."""
+
     extraction: Prices | None
     answer: Prices | None
     judge: Prices | None
@@ -54,17 +57,29 @@ def metrics_delta(now: Mapping[str, int], baseline: Mapping[str, int] | None) ->
     return {k: v - base.get(k, 0) for k, v in now.items() if k != "last_tick_ms"}
 
 
-def extraction_usage(delta: Mapping[str, int]) -> tuple[Usage, bool]:
-    """The extraction spend from a metrics difference, and whether cached tokens are recorded."""
-    snapshot = parse_metrics(delta)
-    cached_field = next((f for f in CACHED_TOKEN_FIELDS if f in delta), None)
-    usage = Usage(
-        calls=sum(snapshot.llm_requests.values()),
-        prompt_tokens=snapshot["prompt_tokens"],
-        cached_tokens=delta[cached_field] if cached_field else 0,
-        completion_tokens=snapshot["completion_tokens"],
-    )
-    return usage, cached_field is not None
+def extraction_bill(delta: Mapping[str, int], priced: bool) -> dict[str, Any]:
+    """The extraction spend as the workers billed it, from a difference of the metrics hash: the
+    counters `memq stats` shows, both lanes' tokens (cached, batch and flex at their prices) and
+    the bill's runs and turns. ``priced``: the workers keep a bill (a price table is set), else
+    the cost is unknown (None), never re-priced here."""
+    bill = parse_metrics(delta)
+    cost_usd = bill.cost_usd if priced else None
+    calls = bill["billed_runs"]
+    turns = bill["turns_extracted"]
+    return {
+        "calls": calls,
+        "prompt_tokens": bill.both_lanes("prompt"),
+        "cached_tokens": bill.both_lanes("cached"),
+        "completion_tokens": bill.both_lanes("completion"),
+        "batch_prompt_tokens": bill["batch_prompt_tokens"],
+        "batch_cached_tokens": bill["batch_cached_tokens"],
+        "batch_completion_tokens": bill["batch_completion_tokens"],
+        "turns_extracted": turns,
+        "cost_usd": cost_usd,
+        "cost_per_1000_turns_usd": per_thousand_turns(cost_usd, turns),
+        "calls_per_1000_turns": per_thousand_turns(float(calls), turns),
+        "outcomes": bill.extractions,
+    }
 
 
 def _usage_of(records: Sequence[Mapping[str, Any]], key: str) -> Usage:
@@ -96,12 +111,11 @@ def build_result(
     block_tokens = [float(r["block_tokens"]) for r in records if "block_tokens" in r]
     recall_ms = [t for r in records for t in r.get("recall_ms", [])]
     hand_off_ms = [t for s in sessions.values() for t in s["hand_off_ms"]]
-    extraction, cached_recorded = extraction_usage(delta)
     answer, judge = _usage_of(records, "answer_usage"), _usage_of(records, "judge_usage")
     turns = sum(c.turn_count for c in evalset.conversations)
-    extraction_cost = cost(extraction, prices.extraction)
     extracted = extraction_score(evalset.observations, facts) if evalset.observations else None
     return {
+        "version": RESULT_VERSION,
         "benchmark": evalset.benchmark,
         "models": asdict(models),
         "judge": models.judge,
@@ -111,14 +125,7 @@ def build_result(
         "graded": len(graded),
         "accuracy": _accuracy_json(scores),
         "tokens_per_question": asdict(distribution(block_tokens)),
-        "extraction": {
-            **_usage_json(extraction),
-            "cached_tokens_recorded": cached_recorded,
-            "cost_usd": extraction_cost,
-            "cost_per_1000_turns_usd": per_thousand_turns(extraction_cost, turns),
-            "calls_per_1000_turns": per_thousand_turns(float(extraction.calls), turns),
-            "outcomes": parse_metrics(delta).extractions,
-        },
+        "extraction": extraction_bill(delta, prices.extraction is not None),
         "answer": {**_usage_json(answer), "cost_usd": cost(answer, prices.answer)},
         "judge_usage": {**_usage_json(judge), "cost_usd": cost(judge, prices.judge)},
         "prices": {
@@ -244,17 +251,22 @@ def markdown(result: Mapping[str, Any]) -> str:
             f"| abstention (`_abs`) | {ab['correct']} | {ab['total']} | {_pct(ab['accuracy'])} |"
         )
     ex, tq = result["extraction"], result["tokens_per_question"]
-    cached = f"{ex['cached_tokens']:,}" if ex["cached_tokens_recorded"] else "not recorded"
+    batch = (
+        f" ({ex['batch_prompt_tokens']:,} prompt tokens in batch jobs)"
+        if ex["batch_prompt_tokens"]
+        else ""
+    )
     lines += [
         "",
         "## Cost",
         "",
         f"- Tokens per question (the recalled block): mean {tq['mean'] or 0:.0f}, "
         f"p50 {tq['p50'] or 0:.0f}, p95 {tq['p95'] or 0:.0f}, max {tq['max'] or 0:.0f}.",
-        f"- Extraction: {ex['calls']:,} LLM calls, {ex['prompt_tokens']:,} prompt tokens "
-        f"(cached: {cached}), {ex['completion_tokens']:,} completion tokens; "
-        f"cost {_money(ex['cost_usd'])}; per 1,000 turns: {ex['calls_per_1000_turns'] or 0:.1f} "
-        f"calls, {_money(ex['cost_per_1000_turns_usd'])}.",
+        f"- Extraction (the workers' bill): {ex['calls']:,} LLM calls, "
+        f"{ex['prompt_tokens']:,} prompt tokens (cached: {ex['cached_tokens']:,}){batch}, "
+        f"{ex['completion_tokens']:,} completion tokens; cost {_money(ex['cost_usd'])}; "
+        f"per 1,000 turns extracted ({ex['turns_extracted']:,}): "
+        f"{ex['calls_per_1000_turns'] or 0:.1f} calls, {_money(ex['cost_per_1000_turns_usd'])}.",
         f"- Answer model: {result['answer']['calls']:,} calls, "
         f"{result['answer']['prompt_tokens']:,} prompt tokens, "
         f"{_money(result['answer']['cost_usd'])}; judge: {result['judge_usage']['calls']:,} calls, "

@@ -232,7 +232,3 @@ def cost(usage: Usage, prices: Prices | None) -> float | None:
         + usage.cached_tokens * cached_price
         + usage.completion_tokens * prices.output_per_million
     ) / 1_000_000
-
-
-def per_thousand_turns(value: float | None, turns: int) -> float | None:
-    return None if value is None or turns == 0 else value * 1000 / turns

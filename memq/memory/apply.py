@@ -180,6 +180,8 @@ def _add_facts(run: _Run) -> tuple[list[Change], list[Fact]]:
                 source_thread_id=run.thread_id,
                 source_error=new.source_error,
                 sources=[] if source is None else [source],
+                said_at=None if source is None else source.said_at,
+                event_date=new.event_date,
             ),
             settings,
         )

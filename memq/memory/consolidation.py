@@ -75,6 +75,7 @@ def apply_consolidations(
         if confidence < settings.fact_confidence_threshold:
             continue
         created = [s.created_at for s in sources if s.created_at is not None]
+        said = [s.said_at for s in sources if s.said_at is not None]
         errors = list(dict.fromkeys(s.source_error for s in sources if s.source_error))
         merged = Fact(
             id=new_fact_id(),
@@ -89,6 +90,8 @@ def apply_consolidations(
             consolidated_from=list(ids),
             source_error="\n".join(errors) or None,
             sources=merged_sources(sources, settings.fact_max_sources),
+            # The latest time one of them was said: what the merged statement is as of.
+            said_at=max(said) if said else None,
         )
         result.merged.append(merged)
         result.consumed.update(dict.fromkeys(ids, merged.id))

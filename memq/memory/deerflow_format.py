@@ -63,10 +63,11 @@ _UNKNOWN_TIME = datetime.min.replace(tzinfo=UTC)
 
 
 def newest_first(facts: Iterable[Fact]) -> list[Fact]:
-    """Facts as DeerMem returns them and DeerFlow's settings page shows them: newest first (a
-    fact without a time counts as oldest; among equal times, the later-added one first)."""
+    """Facts as DeerMem returns them and DeerFlow's settings page shows them: newest first by
+    when they were said (``Fact.when_said``: a fact from before memq knew goes by when it was
+    learnt; one without a time counts as oldest; among equal times, the later-added one first)."""
     ordered = list(enumerate(facts))
-    ordered.sort(key=lambda item: (_as_utc(item[1].created_at), item[0]), reverse=True)
+    ordered.sort(key=lambda item: (_as_utc(item[1].when_said()), item[0]), reverse=True)
     return [fact for _, fact in ordered]
 
 

@@ -18,16 +18,18 @@ from storage.vocabulary import category_set
 
 
 def stale_candidates(document: MemoryDocument, settings: MemqSettings, now: datetime) -> list[Fact]:
-    """Facts older than the age limit outside protected categories, oldest first, at most as many as
-    the prompt may show (the oldest are the likeliest to be obsolete)."""
+    """Facts said longer ago than the age limit outside protected categories, oldest first, at most
+    as many as the prompt may show (the oldest are the likeliest to be obsolete). Age counts from
+    when the user said a fact (:meth:`Fact.when_said`), not from when memq learnt it: a
+    conversation imported today about last year is last year's."""
     protected = category_set(settings.staleness_protected_categories)
     cutoff = now - timedelta(days=settings.staleness_age_days)
     old = [
         f
         for f in document.facts
-        if f.category not in protected and f.created_at is not None and f.created_at < cutoff
+        if f.category not in protected and (said := f.when_said()) is not None and said < cutoff
     ]
-    old.sort(key=lambda f: f.created_at or cutoff)
+    old.sort(key=lambda f: f.when_said() or cutoff)
     return old[: settings.staleness_max_candidates_shown]
 
 

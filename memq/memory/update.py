@@ -31,7 +31,13 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from storage.sections import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS, either_spelling
-from storage.vocabulary import CATEGORIES, DEFAULT_CATEGORY, known_category, parse_confidence
+from storage.vocabulary import (
+    CATEGORIES,
+    DEFAULT_CATEGORY,
+    known_category,
+    parse_confidence,
+    parse_event_date,
+)
 
 _TRUE_STRINGS = {"true", "yes", "1"}
 _MAX_CITES = 32  # labels read per fact: a fact cannot come from more messages than a prompt holds
@@ -114,6 +120,9 @@ class NewFact(_Answer):
     # Labels of the new messages the fact comes from (``m1``…); empty or wrong labels make the
     # fact's source the whole run.
     cites: tuple[str, ...] = ()
+    # The day (``YYYY-MM-DD``; ``YYYY-MM`` or ``YYYY`` when only that is known) the event the fact
+    # tells of happened or will happen; unreadable → None, never a dropped fact.
+    event_date: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -137,6 +146,11 @@ class NewFact(_Answer):
     @classmethod
     def _source_error(cls, value: Any) -> str | None:
         return _text(value)
+
+    @field_validator("event_date", mode="before")
+    @classmethod
+    def _event_date(cls, value: Any) -> str | None:
+        return parse_event_date(value)
 
     @field_validator("cites", mode="before")
     @classmethod

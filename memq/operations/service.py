@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from memq.core.settings import MemqSettings
@@ -120,11 +121,16 @@ class MemqService:
         *,
         query: str | None = None,
         max_tokens: int | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> str:
         """The ``<user_memory>`` block (``""`` when nothing is known or Redis does not answer:
-        the injector fails open, as before an agent's turn)."""
+        the injector fails open, as before an agent's turn); ``since``/``until``: only facts said
+        within that window."""
         authorize(who, "recall", user_id)
-        return self.injector(max_tokens).block(user_id, agent_name, query=query)
+        return self.injector(max_tokens).block(
+            user_id, agent_name, query=query, since=since, until=until
+        )
 
     # --- reading a memory
     def document(self, who: Principal, user_id: str, agent_name: str | None) -> MemoryDocument:
@@ -151,10 +157,18 @@ class MemqService:
         *,
         category: str | None = None,
         limit: int = 10,
+        since: datetime | None = None,
+        until: datetime | None = None,
     ) -> list[Fact]:
         authorize(who, "search", user_id)
         return self.manager.search(
-            user_id, query, agent_name=agent_name, category=category, limit=limit
+            user_id,
+            query,
+            agent_name=agent_name,
+            category=category,
+            limit=limit,
+            since=since,
+            until=until,
         )
 
     def why(

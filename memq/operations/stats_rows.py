@@ -8,13 +8,14 @@ from typing import Any
 
 def stats_rows(stats: dict[str, Any]) -> list[tuple[str, object]]:
     """The table: current depths first, then totals since the counters began."""
-    from memq.core.metrics import COUNTERS
+    from memq.core.metrics import BATCH_DEPTHS, COUNTERS
 
     tick_age = stats["last_tick_age_ms"]
     rows: list[tuple[str, object]] = [
         ("due", stats["due"]),
         ("in flight", stats["inflight"]),
         ("dead letters now", stats["dead"]),
+        *((depth.text, stats[depth.name]) for depth in BATCH_DEPTHS),
         ("oldest deadline lag", f"{stats['oldest_due_lag_ms'] / 1000:.1f} s"),
         ("last tick", "never" if tick_age is None else f"{max(tick_age, 0) / 1000:.1f} s ago"),
     ]

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from memq.core.clock import now_ms
 from memq.core.metrics import (
+    BATCH_DEPTHS,
     COUNTERS,
     DEFERRAL_REASONS,
     EXTRACTION_OUTCOMES,
@@ -69,6 +70,11 @@ class MemqCollector(Collector):
             family = GaugeMetricFamily(name, text, labels=["shard"])
             for shard in shards:
                 family.add_metric([str(shard.shard)], getattr(shard, attribute))
+            yield family
+        for depth in BATCH_DEPTHS:
+            family = GaugeMetricFamily(f"memq_{depth.name}", depth.text, labels=["shard"])
+            for shard in shards:
+                family.add_metric([str(shard.shard)], shard.batch.get(depth.name, 0))
             yield family
         lag = GaugeMetricFamily(
             "memq_oldest_due_lag_seconds",

@@ -27,6 +27,7 @@ from memq.core.connection import REDIS_ERRORS
 from memq.core.errors import InvalidIdentifier, MemqError
 from memq.core.identity import validate_agent_name
 from memq.core.settings import MemqSettings
+from memq.core.timestamps import timestamp_ms
 from memq.operations.access import LOCAL, Forbidden, Principal
 from memq.operations.refusals import reason, status_of
 from memq.operations.service import MemqService
@@ -84,14 +85,16 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
     mcp = MCPServer(name="memq", instructions=INSTRUCTIONS, log_level="WARNING")
 
     @mcp.tool()
-    def remember(text: str, ctx: Context) -> str:
+    def remember(text: str, ctx: Context, said_at: str | None = None) -> str:
         """Remember something the user said about themselves (extracted into facts within
-        seconds). Pass their own words; one topic per call is best."""
+        seconds). Pass their own words; one topic per call is best. `said_at`: when they said
+        it (ISO 8601), if not just now."""
         with _as_tool_error():
             caller = caller_of(ctx)
+            said: dict[str, str] = {} if said_at is None else {"created_at": said_at}
             messages = [
-                {"role": "user", "content": text},
-                {"role": "assistant", "content": "I will remember that."},
+                {"role": "user", "content": text, **said},
+                {"role": "assistant", "content": "I will remember that.", **said},
             ]
             outcome = service.hand_off(
                 caller.principal,
@@ -103,9 +106,15 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
             )
             if outcome.status == "nothing_to_remember":
                 return "nothing to remember in that text"
+            # Never refused for its time: an unreadable one is the time of this call (counted).
+            late = (
+                ""
+                if said_at is None or timestamp_ms(said_at) is not None
+                else (" (said_at is no ISO 8601 time: the time of this call stands in)")
+            )
             if outcome.status == "spooled":
-                return "will be remembered (kept by the server until memq's store is back)"
-            return "will be remembered"
+                return "will be remembered (kept by the server until memq's store is back)" + late
+            return "will be remembered" + late
 
     @mcp.tool()
     def recall(

@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Annotated, Any
 
 from fastapi import Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from memq.operations.access import Principal
@@ -42,7 +42,8 @@ class HandOff(BaseModel):
     thread_id: str = Field(description="the conversation's id in your framework")
     agent_name: str | None = Field(default=None, description="omitted: user-global memory")
     messages: list[dict[str, Any]] = Field(
-        description="`{role, content}` objects (OpenAI / LangChain shapes accepted)"
+        description="`{role, content}` objects (OpenAI / LangChain shapes accepted); each may say "
+        "when it was said in `created_at` (ISO 8601 or epoch; default: now)"
     )
     flush: bool = Field(
         default=False, description="due now (before a summary drops messages), skip the debounce"
@@ -89,7 +90,14 @@ async def hand_off(
     )
 
 
-class ContextQuery(BaseModel):
+class TimeWindow(BaseModel):
+    """When the facts recalled were said (both ends optional, ISO 8601 with a zone)."""
+
+    since: AwareDatetime | None = Field(default=None, description="only facts said from then")
+    until: AwareDatetime | None = Field(default=None, description="only facts said until then")
+
+
+class ContextQuery(TimeWindow):
     model_config = ConfigDict(extra="forbid")
 
     agent_name: str | None = None
@@ -109,7 +117,15 @@ def context(
     who: Annotated[Principal, caller("recall")], user_id: str, body: ContextQuery, svc: Service
 ) -> ContextBlock:
     """The `<user_memory>` block for the next prompt (empty when there is nothing to inject)."""
-    block = svc.recall(who, user_id, body.agent_name, query=body.query, max_tokens=body.max_tokens)
+    block = svc.recall(
+        who,
+        user_id,
+        body.agent_name,
+        query=body.query,
+        max_tokens=body.max_tokens,
+        since=body.since,
+        until=body.until,
+    )
     return ContextBlock(block=block)
 
 
@@ -140,7 +156,7 @@ def list_facts(
     return FactsOut(facts=facts)
 
 
-class SearchQuery(BaseModel):
+class SearchQuery(TimeWindow):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1)
@@ -155,7 +171,14 @@ def search_facts(
 ) -> FactsOut:
     """The facts most relevant to a query (BM25 over English and Chinese words)."""
     found = svc.search(
-        who, user_id, body.agent_name, body.query, category=body.category, limit=body.limit
+        who,
+        user_id,
+        body.agent_name,
+        body.query,
+        category=body.category,
+        limit=body.limit,
+        since=body.since,
+        until=body.until,
     )
     return FactsOut(facts=found)
 

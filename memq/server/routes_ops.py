@@ -17,8 +17,6 @@ from memq.server.problems import problem
 from memq.server.routing import Service, caller, new_router
 
 router = new_router()
-# Beat is "ticking" while its last tick is younger than this many ticks (and at least 10 s).
-_TICK_GRACE = 10
 
 
 @router.get("/healthz", tags=["ops"], dependencies=[Depends(PUBLIC)])
@@ -36,7 +34,7 @@ def healthz() -> dict[str, str]:
 def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
     """Redis answers and beat ticks (readiness): 200, else 503 naming what is missing."""
     from memq.core.clock import now_ms
-    from memq.core.metrics import read_snapshot
+    from memq.core.metrics import beat_alive, read_snapshot
 
     now = now_ms()
     try:
@@ -46,8 +44,7 @@ def readyz(svc: Service) -> dict[str, Any] | JSONResponse:
         return problem(503, "Redis does not answer")
     last = snapshot.last_tick_ms
     age_ms = None if last is None else max(0, now - last)
-    limit_ms = max(10_000, int(svc.settings.tick_seconds * 1000 * _TICK_GRACE))
-    if age_ms is None or age_ms > limit_ms:
+    if not beat_alive(last, now, svc.settings.tick_seconds):
         seen = "never" if age_ms is None else f"{age_ms / 1000:.0f} s ago"
         return problem(503, f"beat is not ticking (last tick {seen})", redis="ok")
     return {"status": "ready", "redis": "ok", "last_tick_age_ms": age_ms}

@@ -8,12 +8,14 @@ import re
 from typing import Any
 
 from memq.testing.openai_server import slot_body
+from memq.testing.relative_dates import message_days, resolve_relative
 from memq.testing.replies import Reply
 
 # --- `memq eval`'s scripted model: extracts, answers and judges deterministically ---------------
 # Kept apart from the server so that other behaviours can be added without touching it.
 # Extraction: every user line of the update prompt's <conversation> slot that is not a question
-# becomes a fact, word for word (a leading "[date]" and "Name:" dropped). Answer: the remembered
+# becomes a fact, word for word (a leading "[date]" and "Name:" dropped; a relative time in it
+# resolved against its message's day as its eventDate). Answer: the remembered
 # fact sharing the most content words with the question (the first such on a tie), else "The
 # information is not available." Judge: an unanswerable question is correct when the answer says
 # "not available"; any other when every content word of the gold answer is in the answer. Usage
@@ -96,13 +98,19 @@ def evaluation_responder(request: dict[str, Any]) -> Reply:
         return _eval_reply(request, "yes" if correct else "no")
     found = slot_body(user, "conversation")
     facts = eval_extracted_facts(found) if found is not None else []
-    update = {
-        "user": {},
-        "history": {},
-        "newFacts": [
-            {"content": f, "category": "context", "confidence": 0.95, "cites": [c] if c else []}
-            for f, c in facts
-        ],
-        "factsToRemove": [],
-    }
+    days = message_days(found or "")
+    new_facts: list[dict[str, Any]] = []
+    for text, cite in facts:
+        item: dict[str, Any] = {
+            "content": text,
+            "category": "context",
+            "confidence": 0.95,
+            "cites": [cite] if cite else [],
+        }
+        # A relative time resolved against the message's day, as the prompt asks.
+        event = resolve_relative(text, days[cite]) if cite is not None and cite in days else None
+        if event is not None:
+            item["eventDate"] = event.isoformat()
+        new_facts.append(item)
+    update = {"user": {}, "history": {}, "newFacts": new_facts, "factsToRemove": []}
     return _eval_reply(request, json.dumps(update))

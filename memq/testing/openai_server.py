@@ -21,6 +21,7 @@ from typing import Any, Literal
 from memq.memory.update import NewFact, UpdateAnswer
 from memq.testing.openai_batches import ScriptedBatches
 from memq.testing.provider import Provider
+from memq.testing.relative_dates import message_days, resolve_relative
 from memq.testing.replies import Reply, completion_body
 
 
@@ -93,22 +94,28 @@ class CitingModel:
 
     def __call__(self, request: dict[str, Any]) -> Reply:
         messages = labelled_messages(request)
+        days = message_days(slot_body(request_text(request), "conversation") or "")
         facts = []
         for rule in self.teach:
-            labels = tuple(
-                label
+            said = [
+                (label, text)
                 for label, role, text in messages
                 if rule.said in text and (rule.role is None or role == rule.role)
-            )
-            if not labels:
+            ]
+            if not said:
                 continue
+            labels = tuple(label for label, _ in said)
             cites = {"right": labels, "wrong": ("m999",), "none": ()}[rule.cite]
+            # As the prompt asks: a relative time in the message resolved against its day.
+            label, text = said[0]
+            event = resolve_relative(text, days[label]) if label in days else None
             facts.append(
                 NewFact(
                     content=rule.content,
                     category=rule.category,
                     confidence=rule.confidence,
                     cites=cites,
+                    event_date=None if event is None else event.isoformat(),
                 )
             )
         removals = tuple(
@@ -207,7 +214,7 @@ class ScriptedOpenAI:
                     return
                 reply = server.reply_for(request)
                 if reply.delay_seconds:
-                    time.sleep(reply.delay_seconds)
+                    time.sleep(reply.delay_seconds)  # wait-ok: a slow model, as scripted
                 if isinstance(reply.body, bytes):
                     payload = reply.body
                 elif reply.body is not None:

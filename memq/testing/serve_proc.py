@@ -19,9 +19,9 @@ from pathlib import Path
 
 from memq.local.redis_server import free_port
 from memq.testing.celery_procs import REPO_ROOT
-from memq.testing.waiting import wait_for
+from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 
-READY_TIMEOUT_SECONDS = 30.0
+READY_TIMEOUT_SECONDS = DEADLINE_SECONDS
 STOP_TIMEOUT_SECONDS = 10.0
 
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from memq.core.settings import MemqSettings
+from memq.local.redis_server import RedisServer
 from memq.memory.update import NewFact, UpdateAnswer
 from memq.testing.openai_server import update_text
+from memq.testing.redis_procs import private_redis
 from producer import MemoryProducer
 from storage import get_storage
 from storage.document import MemoryDocument
@@ -106,17 +109,7 @@ def producer_for() -> Iterator[Any]:
 
 
 @pytest.fixture
-def aof_redis(tmp_path: Any) -> Iterator[Any]:
+def aof_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A private redis-server with AOF (a test may stop, pause and restart it on its port)."""
-    import os
-    import signal
-
-    from memq.local.redis_server import RedisServer
-
-    server = RedisServer(tmp_path / "aof-redis", appendonly=True).start()
-    try:
+    with private_redis(tmp_path / "aof-redis") as server:
         yield server
-    finally:
-        if server.process is not None and server.process.poll() is None:
-            os.kill(server.process.pid, signal.SIGCONT)  # a test may have left it paused
-        server.stop()

@@ -27,7 +27,7 @@ from storage import get_storage
 from storage.management import MemoryManager
 from tests.support.inspector import chromium_paths
 from tests.support.scenarios import conversation_of
-from tests.support.serve import Keys
+from tests.support.serve import Keys, write_keys
 from worker.queue import QueueClient
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
@@ -84,7 +84,6 @@ def seed(settings: MemqSettings, redis_client: Any) -> None:
     queue = QueueClient(settings, redis_client)
     wait_for(
         lambda: len(manager.list_facts(USER)) == 3 and queue.dead_list(),
-        timeout=60,
         what="the sample memory learnt and one dead letter",
     )
     manager.add_fact(USER, "Does not eat meat", category="preference", confidence=0.8)
@@ -150,7 +149,6 @@ def shoot(url: str, out: Path) -> list[Path]:
         driver.get(url + "/ui/queue")
         wait_for(
             lambda: driver.find_element(By.ID, "live").text.startswith("(live"),
-            timeout=10,
             what="the live figures",
         )
         save("queue")
@@ -182,8 +180,7 @@ def main(argv: list[str]) -> int:
                 debounce_seconds=0.0,
                 token_counting=False,
             )
-            keys_file = tmp / "keys.json"
-            keys_file.write_text(Keys().file_text(), encoding="utf-8")
+            keys_file = write_keys(tmp / "keys.json")
             env = memq_env(settings)
             procs.start_worker(env)
             procs.start_beat(env)

@@ -1,9 +1,12 @@
 """Fixtures for `memq serve` tests: a key file with one key per role, and a real uvicorn server
-process (`memq serve`) on a free loopback port pointed at a test's settings."""
+process (`memq serve`) on a free loopback port pointed at a test's settings — per test
+(``serve_for``) or shared by a module (:func:`module_server`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +15,7 @@ from typing import Any
 import pytest
 
 from memq.core.settings import MemqSettings
+from memq.local.redis_server import RedisServer
 from memq.server.auth import digest
 from memq.testing.celery_procs import memq_env
 from memq.testing.serve_proc import ServeProcess
@@ -50,13 +54,37 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def write_keys(path: Path, keys: Keys | None = None) -> Path:
+    """The key file of ``keys`` (the test keys by default), 0600 as memq serve expects."""
+    path.write_text((keys or Keys()).file_text(), encoding="utf-8")
+    path.chmod(0o600)
+    return path
+
+
+@contextlib.contextmanager
+def module_server(
+    redis_server: RedisServer, tmp: Path, **overrides: Any
+) -> Iterator[tuple[ServeProcess, MemqSettings]]:
+    """One `memq serve` with the test keys for a whole module (each test uses its own users), on
+    its own key prefix of the shared redis-server; ``overrides`` are settings."""
+    values: dict[str, Any] = {
+        "redis_url": redis_server.url,
+        "key_prefix": f"t{uuid.uuid4().hex[:10]}",
+        "storage_dir": tmp / "memory",
+        "data_dir": tmp / "data",
+        "llm_provider": "rules",
+    }
+    settings = MemqSettings(**{**values, **overrides})
+    keys_file = write_keys(tmp / "keys.json")
+    env = memq_env(settings, MEMQ_SERVE_API_KEYS_FILE=str(keys_file))
+    with ServeProcess(env, tmp / "serve.log") as server:
+        yield server, settings
+
+
 @pytest.fixture
 def api_keys(tmp_path: Path) -> tuple[Keys, Path]:
     keys = Keys()
-    path = tmp_path / "keys.json"
-    path.write_text(keys.file_text(), encoding="utf-8")
-    path.chmod(0o600)
-    return keys, path
+    return keys, write_keys(tmp_path / "keys.json", keys)
 
 
 @pytest.fixture
