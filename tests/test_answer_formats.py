@@ -77,7 +77,7 @@ def test_an_endpoint_that_refuses_the_schema_costs_one_refusal_for_the_whole_pro
     producer = producer_for(settings)
     for n, user in enumerate(USERS):
         assert producer.flush(f"t-{n}", user, None, turn(f"item-{n}"))
-        wait_for(lambda u=user: facts_of(settings, u) != [], timeout=60, what=f"{user} learnt")
+        wait_for(lambda u=user: facts_of(settings, u) != [], what=f"{user} learnt")
     assert [facts_of(settings, u) for u in USERS] == [[fact_for(f"item-{n}")] for n in range(6)]
 
     assert openai_server.refusals == [status]  # one, for six extractions
@@ -105,15 +105,13 @@ def test_the_batch_lane_asks_for_what_the_synchronous_calls_learnt(
     start(celery_procs, settings)
     producer = producer_for(settings)
     assert producer.flush("t-sync", USERS[0], None, turn("item-0"))  # a flush: synchronous
-    wait_for(lambda: facts_of(settings, USERS[0]) != [], timeout=60, what="the flush extracted")
+    wait_for(lambda: facts_of(settings, USERS[0]) != [], what="the flush extracted")
     assert producer.after_agent("t-batch", USERS[1], None, turn("item-1"))  # can wait: batch
-    lines = wait_for(
-        lambda: openai_server.batches.requests_of("in_progress"), timeout=60, what="a job out"
-    )
+    lines = wait_for(lambda: openai_server.batches.requests_of("in_progress"), what="a job out")
     assert [line["body"]["response_format"] for line in lines] == [SCHEMA_IN_JSON_MODE]
     assert openai_server.requests[-1]["response_format"] == SCHEMA_IN_JSON_MODE
     openai_server.batches.complete()
-    wait_for(lambda: facts_of(settings, USERS[1]) != [], timeout=60, what="the batch applied")
+    wait_for(lambda: facts_of(settings, USERS[1]) != [], what="the batch applied")
     assert facts_of(settings, USERS[1]) == [fact_for("item-1")]
 
 
@@ -134,11 +132,11 @@ def test_an_answer_without_its_lists_is_no_change_and_counted(
     start(celery_procs, settings)
     producer = producer_for(settings)
     assert producer.flush("t-1", USERS[0], None, turn("item-1"))
-    wait_for(lambda: metrics(settings).get("extractions:unchanged") == 1, timeout=60, what="run 1")
+    wait_for(lambda: metrics(settings).get("extractions:unchanged") == 1, what="run 1")
     assert facts_of(settings, USERS[0]) == []
     assert producer.flush("t-2", USERS[0], None, turn("item-2", "It is a pnpm monorepo."))
-    wait_for(lambda: facts_of(settings, USERS[0]) != [], timeout=60, what="the second run")
-    wait_for(lambda: idle(settings), timeout=60, what="the queue drained")
+    wait_for(lambda: facts_of(settings, USERS[0]) != [], what="the second run")
+    wait_for(lambda: idle(settings), what="the queue drained")
     assert facts_of(settings, USERS[0]) == ["The user owns a pnpm monorepo"]
 
     assert openai_server.call_count == 2  # no second attempt for either answer's shape

@@ -94,7 +94,8 @@ def wire_of(block: str) -> Any:
 def strict_wire(answer: UpdateAnswer) -> dict[str, Any]:
     """``answer`` as a strictly constrained model writes it: optional fields null, not absent."""
     wire = answer.to_wire()
-    wire["newFacts"] = [{"sourceError": None, **fact} for fact in wire["newFacts"]]
+    fields = answer_json_schema()["$defs"]["NewFact"]["properties"]
+    wire["newFacts"] = [{**dict.fromkeys(fields), **fact} for fact in wire["newFacts"]]
     for merge in wire["factsToConsolidate"]:
         merge["consolidated"] = {"category": None, "confidence": None, **merge["consolidated"]}
     return wire
