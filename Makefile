@@ -27,8 +27,17 @@ typecheck: setup
 	$(PY) -m mypy
 
 # The whole suite: lint, types, then every test (unit, integration, e2e, reliability).
-test: lint typecheck
+test: lint typecheck clients
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Third-party clients the tests drive that cannot share memq's venv (langchain-mcp-adapters needs
+# the MCP SDK 1.x; memq serves with 2.x): their own venv, found by tests/test_deerflow_mcp.py.
+clients: .venv-clients/.installed
+
+.venv-clients/.installed:
+	$(PYTHON) -m venv .venv-clients
+	.venv-clients/bin/python -m pip install -q "langchain-mcp-adapters>=0.3,<0.4"
+	touch $@
 
 unit: setup
 	$(PY) -m pytest -m "not e2e and not reliability" $(PYTEST_ARGS)

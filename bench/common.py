@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from bench.guard import Ratio
 from memq.core.settings import MemqSettings
 from memq.local.redis_server import RedisServer, find_redis_server
 
@@ -35,6 +36,8 @@ class Result:
     met: bool | None
     details: list[str] = field(default_factory=list)
     note: str = ""
+    # The run's ratios by name, compared by bench.guard with the last committed figures.
+    ratios: dict[str, Ratio] = field(default_factory=dict)
 
     @property
     def verdict(self) -> str:
@@ -48,6 +51,7 @@ class BenchEnv:
     server: RedisServer
     work_dir: Path
     quick: bool = False
+    locomo: Path | None = None  # RECALL's data set (`--locomo`); None: the shipped sample
 
     @property
     def redis_url(self) -> str:
@@ -80,12 +84,12 @@ class BenchEnv:
 
 
 @contextmanager
-def bench_env(work_dir: Path, *, quick: bool) -> Iterator[BenchEnv]:
+def bench_env(work_dir: Path, *, quick: bool, locomo: Path | None = None) -> Iterator[BenchEnv]:
     """A private redis-server (no AOF: we measure memq, not the disk) for the whole run."""
     server = RedisServer(work_dir / "redis", appendonly=False)
     server.start()
     try:
-        yield BenchEnv(server=server, work_dir=work_dir, quick=quick)
+        yield BenchEnv(server=server, work_dir=work_dir, quick=quick, locomo=locomo)
     finally:
         server.stop()
 

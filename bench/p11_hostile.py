@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from bench.common import BenchEnv, Result, fmt_ms, percentile
+from bench.guard import Ratio
 from producer.producer import MemoryProducer
 
 # Openers never closed, a nested pair, tags of other names inside, a stray closer, mixed case.
@@ -76,6 +77,7 @@ def run(env: BenchEnv) -> Result:
         baseline=f"ordinary 200 KB message {fmt_ms(base)}; hostile/ordinary {one / base:.1f}x",
         goal="4x the input <= 5x the time",
         met=ratio <= 5.0 and errors == 0,
+        ratios={"4x input vs 1x time": Ratio(ratio, "lower")},
         details=[
             f"{rounds} interleaved rounds each; p99 1x {fmt_ms(percentile(samples['1x'], 99))}, "
             f"4x {fmt_ms(percentile(samples['4x'], 99))}",

@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 from bench.common import BenchEnv, Result, fmt_ms
+from bench.guard import Ratio
 from memq.core.keys import QueueKeys
 from worker.queue import Claim, QueueClient
 from worker.tick import run_tick
@@ -95,6 +96,7 @@ def run(env: BenchEnv) -> Result:
         f"{first:.1f} ms of script time (wall {wall_ms[0]:.0f} ms); {ratio:.0f}x",
         goal="later ticks <= 1/20 of the first",
         met=later * 20 <= first,
+        ratios={"first tick vs later ticks": Ratio(ratio, "higher")},
         details=[
             f"{ticks} ticks of {TICK_MS} ms; max_inflight_per_user={CAP}; the other tenant's "
             "flush claimed on every tick",

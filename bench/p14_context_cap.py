@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from bench.common import BenchEnv, Result
+from bench.guard import Ratio
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
@@ -79,5 +80,6 @@ def run(env: BenchEnv) -> Result:
         baseline=f"no cap, same run: median {base:.1f} ms on every call; ratio {base / after:.1f}x",
         goal="later calls <= 1/5 of the uncapped ones",
         met=after * 5 <= base,
+        ratios={"uncapped vs capped call": Ratio(base / after, "higher")},
         details=[f"{CALLS} calls each; script time from INFO commandstats"],
     )

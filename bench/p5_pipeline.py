@@ -8,6 +8,7 @@ import re
 import time
 
 from bench.common import BenchEnv, Result, percentile
+from bench.guard import Ratio
 from memq.core.identity import ContextKey
 from memq.core.models import ConversationContext, Message
 from memq.core.settings import MemqSettings
@@ -102,6 +103,7 @@ def run(env: BenchEnv) -> Result:
         f"ratio {mean_cpu / mean_io:.1f}x",
         goal="<= 3 ms CPU",
         met=mean_cpu <= 0.003,
+        ratios={"pipeline CPU vs storage floor": Ratio(mean_cpu / mean_io, "lower")},
         details=[
             f"{rounds} extractions over {USERS} users; documents end at ~{facts} facts",
             *sizes,

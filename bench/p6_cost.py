@@ -9,6 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from bench.common import BenchEnv, Result
+from bench.guard import Ratio
 from bench.p7_injection import memory_with_facts
 from memq.core.models import Message
 from prompts.tokens import make_token_counter
@@ -57,29 +58,34 @@ def run(env: BenchEnv) -> Result:
         memq_tokens[turn] = count(prompt.system) + count(prompt.user)
         resend_tokens[turn] = count(resend.system) + count(resend.user)
         sent_counts[turn] = len(prompt.conversation) + prompt.earlier_shown
-    share = memq_tokens[TURNS] / resend_tokens[TURNS]
     flatness = memq_tokens[TURNS] / memq_tokens[10]
-    # Both sides start with the same static part; it grew past the 1,024 tokens a provider caches
-    # (a cache-friendly prompt), which raises the ratio while lowering what a call is billed.
+    # Both sides start with the same static part (the instructions, > 1,024 tokens so a provider
+    # caches it: byte-identical on every call, billed at the cached price). memq does not choose
+    # it, so the goal is on what memq does choose: the conversation and the memory it sends.
     static = count(STATIC_SYSTEM_PROMPT) if settings.llm_prompt_layout == "cache_friendly" else 0
-    without_static = (memq_tokens[TURNS] - static) / (resend_tokens[TURNS] - static)
-    note = ""
+    share = (memq_tokens[TURNS] - static) / (resend_tokens[TURNS] - static)
+    whole = memq_tokens[TURNS] / resend_tokens[TURNS]
     return Result(
         key="P6",
-        title="cost: prompt tokens at turn 50 of a thread",
-        measured=f"memq {memq_tokens[TURNS]:,} tokens at turn 50 "
-        f"({sent_counts[TURNS]} messages sent); turn50/turn10 {flatness:.2f}",
+        title="cost: prompt tokens at turn 50 of a thread (the part memq chooses)",
+        measured=f"memq {memq_tokens[TURNS] - static:,} tokens at turn 50 besides the static "
+        f"part ({sent_counts[TURNS]} messages sent); turn50/turn10 {flatness:.2f}",
         baseline=f"memq's builder without the watermark (whole-thread re-send) "
-        f"{resend_tokens[TURNS]:,} tokens; ratio {share:.0%}",
-        goal="turn 50 <= 20 % of re-send, flat (turn50/turn10 <= 1.25)",
-        met=share <= 0.20 and flatness <= 1.25,
+        f"{resend_tokens[TURNS] - static:,} tokens; ratio {share:.0%} (with the cached static "
+        f"part of {static:,} tokens in both: {whole:.0%})",
+        goal="turn 50 <= 15 % of re-send without the static part, flat (turn50/turn10 <= 1.25)",
+        met=share <= 0.15 and flatness <= 1.25,
+        ratios={
+            "turn 50 vs re-send, chosen part": Ratio(share, "lower"),
+            "turn 50 vs re-send, whole prompt": Ratio(whole, "lower"),
+        },
         details=[
-            "turn: " + ", ".join(f"{t}: {memq_tokens[t]:,} vs {resend_tokens[t]:,}" for t in SHOWN),
+            "turn (whole prompts): "
+            + ", ".join(f"{t}: {memq_tokens[t]:,} vs {resend_tokens[t]:,}" for t in SHOWN),
             f"memory in the prompt: 20 facts; context_messages={settings.context_messages}",
             f"the static part ({static:,} tokens, byte-identical on every call, cached by the "
-            f"provider) is in both; without it memq is {without_static:.0%} of the re-send",
+            f"provider) is in both; with it memq is {whole:.0%} of the re-send",
             "baseline: the same build_update_prompt given the whole thread, uncapped (not "
             "DeerFlow's prompt text; the watermark and the budget are what differ)",
         ],
-        note=note,
     )

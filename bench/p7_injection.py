@@ -7,6 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from bench.common import BenchEnv, Result, fmt_ms, percentile
+from bench.guard import Ratio, band_of
 from prompts.injection import format_memory_for_injection, render_fact
 from prompts.tokens import make_token_counter
 from storage.document import Fact, MemoryDocument
@@ -65,13 +66,19 @@ def run(env: BenchEnv) -> Result:
         base.append(time.perf_counter() - t0)
     median = percentile(samples, 50)
     base_median = percentile(base, 50)
+    ratio = median / base_median
+    per_round = [a / b for a, b in zip(samples, base, strict=True)]
     return Result(
         key="P7",
         title="injection: 200 facts into 2,000 tokens (tiktoken)",
         measured=f"median {fmt_ms(median)}, p99 {fmt_ms(percentile(samples, 99))}",
-        baseline=f"one tiktoken pass over all 200 facts {fmt_ms(base_median)}; "
-        f"ratio {median / base_median:.1f}x",
-        goal="<= 2 ms median",
-        met=median <= 0.002,
-        details=[f"output {count(text)} tokens, {text.count(chr(10) + '- [')} facts kept"],
+        baseline=f"one tiktoken pass over all 200 facts {fmt_ms(base_median)}; ratio {ratio:.2f}x",
+        goal="<= 0.5x one tiktoken pass over the facts (median)",
+        met=ratio <= 0.5,
+        ratios={"inject vs one tiktoken pass": Ratio(ratio, "lower", band_of(per_round))},
+        details=[
+            f"output {count(text)} tokens, {text.count(chr(10) + '- [')} facts kept",
+            "the injector's counter and the rendered fact lines are kept between calls (both "
+            "bounded), as in an agent's process; the baseline counts with an empty cache",
+        ],
     )

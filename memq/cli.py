@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from memq.commands import config, doctor, exporter, memory, queue, serve, up, why
+from memq.commands import config, doctor, exporter, memory, queue, reembed, serve, up, why
 from memq.commands import demo as demo_command
 from memq.commands import eval as eval_command
 from memq.commands.common import CommandContext, resolve_user, shown
@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         exporter,
         eval_command,
         serve,
+        reembed,
     ):
         module.register(sub)
     return parser

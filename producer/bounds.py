@@ -21,7 +21,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memq.core.models import Message, message_json, messages_to_json, sendable_json
+from memq.core.models import Message, message_json, sendable_json
 
 log = logging.getLogger(__name__)
 
@@ -51,26 +51,9 @@ class HandOff:
 
 
 def bound_hand_off(messages: Sequence[Message], max_chars: int, max_messages: int) -> HandOff:
-    """The newest of ``messages`` within the caps (the module docstring), encoded once."""
+    """The newest of ``messages`` within the caps (the module docstring), encoded once: one pass
+    from the newest, each message encoded as it is taken and counted at its encoded size."""
     half = max(1, max_chars // 2)
-    if all(
-        len(m.content) <= half and (m.id is None or len(m.id) <= MAX_MESSAGE_ID_CHARS)
-        for m in messages
-    ):
-        # The common case: no message to cut, perhaps a front to drop. Where the front ends is
-        # found from a lower bound of each message's encoded size, then the rest is encoded in
-        # one go; only text that escapes a lot takes the message-by-message way below.
-        start, floor = len(messages), 0
-        while start > 0 and len(messages) - start < max_messages:
-            floor += _at_least(messages[start - 1])
-            if floor > max_chars:
-                break
-            start -= 1
-        kept = messages_to_json(list(messages[start:]))
-        if len(kept) <= max_chars:
-            if start:
-                _log_cut(len(messages), max_chars, max_messages, len(messages) - start, 0)
-            return HandOff(kept, len(messages) - start, start, 0)
     parts: list[str] = []
     used = shortened = 0
     start = len(messages)
@@ -98,13 +81,6 @@ def bound_hand_off(messages: Sequence[Message], max_chars: int, max_messages: in
     if dropped or shortened:
         _log_cut(len(messages), max_chars, max_messages, len(parts), shortened)
     return HandOff(sendable_json("[" + ",".join(parts) + "]"), len(parts), dropped, shortened)
-
-
-# The encoded size of a message is at least its role, content and id plus {"role":"","content":""}
-# (24 characters), ,"id":"" (8) around an id, and a comma: exact for text that needs no escape.
-def _at_least(message: Message) -> int:
-    size = len(message.content) + len(message.role) + 25
-    return size if message.id is None else size + len(message.id) + 8
 
 
 def _log_cut(total: int, max_chars: int, max_messages: int, kept: int, shortened: int) -> None:

@@ -185,9 +185,11 @@ end
 
 -- One read and one write of the hash: this runs on every agent turn.
 local stored = redis.call('HMGET', ctx, 'pending_since_ms', 'deadline_ms', 'first_enqueued_ms',
-  'captured_ms', 'messages')
+  'captured_ms', 'messages', 'version', 'dead_at_ms')
+-- The version is bumped in the same write (nothing else runs between the read and the write).
+local version = (tonumber(stored[6]) or 0) + 1
 local fields = {'thread_id', ARGV[6], 'user_id', ARGV[7], 'agent_name', ARGV[8],
-  'last_enqueued_ms', ARGV[1]}
+  'last_enqueued_ms', ARGV[1], 'version', string.format('%d', version)}
 local n = #fields
 
 -- The later capture is the agent's current view; a tie is a re-send.
@@ -251,13 +253,14 @@ if cut_bytes > 0 then
   redis.call('HINCRBY', ctx, 'cut_messages', cut)
   redis.call('HINCRBY', ctx, 'cut_bytes', cut_bytes)
 end
-local version = redis.call('HINCRBY', ctx, 'version', 1)
 redis.call('PEXPIRE', ctx, ARGV[12])
 redis.call('SADD', users, id)
 redis.call('PEXPIRE', users, ARGV[12])
 
--- New messages deserve a new try: a dead context comes back with its attempts reset.
-if redis.call('ZREM', dead, id) == 1 then
+-- New messages deserve a new try: a dead context comes back with its attempts reset. Only a
+-- hash marked dead, or one that was gone (a dead letter's hash expires before its id is reaped),
+-- can have an id in `dead`: an ordinary turn does not look.
+if (stored[7] or not stored[5]) and redis.call('ZREM', dead, id) == 1 then
   redis.call('HSET', ctx, 'attempts', '0')
   redis.call('HDEL', ctx, 'dead_at_ms')
 end

@@ -21,8 +21,10 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from memq.core.connection import REDIS_ERRORS, RedisClient
-from memq.core.errors import InvalidIdentifier, RedisUnavailable
+from redis.exceptions import NoScriptError
+
+from memq.core.connection import REDIS_ERRORS, RedisClient, unavailable
+from memq.core.errors import InvalidIdentifier
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.models import Message
@@ -34,6 +36,7 @@ from producer.messages import TimeTally, filter_messages_for_memory, has_minimum
 log = logging.getLogger(__name__)
 
 MAX_TRACE_ID_LENGTH = 256
+_ROUTES_KEPT = 4096  # contexts whose keys an Enqueuer keeps formatted
 
 
 class EnqueueCode(enum.IntEnum):
@@ -193,42 +196,68 @@ class Enqueuer:
         self._retention = str(retention_ms)
         self._pending_max = "" if pending_max_bytes is None else str(pending_max_bytes)
         self._context_max = "" if context_max_bytes is None else str(context_max_bytes)
+        self._client = client
+        # Per context: its five keys and its identifying arguments, formatted once. An agent
+        # hands the same thread over on every turn; bounded, so it never grows with traffic.
+        self._routes: dict[ContextKey, tuple[str, ...]] = {}
+
+    def _route(self, key: ContextKey) -> tuple[str, ...]:
+        route = self._routes.get(key)
+        if route is None:
+            context_id = key.id
+            q = self._keys.for_context(context_id)
+            route = (
+                q.context(context_id),
+                q.due,
+                q.inflight,
+                q.dead,
+                q.user_contexts(key.user_id),
+                key.thread_id,
+                key.user_id,
+                key.agent_name or "",
+                context_id,
+            )
+            if len(self._routes) >= _ROUTES_KEPT:
+                self._routes.clear()
+            self._routes[key] = route
+        return route
 
     def __call__(self, request: EnqueueRequest, now_ms: int) -> EnqueueResult:
         """One round trip. Raises :class:`RedisUnavailable` when Redis does not take it."""
         key = request.key
-        context_id = key.id
-        q = self._keys.for_context(context_id)
+        ctx, due, inflight, dead, users, thread_id, user_id, agent, context_id = self._route(key)
+        # The script's KEYS then ARGV (its header), flat: EVALSHA directly rather than through
+        # redis-py's Script wrapper, which copies both lists into a new tuple on every call.
+        command = (
+            ctx,
+            due,
+            inflight,
+            dead,
+            users,
+            now_ms,
+            self._debounce,
+            self._max_delay,
+            "1" if request.flush else "0",
+            request.messages_json,
+            thread_id,
+            user_id,
+            agent,
+            request.trace_id or "",
+            context_id,
+            now_ms if request.captured_ms is None else request.captured_ms,
+            self._retention,
+            self._pending_max,
+            self._context_max,
+        )
         try:
-            reply = self._script(
-                keys=(
-                    q.context(context_id),
-                    q.due,
-                    q.inflight,
-                    q.dead,
-                    q.user_contexts(key.user_id),
-                ),
-                args=(
-                    now_ms,
-                    self._debounce,
-                    self._max_delay,
-                    "1" if request.flush else "0",
-                    request.messages_json,
-                    key.thread_id,
-                    key.user_id,
-                    key.agent_name or "",
-                    request.trace_id or "",
-                    context_id,
-                    now_ms if request.captured_ms is None else request.captured_ms,
-                    self._retention,
-                    self._pending_max,
-                    self._context_max,
-                ),
-            )
+            try:
+                reply = self._client.evalsha(self._script.sha, 5, *command)
+            except NoScriptError:  # a restarted or new Redis: the wrapper loads it and retries
+                reply = self._script(keys=command[:5], args=command[5:])
         except REDIS_ERRORS as exc:
             # Connection loss, timeout, but also OOM or READONLY: either way the context did not
             # get in, and the caller (the fail-open producer) spools it.
-            raise RedisUnavailable(f"enqueue of {key.describe()} failed: {exc}") from exc
+            raise unavailable(exc, "the conversation was not enqueued") from exc
         version, deadline_ms, code, cut = reply
         if int(cut):  # the worker reports the context's total at its next run
             log.info(

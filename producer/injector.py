@@ -25,11 +25,14 @@ from memq.core.identity import DEFAULT_USER_ID
 from memq.core.settings import MemqSettings, load_settings
 from memq.memory.blocks import INJECTED_MEMORY_TAG
 from producer.backoff import Backoff
+from producer.query_embedding import query_embedder
 from prompts.injection import format_memory_for_injection
+from prompts.injection import warm as warm_recall
 from prompts.tokens import TokenCounter, make_token_counter
 from storage.base import MemoryStorage
 from storage.document import MemoryDocument
 from storage.location import check_reader_soon
+from storage.search import QueryEmbedding, meaning_for
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +48,18 @@ class MemoryInjector:
     is configured, so give its client a short timeout too."""
 
     def __init__(
-        self, settings: MemqSettings | None = None, storage: MemoryStorage | None = None
+        self,
+        settings: MemqSettings | None = None,
+        storage: MemoryStorage | None = None,
+        *,
+        embedder: QueryEmbedding | None = None,
     ) -> None:
         self._settings = settings
         self._storage = storage
+        # None: built from the settings on first use (when they name an embedding model).
+        self._embedder = embedder
+        self._embedder_ready = embedder is not None
+        self._owns_embedder = embedder is None
         self._client: RedisClient | None = None
         self._counter: TokenCounter | None = None
         self._setup_lock = threading.Lock()
@@ -72,7 +83,29 @@ class MemoryInjector:
                 self._storage = get_storage(settings, redis=self._client)
             if self._counter is None:
                 self._counter = make_token_counter(self._settings.token_counting)
+            if not self._embedder_ready:
+                self._embedder = self._build_embedder(self._settings)
+                self._embedder_ready = True
             return self._settings, self._storage, self._counter
+
+    def _build_embedder(self, settings: MemqSettings) -> QueryEmbedding | None:
+        return query_embedder(settings, self._client)
+
+    def embedder(self) -> QueryEmbedding | None:
+        """The query embedder this injector ranks with (built from the settings on first use;
+        None without an embedding model): share it with a MemoryManager's search."""
+        self._ready()
+        return self._embedder
+
+    def warm(self) -> None:
+        """Load the tokenizer and the segmenter now, at process start, so the first recall costs
+        what later ones do (call it where the agent's process starts; it never raises: a failure
+        only means the first recall pays the loading)."""
+        try:
+            _, _, counter = self._ready()
+            warm_recall(counter)
+        except Exception:  # warming is an optimisation; the first call still works without it
+            log.warning("memq: warming the recall's tokenizer failed", exc_info=True)
 
     def load(self, user_id: str | None, agent_name: str | None = None) -> MemoryDocument:
         """The stored memory document, read with the short timeout and the back-off: the strict
@@ -120,13 +153,20 @@ class MemoryInjector:
         settings, storage, counter = self._ready()
         if not (settings.enabled and settings.injection_enabled):
             return ""
+        document = self._guarded_load(storage, user_id, agent_name)
+        meaning = None
+        embedder = self._embedder
+        if embedder is not None and query is not None and query.strip() and document.facts:
+            # Bounded by the embedder's own timeout; None (fall back to words) on any failure.
+            meaning = meaning_for(document.embeddings, embedder.model, embedder.embed(query))
         return format_memory_for_injection(
-            self._guarded_load(storage, user_id, agent_name),
+            document,
             settings.injected_memory_max_tokens,
             guaranteed_categories=settings.guaranteed_categories,
             guaranteed_token_budget=settings.guaranteed_token_budget,
             count_tokens=counter,
             query=query,
+            meaning=meaning,
             since=since,
             until=until,
         )
@@ -139,15 +179,21 @@ class MemoryInjector:
         query: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        strict: bool = False,
     ) -> str:
         """``"<user_memory>\\n…\\n</user_memory>"``, or ``""`` when there is nothing to inject,
         injection is disabled, or anything went wrong (logged; never raised into the agent).
-        ``query``, ``since``, ``until``: see :meth:`text`."""
+        ``query``, ``since``, ``until``: see :meth:`text`. ``strict``: failures raise as
+        :meth:`text` raises them (a tool that must not pass an outage off as "nothing known")."""
         try:
             content = self.text(user_id, agent_name, query=query, since=since, until=until)
         except RedisUnavailable:
+            if strict:
+                raise
             return ""  # logged once per outage by the read itself
         except Exception:
+            if strict:
+                raise
             log.exception("memory injection failed for user=%s agent=%s", user_id, agent_name)
             return ""
         if not content.strip():
@@ -158,5 +204,11 @@ class MemoryInjector:
         """Close the Redis client the injector built (a storage passed in is the caller's)."""
         with self._setup_lock:
             client, self._client = self._client, None
+            embedder = self._embedder if self._owns_embedder else None
+            if self._owns_embedder:
+                self._embedder, self._embedder_ready = None, False
         if client is not None:
             client.close()
+        close = getattr(embedder, "close", None)
+        if close is not None:  # only the embedder it built: one passed in is the caller's
+            close()

@@ -12,23 +12,25 @@ strict variant (typed errors) for the CLI and for callers that want to know.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
 from memq.core.clock import now_ms
 from memq.core.connection import RedisClient, redis_client
-from memq.core.errors import MemqError, RedisUnavailable
+from memq.core.errors import MemqError, RedisRefused, RedisUnavailable, TurnNotKept
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings, load_settings
 from producer.backoff import Backoff
 from producer.enqueue import Enqueuer, EnqueueRequest, EnqueueResult, build_request
 from producer.replay import SpoolReplay
-from producer.spool import Spool
+from producer.spool_disk import open_spool
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,9 @@ class ProducerStats:
     times_dropped: int = 0
 
 
+_KEYS_KEPT = 4096
+_NAME_TYPES = (str, type(None))
+
 OfferStatus = Literal["queued", "spooled", "nothing_to_remember"]
 
 
@@ -61,6 +66,15 @@ class Offered:
     status: OfferStatus
     context_id: str | None = None
     result: EnqueueResult | None = None
+    # Spooled on disk: the turn outlives this process (the next one with the folder sends it).
+    durable: bool = False
+    # Why Redis did not take it (one line: unreachable, authentication, permission), if spooled.
+    reason: str | None = None
+
+
+_NOWHERE_TO_KEEP = (
+    "this process keeps no spool on disk (give it a data folder: MEMQ_DATA_DIR or MEMQ_SPOOL_DIR)"
+)
 
 
 class MemoryProducer:
@@ -96,13 +110,16 @@ class MemoryProducer:
             context_max_bytes=s.context_max_bytes,
         )
         self._clock_ms = clock_ms or now_ms
-        self._spool = Spool(s.spool_max_contexts)
+        self._spool = open_spool(s)
+        # Validated keys of the threads handed over lately (ids only, never text); bounded.
+        self._key_of = functools.lru_cache(maxsize=_KEYS_KEPT)(ContextKey.create)
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(
             ("enqueued", "spooled", "replayed", "dropped", "errors", "poisoned", "times_dropped"),
             0,
         )
         self._backoff = Backoff()
+        self._last_failure = "Redis did not answer"  # the last failure's one line, for doors
         self._replay = SpoolReplay(
             self._spool,
             self._send,
@@ -110,6 +127,8 @@ class MemoryProducer:
             self._count,
             spool_max_contexts=s.spool_max_contexts,
         )
+        if len(self._spool):  # left on disk by a process that ended during an outage
+            self._replay.ensure_running()
 
     # --- the agent-facing hooks
     def after_agent(
@@ -161,6 +180,7 @@ class MemoryProducer:
             if older is not None:
                 self._spool.put_back(older)
             raise
+        self._spool.sent(request.context_id)
         self._count("enqueued")
         return result
 
@@ -173,16 +193,36 @@ class MemoryProducer:
         *,
         flush: bool = False,
         trace_id: str | None = None,
+        keep_in_memory: bool = True,
     ) -> Offered:
         """A door's variant (HTTP, MCP): bad input raises (InvalidIdentifier, InvalidMessages);
         a Redis that does not answer spools the context, under the same back-off as the hooks,
-        so a hung Redis costs one timeout per back-off, never two per call."""
+        so a hung Redis costs one timeout per back-off, never two per call.
+
+        A door must not promise what it may lose, so: a Redis that refuses memq (authentication,
+        permission: :class:`RedisRefused`) raises, no replay helps; a spool that could not keep
+        the turn (full) raises :class:`TurnNotKept`; and with ``keep_in_memory`` False (a process
+        that may end any time, such as MCP over stdio) a spool that is not on disk raises
+        :class:`TurnNotKept` instead of keeping it in memory."""
         request = self._build(thread_id, user_id, agent_name, messages, flush, trace_id)
         if request is None:
             return Offered("nothing_to_remember")
-        result = self._offer(request)
-        status: OfferStatus = "spooled" if result is None else "queued"
-        return Offered(status, request.context_id, result)
+        durable = self._spool.folder is not None
+        if not keep_in_memory and not durable and self._backoff.skipping():
+            raise TurnNotKept(f"not kept: {self._last_failure}; {_NOWHERE_TO_KEEP}")
+        try:
+            result = self._offer(request, refuse=True, keep=keep_in_memory or durable)
+        except TurnNotKept:
+            raise
+        except RedisRefused:
+            raise  # the credentials or the ACL: no replay helps until the settings change
+        except RedisUnavailable as exc:
+            raise TurnNotKept(f"not kept: {self._last_failure}; {_NOWHERE_TO_KEEP}") from exc
+        if result is not None:
+            return Offered("queued", request.context_id, result)
+        if not self._spool.holds(request.context_id):
+            raise TurnNotKept(f"not kept: {self._last_failure}; the producer's spool is full")
+        return Offered("spooled", request.context_id, durable=durable, reason=self._last_failure)
 
     # --- spool and lifecycle
     @property
@@ -193,6 +233,16 @@ class MemoryProducer:
     @property
     def spool_size(self) -> int:
         return len(self._spool)
+
+    @property
+    def spool_folder(self) -> Path | None:
+        """Where the spool is kept on disk (it outlives this process), or None: in memory."""
+        return self._spool.folder
+
+    def keeps(self, context_id: str) -> bool:
+        """Whether a context this producer could not send is kept for a later replay (on disk
+        when :attr:`spool_folder` is set)."""
+        return self._spool.holds(context_id)
 
     def drain_spool(self) -> int:
         """Replay the spool now, in the caller's thread, ignoring the back-off; stops at the first
@@ -210,13 +260,21 @@ class MemoryProducer:
 
     def close(self) -> None:
         """Stop the replay thread, try one last drain (bounded by the socket timeouts), and close
-        the client if the producer built it. Whatever is still spooled then is lost."""
+        the client if the producer built it. Whatever is still spooled then is lost, unless the
+        spool is on disk: the next process started with its folder replays it."""
         self._replay.close()
         self.drain_spool()
-        if len(self._spool):
+        left = len(self._spool)
+        if left and self._spool.folder is not None:
             log.warning(
-                "memq: closing with %d contexts still spooled; they are lost", len(self._spool)
+                "memq: closing with %d contexts still spooled in %s; the next memq process "
+                "started with that folder sends them",
+                left,
+                self._spool.folder,
             )
+        elif left:
+            log.warning("memq: closing with %d contexts still spooled; they are lost", left)
+        self._spool.close()
         if self._owns_client:
             self._redis.close()
 
@@ -243,7 +301,10 @@ class MemoryProducer:
     ) -> EnqueueRequest | None:
         if not self._settings.enabled:
             return None
-        key = ContextKey.create(thread_id, user_id, agent_name)
+        if type(thread_id) is str and type(user_id) is str and type(agent_name) in _NAME_TYPES:
+            key = self._key_of(thread_id, user_id, agent_name)  # the same thread every turn
+        else:
+            key = ContextKey.create(thread_id, user_id, agent_name)
         request = build_request(
             key,
             messages,
@@ -287,9 +348,13 @@ class MemoryProducer:
             return False
         return self._offer(request) is not None
 
-    def _offer(self, request: EnqueueRequest) -> EnqueueResult | None:
+    def _offer(
+        self, request: EnqueueRequest, *, refuse: bool = False, keep: bool = True
+    ) -> EnqueueResult | None:
         """Send ``request`` (merged with what the spool holds of its context), or keep it for the
-        replay; None when it was kept. Never raises."""
+        replay; None when it was kept. Never raises, but for a door (``refuse``): a Redis that
+        refused memq raises :class:`RedisRefused`, and without ``keep`` an unreachable one
+        raises :class:`RedisUnavailable` instead of spooling."""
         if self._backoff.skipping():
             # Redis failed just now: do not pay the timeout again.
             self._replay.keep_for_later(request)
@@ -300,7 +365,12 @@ class MemoryProducer:
         try:
             result = self._send(request)
         except RedisUnavailable as exc:
+            self._last_failure = exc.summary or "Redis did not answer"
             self._replay.record_failure(exc)
+            if refuse and (isinstance(exc, RedisRefused) or not keep):
+                if older is not None:
+                    self._spool.put_back(older)
+                raise
             self._replay.keep_for_later(request)
             return None
         except Exception as exc:
@@ -314,7 +384,9 @@ class MemoryProducer:
         return result
 
     def _send(self, request: EnqueueRequest) -> EnqueueResult:
-        return self._enqueue(request, self._clock_ms())
+        result = self._enqueue(request, self._clock_ms())
+        self._spool.sent(request.context_id)
+        return result
 
     def _count(self, name: str, amount: int = 1) -> None:
         with self._lock:

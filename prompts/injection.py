@@ -23,6 +23,7 @@ through :func:`prompts.escaping.one_line`, the update prompt's own rule: nothing
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 from prompts.escaping import one_line
 from prompts.tokens import make_token_counter
 from storage.document import Fact, MemoryDocument, said_within
-from storage.search import rank_by_relevance
+from storage.search import Meaning, rank_by_relevance
 from storage.vocabulary import CORRECTION, DEFAULT_CATEGORY, category_set
 
 USER_LINES = (
@@ -51,6 +52,7 @@ FACTS_HEADER = "Facts:\n"
 DATED_FACTS_HEADER = "Facts, under the day they were said:\n"
 SECTION_SEPARATOR = "\n\n"
 CUT_MARKER = "\n..."
+RENDERED_FACTS_KEPT = 4096
 
 
 def day_header(day: date) -> str:
@@ -68,11 +70,27 @@ def said_day(fact: Fact) -> date | None:
 def render_fact(fact: Fact) -> str:
     """One fact's line; the day it was said is its group's header (:func:`render_facts`), the
     day of its event — where the model gave one — is in its bracket."""
-    category = fact.category.strip() or DEFAULT_CATEGORY
-    event = f" | event {one_line(fact.event_date)}" if fact.event_date else ""
-    line = f"- [{one_line(category)} | {fact.confidence:.2f}{event}] {one_line(fact.content)}"
-    if category == CORRECTION and fact.source_error:
-        line += f" (avoid: {one_line(fact.source_error)})"
+    return _fact_line(
+        fact.category, fact.confidence, fact.content, fact.source_error, fact.event_date
+    )
+
+
+# Every recall renders every fact of the memory to rank and fit them, and a memory changes far
+# less often than it is read: the lines of recently rendered facts are kept (bounded in entries,
+# like the token counts of prompts.tokens), so a repeated recall escapes nothing again.
+@functools.lru_cache(maxsize=RENDERED_FACTS_KEPT)
+def _fact_line(
+    category: str,
+    confidence: float,
+    content: str,
+    source_error: str | None,
+    event_date: str | None,
+) -> str:
+    category = category.strip() or DEFAULT_CATEGORY
+    event = f" | event {one_line(event_date)}" if event_date else ""
+    line = f"- [{one_line(category)} | {confidence:.2f}{event}] {one_line(content)}"
+    if category == CORRECTION and source_error:
+        line += f" (avoid: {one_line(source_error)})"
     return line
 
 
@@ -186,6 +204,7 @@ def format_memory_for_injection(
     relevance_weight: float = 0.7,
     since: datetime | None = None,
     until: datetime | None = None,
+    meaning: Meaning | None = None,
 ) -> str:
     """The memory as prompt text (no wrapper tags), opening with :data:`FRAME_LINE`; ``""`` when
     there is nothing to say. The frame line counts against ``max_tokens``.
@@ -195,6 +214,8 @@ def format_memory_for_injection(
     ``query`` facts are ordered by ``relevance_weight × relevance + (1 − weight) × confidence``
     (guaranteed categories still first, from their own budget); without one, by confidence.
     ``since``/``until`` keep only the facts said within that window (:func:`said_within`).
+    ``meaning`` (the query's embedding, :func:`storage.search.meaning_for`) ranks by meaning and
+    words fused, through the same :func:`storage.search.rank_by_relevance` as every recall.
     """
     guaranteed = guaranteed_set(guaranteed_categories)
     if memory is None:
@@ -214,6 +235,7 @@ def format_memory_for_injection(
         count=count,
         query=query,
         relevance_weight=relevance_weight,
+        meaning=meaning,
     )
     return frame + body if body else ""
 
@@ -227,6 +249,7 @@ def _render_body(
     count: Callable[[str], int],
     query: str | None,
     relevance_weight: float,
+    meaning: Meaning | None = None,
 ) -> str:
     """The sections under the frame line, within ``max_tokens`` (plus the guaranteed facts)."""
 
@@ -240,7 +263,9 @@ def _render_body(
     )
     ranked = rank_facts(document.facts)
     if query is not None and query.strip():
-        ranked = rank_by_relevance(ranked, query, relevance_weight=relevance_weight)
+        ranked = rank_by_relevance(
+            ranked, query, relevance_weight=relevance_weight, meaning=meaning
+        )
     must = [(render_fact(f), said_day(f)) for f in ranked if f.category in guaranteed]
     regular = [(render_fact(f), said_day(f)) for f in ranked if f.category not in guaranteed]
 
@@ -268,3 +293,13 @@ def _render_body(
     budget = max(0, limit - count(facts_block) - count(SECTION_SEPARATOR))
     shortened = _cut(preceding, budget, count)
     return SECTION_SEPARATOR.join(part for part in (shortened, facts_block) if part)
+
+
+def warm(count_tokens: Callable[[str], int]) -> None:
+    """Load now what the first recall would load on an agent's turn: ``count_tokens``'s encoding,
+    jieba's dictionary (its first Chinese text took ~0.7 s) and the ranking's imports. Called
+    explicitly where a process starts (the injector, the server, the worker); never at import."""
+    document = MemoryDocument(
+        facts=[Fact(content="User warms up the tokenizer"), Fact(content="用户预热中文分词")]
+    )
+    format_memory_for_injection(document, 200, count_tokens=count_tokens, query="warm 预热分词")

@@ -34,6 +34,7 @@ from storage.sections import (
     UserContext,
 )
 from storage.sources import Source, repaired_source
+from storage.vectors import VectorSet, readable_sets
 
 # The category names are defined with the rest of the vocabulary and re-exported here, where
 # most code looks for them.
@@ -285,6 +286,9 @@ class MemoryDocument(BaseModel):
     facts: list[Fact] = Field(default_factory=list)
     # Contradicted and stale facts, oldest first and bounded (``superseded_max_facts``).
     superseded: list[SupersededFact] = Field(default_factory=list)
+    # Embedding model name → the vectors of the facts' texts (storage/vectors.py); pruned to the
+    # current facts on every save, absent until an embedding model is configured.
+    embeddings: dict[str, VectorSet] = Field(default_factory=dict)
 
     @field_validator("version", mode="before")
     @classmethod
@@ -319,6 +323,11 @@ class MemoryDocument(BaseModel):
                     log.warning("dropping an unreadable memory fact %.80r: %s", item, exc)
         return facts
 
+    @field_validator("embeddings", mode="before")
+    @classmethod
+    def _readable_embeddings(cls, value: Any) -> dict[str, VectorSet]:
+        return readable_sets(value)
+
     @field_validator("superseded", mode="wrap")
     @classmethod
     def _readable_superseded(
@@ -342,9 +351,10 @@ class MemoryDocument(BaseModel):
     def superseded_fact(self, fact_id: str) -> SupersededFact | None:
         return next((s for s in reversed(self.superseded) if s.fact.id == fact_id), None)
 
-    def to_json(self) -> dict[str, Any]:
-        """The memory.json shape."""
-        return self.model_dump(mode="json")
+    def to_json(self, *, vectors: bool = False) -> dict[str, Any]:
+        """The memory.json shape. The fact vectors only with ``vectors`` (export and the stored
+        file): what an agent, a tool or a page reads is the memory, not kilobytes of base64."""
+        return self.model_dump(mode="json", exclude=None if vectors else {"embeddings"})
 
 
 def empty_document() -> MemoryDocument:
@@ -372,7 +382,14 @@ def copy_document(document: MemoryDocument) -> MemoryDocument:
     # Superseded entries are replaced, never changed in place: copying the list is enough.
     return _copied(
         document,
-        {"user": user, "history": history, "facts": facts, "superseded": list(document.superseded)},
+        {
+            "user": user,
+            "history": history,
+            "facts": facts,
+            "superseded": list(document.superseded),
+            # Vector sets are replaced, never changed in place (storage/vectors.py).
+            "embeddings": dict(document.embeddings),
+        },
     )
 
 

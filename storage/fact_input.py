@@ -95,11 +95,36 @@ def parse_import(data: Mapping[str, Any] | str | bytes) -> MemoryDocument:
     return document
 
 
+def refuse_unfit_import(
+    document: MemoryDocument, entries: int, *, max_facts: int | None, replace: bool
+) -> None:
+    """Refuse an import that would store more than the fact cap, or empty a memory without being
+    asked to (``replace``): ``{"facts": [1, 2]}`` reads as no fact at all. ``entries``: how many
+    items the file's ``facts`` list held. One line, and nothing is written."""
+    count = len(document.facts)
+    if max_facts is not None and count > max_facts:
+        raise InvalidMemoryData(
+            f"the file holds {count} facts, over the cap of {max_facts} per memory "
+            "(MEMQ_MAX_FACTS): nothing imported"
+        )
+    if count == 0 and not replace:
+        held = (
+            f"its `facts` holds {entries} entries, none a fact with content"
+            if entries
+            else ("it holds no fact")
+        )
+        raise InvalidMemoryData(
+            f"no readable fact in the file ({held}): nothing imported; to empty the memory on "
+            "purpose, import with replace (`memq import --replace`, `PUT …/memory?replace=true`)"
+        )
+
+
 def refuse_duplicate(document: MemoryDocument, fact: Fact) -> None:
     """Raise :class:`DuplicateFact` when the same fact as ``fact`` is stored."""
     key = content_key(fact.content)
     if any(content_key(f.content) == key for f in document.facts):
-        raise DuplicateFact(f"a fact with this content is already stored: {fact.content!r:.80}")
+        # Not quoted back: an error may travel to logs and clients the content should not.
+        raise DuplicateFact("a fact with this content is already stored")
 
 
 def append_capped(

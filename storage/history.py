@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from storage.base import Change, UpdateResult
 from storage.document import MemoryDocument, copy_document, utc_now
 from storage.private import append_private, write_private
+from storage.vectors import pruned
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,13 @@ def parse_document(text: str | bytes) -> MemoryDocument:
 
 
 def stamp_for_save(document: MemoryDocument) -> MemoryDocument:
-    """A private copy with ``last_updated`` set; the caller's object is never mutated."""
+    """A private copy with ``last_updated`` set and the vectors of texts no fact says any more
+    dropped (every backend saves through here, so a forgotten fact never keeps its vector); the
+    caller's object is never mutated."""
     copy = copy_document(document)
     copy.last_updated = utc_now()
+    if copy.embeddings:
+        copy.embeddings = pruned(copy.embeddings, (f.content for f in copy.facts))
     return copy
 
 

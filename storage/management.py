@@ -9,6 +9,7 @@ corrupt: an operator can always repair a document with them.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from datetime import datetime
@@ -24,12 +25,13 @@ from storage.fact_input import (
     parse_import,
     refuse_duplicate,
     refuse_too_long,
+    refuse_unfit_import,
     valid_category,
     valid_confidence,
     valid_content,
 )
 from storage.provenance import FactExplanation, explain
-from storage.search import search_facts
+from storage.search import Meaning, QueryEmbedding, meaning_for, search_facts
 from storage.vocabulary import DEFAULT_CATEGORY
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,8 @@ class MemoryManager:
     ``agent_name=None`` is the user-global memory throughout. ``max_facts`` is the fact cap
     ``add_fact`` applies (pass ``settings.max_facts``); None leaves documents uncapped.
     ``fact_max_chars`` (pass ``settings.fact_max_chars``) is the longest fact: refused when added
-    or edited by hand, cut (and counted) on import.
+    or edited by hand, cut (and counted) on import. ``embedder`` (the recall-time query embedder,
+    ``producer.query_embedding.query_embedder(settings)``) makes search rank by meaning too.
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class MemoryManager:
         *,
         max_facts: int | None = None,
         fact_max_chars: int = DEFAULT_FACT_MAX_CHARS,
+        embedder: QueryEmbedding | None = None,
     ) -> None:
         if max_facts is not None and max_facts < 1:
             raise InvalidMemoryData(f"max_facts must be at least 1, got {max_facts}")
@@ -65,6 +69,7 @@ class MemoryManager:
         self.storage = storage
         self.max_facts = max_facts
         self.fact_max_chars = fact_max_chars
+        self.embedder = embedder
 
     # --- reading
     def document(self, user_id: str, *, agent_name: str | None = None) -> MemoryDocument:
@@ -90,12 +95,26 @@ class MemoryManager:
         until: datetime | None = None,
     ) -> list[Fact]:
         """The ``limit`` facts most relevant to ``query`` (BM25 over English and Chinese words,
-        confidence breaking ties); ``category`` and the time window (``since``/``until``: when
-        the fact was said, :func:`said_within`) filter before the cut."""
+        fused with meaning when an embedder is set; confidence breaking ties); ``category`` and
+        the time window (``since``/``until``: when the fact was said, :func:`said_within`) filter
+        before the cut."""
         if not query.strip() or limit <= 0:
             return []
-        facts = said_within(self.storage.load(user_id, agent_name).facts, since, until)
-        return search_facts(facts, query, top_k=limit, category=category)
+        document = self.storage.load(user_id, agent_name)
+        return search_facts(
+            said_within(document.facts, since, until),
+            query,
+            top_k=limit,
+            category=category,
+            meaning=self.meaning(document, query),
+        )
+
+    def meaning(self, document: MemoryDocument, query: str) -> Meaning | None:
+        """The query's meaning against ``document``'s vectors, or None (no embedder, or it fell
+        back within its timeout: rank by words)."""
+        if self.embedder is None or not query.strip():
+            return None
+        return meaning_for(document.embeddings, self.embedder.model, self.embedder.embed(query))
 
     def history(
         self, user_id: str, *, agent_name: str | None = None, limit: int = 100
@@ -219,8 +238,9 @@ class MemoryManager:
 
     # --- whole documents
     def export(self, user_id: str, *, agent_name: str | None = None) -> dict[str, Any]:
-        """The memq memory.json of that (user, agent)."""
-        return self.storage.load(user_id, agent_name).to_json()
+        """The memq memory.json of that (user, agent), its fact vectors included (an import
+        then needs no re-embedding for the texts it keeps)."""
+        return self.storage.load(user_id, agent_name).to_json(vectors=True)
 
     def import_document(
         self,
@@ -228,9 +248,14 @@ class MemoryManager:
         data: Mapping[str, Any] | str | bytes,
         *,
         agent_name: str | None = None,
+        replace: bool = False,
     ) -> MemoryDocument:
-        """Replace the document with an imported DeerFlow or memq memory.json."""
-        return self.import_document_counted(user_id, data, agent_name=agent_name)[0]
+        """Replace the document with an imported DeerFlow or memq memory.json. Refused (nothing
+        written) above ``max_facts`` facts, or with no readable fact unless ``replace`` says
+        emptying the memory is meant."""
+        return self.import_document_counted(user_id, data, agent_name=agent_name, replace=replace)[
+            0
+        ]
 
     def import_document_counted(
         self,
@@ -238,9 +263,22 @@ class MemoryManager:
         data: Mapping[str, Any] | str | bytes,
         *,
         agent_name: str | None = None,
+        replace: bool = False,
     ) -> tuple[MemoryDocument, int]:
         """:meth:`import_document`, and how many facts were cut to ``fact_max_chars``."""
+        if isinstance(data, str | bytes):
+            try:
+                data = json.loads(data)
+            except ValueError as exc:
+                raise InvalidMemoryData(f"not JSON: {exc}") from exc
         imported = parse_import(data)
+        entries = data.get("facts") if isinstance(data, Mapping) else None
+        refuse_unfit_import(
+            imported,
+            len(entries) if isinstance(entries, list) else 0,
+            max_facts=self.max_facts,
+            replace=replace,
+        )
         imported.facts, cut = cap_facts_length(imported.facts, self.fact_max_chars)
         reason = f"imported {len(imported.facts)} facts"
         if cut:

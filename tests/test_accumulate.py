@@ -118,6 +118,30 @@ def contents(messages: Any) -> list[tuple[str, str, str | None]]:
 
 
 # --- the pure rule
+_TEXT = st.text(st.characters(codec="utf-8") | st.sampled_from('"\\\n\t\x00\u2028<>'))
+
+
+@given(
+    st.lists(
+        st.builds(
+            Message,
+            st.sampled_from(["user", "assistant"]),
+            _TEXT,
+            st.none() | _TEXT,
+            st.none() | st.integers(0, 2**53),
+        ),
+        max_size=5,
+    )
+)
+def test_messages_encode_as_the_json_encoder_does(messages: list[Message]) -> None:
+    # enqueue.lua finds stored lists by their bytes: the fast encoder must write exactly what
+    # the standard one does (every field of to_json, in its order, compact, non-ASCII as is).
+    expected = json.dumps(
+        [m.to_json() for m in messages], ensure_ascii=False, separators=(",", ":")
+    )
+    assert messages_to_json(messages) == expected
+
+
 @pytest.mark.parametrize(("name", "older", "newer", "expected"), CASES, ids=IDS)
 def test_merge_messages(
     name: str, older: list[Message], newer: list[Message], expected: list[Message]

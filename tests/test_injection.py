@@ -295,3 +295,28 @@ def test_line_breaks_in_any_slot_cannot_forge_lines_or_sections() -> None:
         "- [preference] x - [correction | 0.70] Use uv",
     ]
     assert "- Work: Engineer. Facts: - [correction | 1.00] sudo" in lines
+
+
+def test_warming_loads_the_tokenizer_and_the_segmenter_before_the_first_recall(
+    tmp_path: Path,
+) -> None:
+    # In a fresh interpreter: an agent's process that calls warm() at start has tiktoken's
+    # encoding and jieba's dictionary loaded before any turn asks for memory.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from memq.core.settings import MemqSettings\n"
+        "from producer.injector import MemoryInjector\n"
+        "from prompts.tokens import load_encoding\n"
+        f"settings = MemqSettings(storage='file', storage_dir={str(tmp_path)!r})\n"
+        "before = 'jieba' in sys.modules, load_encoding.cache_info().currsize\n"
+        "MemoryInjector(settings).warm()\n"
+        "after = 'jieba' in sys.modules, load_encoding.cache_info().currsize\n"
+        "print(before, after)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split("\n")[-2] == "(False, 0) (True, 1)"

@@ -88,6 +88,22 @@ def test_recorded_figures_read_back(settings: MemqSettings, redis_client: redis.
     assert (shard.due, shard.inflight, shard.dead, shard.oldest_due_lag_ms) == (0, 0, 0, 0)
 
 
+def test_held_llm_figures_are_written_with_the_run_s_figures_in_one_round_trip(
+    settings: MemqSettings, redis_client: redis.Redis
+) -> None:
+    recorder = MetricsRecorder.for_settings(settings, redis_client, hold_llm_requests=True)
+    recorder.llm_request("timeout", 2.0)
+    recorder.llm_request("ok", 0.3)
+    assert read_snapshot(redis_client, settings, 0).metrics.llm_requests == {}
+    recorder.extraction("updated", {"prompt_tokens": 7})
+    snapshot = read_snapshot(redis_client, settings, 0).metrics
+    assert snapshot.llm_requests == {"timeout": 1, "ok": 1}
+    assert snapshot.llm_latency_count == 2 and snapshot.llm_latency_sum_seconds == 2.3
+    assert snapshot.extractions == {"updated": 1} and snapshot["prompt_tokens"] == 7
+    recorder.extraction("updated")  # held figures are written once
+    assert read_snapshot(redis_client, settings, 0).metrics.llm_requests == {"timeout": 1, "ok": 1}
+
+
 def test_a_name_that_is_not_a_counter_is_never_written(
     settings: MemqSettings, redis_client: redis.Redis
 ) -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -199,13 +200,16 @@ def test_forget_a_thread_with_a_run_of_it_in_flight(
     shared = fact_named(settings, "ken", oolong.content)
     assert shared is not None and shared.confirmations == 1
 
-    # A second run of the thread is in flight (its model answers in 5 s) when it is forgotten.
-    openai_server.responder = CitingModel([bluebird], delay_seconds=5.0)
+    # A second run of the thread is in flight (its model answers once it is forgotten).
+    answer = threading.Event()
+    openai_server.responder = CitingModel([bluebird], release=answer)
     calls = openai_server.call_count
     more = [*secret, user("Bluebird launches in March, at Bluebird Labs."), assistant("Ok.")]
     assert producer.flush("t-secret", "ken", None, more)
     wait_for(lambda: openai_server.call_count > calls, what="the run in flight")
-    done = json.loads(cli(env, "forget", "ken", "--thread", "t-secret", "--json").stdout)
+    forgot = cli(env, "forget", "ken", "--thread", "t-secret", "--json")
+    answer.set()
+    done = json.loads(forgot.stdout)
     removed = done["removed"]
     assert (removed["facts_removed"], removed["facts_trimmed"], removed["in_flight"]) == (1, 1, 1)
     wait_for(

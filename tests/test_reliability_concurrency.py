@@ -139,7 +139,8 @@ def test_a_thread_that_never_goes_quiet_is_extracted_within_max_delay(
             for s in pending
         ), (since, pending)
         assert next_since >= capped, (since, next_since)  # claimed when due, and it ran
-    assert openai_server.call_count >= 2
+    # Each claimed window runs: its model call comes a moment after its claim.
+    wait_for(lambda: openai_server.call_count >= 2, what="both claimed windows called the model")
 
 
 def flood_model(delay_seconds: float) -> tuple[Any, list[str]]:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -46,8 +47,10 @@ def test_forget_with_work_in_flight_is_not_undone_by_the_queue(
     openai_server.script(Reply(status=400))
     assert producer.flush("t-dead", "fey", None, turn("item-5551001"))
     wait_for(lambda: queue.stats()["dead"] == 1, what="the dead letter")
-    # An extraction in flight (its model call answers in 3 s), and a turn still debouncing.
-    openai_server.script(Reply(content=json.dumps(_answer("item-5551002")), delay_seconds=3.0))
+    # An extraction in flight (its model call answers once the forget is done), and a turn
+    # still debouncing.
+    answer = threading.Event()
+    openai_server.script(Reply(content=json.dumps(_answer("item-5551002")), release=answer))
     calls = openai_server.call_count
     assert producer.flush("t-run", "fey", None, turn("item-5551002"))
     wait_for(lambda: openai_server.call_count == calls + 1, what="the call in flight")
@@ -63,6 +66,7 @@ def test_forget_with_work_in_flight_is_not_undone_by_the_queue(
         timeout=DEADLINE_SECONDS,
         check=False,
     )
+    answer.set()
     assert done.returncode == 0, done.stderr
     removed = json.loads(done.stdout)["removed"]
     assert (removed["documents"], removed["pending"], removed["in_flight"], removed["dead"]) == (

@@ -68,7 +68,7 @@ def test_a_timestamp_sent_over_http_reaches_the_fact_and_the_block(
             facts = http.get("/v1/users/app1-carol/memory").json()["facts"]
             return next((f for f in facts if f["content"] == RACE.content), None)
 
-        wait_for(lambda: race() is not None, timeout=60, what="the fact over HTTP")
+        wait_for(lambda: race() is not None, what="the fact over HTTP")
         fact = race()
         assert fact is not None
         assert datetime.fromisoformat(fact["said_at"]) == datetime(2023, 5, 8, 13, 56, tzinfo=UTC)
@@ -114,7 +114,6 @@ def test_langchain_messages_and_hostile_times_through_the_python_producer(
     assert producer.stats.times_dropped == 3 and producer.stats.errors == 0
     wait_for(
         lambda: any(f.content == TEA.content for f in document_of(stack, "dave").facts),
-        timeout=60,
         what="the tea fact",
     )
     (tea,) = [f for f in document_of(stack, "dave").facts if f.content == TEA.content]

@@ -221,9 +221,10 @@ def test_real_ids_with_separators_are_accepted_over_http(
     assert answer.json()["status"] == "queued"
     memory = http.get("/v1/users/alice@example.com/memory", params={"agent_name": "a/b"})
     assert memory.status_code == 200
-    # A user id with a slash, encoded or not, is one user.
+    # A user id with a slash is one user when encoded as one segment; unencoded, the slash
+    # separates segments and reaches no user (never another one).
     added = http.post("/v1/users/org%2Fana/facts", json={"content": "Ana runs the org"})
     assert added.status_code == 201, added.text
-    for path in ("/v1/users/org%2Fana/facts", "/v1/users/org/ana/facts"):
-        facts = http.get(path).json()["facts"]
-        assert [f["content"] for f in facts] == ["Ana runs the org"]
+    facts = http.get("/v1/users/org%2Fana/facts").json()["facts"]
+    assert [f["content"] for f in facts] == ["Ana runs the org"]
+    assert http.get("/v1/users/org/ana/facts").status_code == 404

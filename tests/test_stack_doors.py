@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from memq.core.settings import MemqSettings
 from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer import MemoryProducer
 from producer.injector import MemoryInjector
-from tests.support.memq_up import Up, up_env
+from tests.support.memq_up import MEMQ, Up, up_env
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, learn_items, turn
 
@@ -115,3 +116,29 @@ def test_memq_up_refuses_to_start_when_its_remembered_port_is_taken(
     assert "in use" in lines[0] and "port" in lines[0]
     assert "ready." not in text
     assert (redis_dir / "port").read_text(encoding="utf-8").strip() == str(port)
+
+
+def test_doctor_passes_on_memq_up_with_the_url_it_prints_or_none_at_all(
+    tmp_path: Path, openai_server: ScriptedOpenAI, ups: list[Up]
+) -> None:
+    """The agents' ACL user may not run INFO: doctor checks as the stack's own user, and a
+    process of the data folder given no URL at all finds the stack's Redis."""
+    env = up_env(tmp_path, openai_server, MEMQ_STORAGE="redis")
+    up = Up(env, tmp_path / "up.log")
+    ups.append(up)
+    up.wait_text(" ready.")
+    for redis_env in ({"MEMQ_REDIS_URL": _agent_url(up)}, {}):
+        doctor = subprocess.run(
+            [MEMQ, "doctor"],
+            env={**env, **redis_env},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        assert "OK    redis: Redis " in doctor.stdout
+        assert "OK    persistence: AOF" in doctor.stdout
+        assert "NoPermissionError" not in doctor.stdout + doctor.stderr
+    assert up.stop() == 0

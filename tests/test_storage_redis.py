@@ -91,3 +91,22 @@ def test_corrupt_document_raises_and_update_refuses_to_overwrite(
     with pytest.raises(CorruptMemoryFile):
         store.update("alice", None, lambda d: doc_with("would erase"))
     assert redis_client.hget(key, "doc") == '{"facts": ['
+
+
+def test_a_kept_parse_never_outlives_the_text_it_came_from(
+    store: RedisMemoryStorage, make_settings: Any, redis_client: redis.Redis
+) -> None:
+    # A reader keeps the parsed document of the text it read; another process's writes, a forget
+    # and a change made to what a load returned must all show on the next read.
+    other = get_storage(make_settings(storage="redis"), redis=redis_client)
+    other.save("alice", None, doc_with("Uses vim"))
+    first = store.load("alice")
+    assert contents(first) == ["Uses vim"]
+    first.facts.append(Fact(content="changed in place by a caller", confidence=0.5))
+    assert contents(store.load("alice")) == ["Uses vim"]
+    other.save("alice", None, doc_with("Uses emacs"))
+    assert contents(store.load("alice")) == ["Uses emacs"]
+    other.delete("alice", None)
+    assert contents(store.load("alice")) == []
+    other.save("alice", None, doc_with("Uses nano"))  # recreated: its revision starts again
+    assert contents(store.load("alice")) == ["Uses nano"]

@@ -187,6 +187,7 @@ def create_app(settings: MemqSettings) -> Celery:
     app.tasks[EXTRACT_TASK].throws = (ExtractionDeadLettered,)
     _quiet_beat(app)
     _publish_location(app, settings)
+    _warm_at_start(app, settings)
     app.memq_runtime = runtime  # for tests and `memq doctor`; tasks never look it up
     return app
 
@@ -241,6 +242,26 @@ def _publish_location(app: Celery, settings: MemqSettings) -> None:
             client.close()
 
     app.memq_on_worker_init = on_worker_init
+    signals.worker_init.connect(on_worker_init)
+
+
+def _warm_at_start(app: Celery, settings: MemqSettings) -> None:
+    """At worker start, before the pool forks or starts its threads: load the token encoding and
+    the Chinese segmenter the first extraction (its prompt budget, the memory slice's ranking)
+    would otherwise load inside a run."""
+
+    def on_worker_init(sender: Any, **_: Any) -> None:
+        if getattr(sender, "app", None) is not app:
+            return
+        from prompts.injection import warm
+        from prompts.tokens import make_token_counter
+
+        try:
+            warm(make_token_counter(settings.token_counting))
+        except Exception as exc:  # only the first run pays the loading then
+            log.warning("memq: warming the tokenizer failed: %s", type(exc).__name__)
+
+    app.memq_on_worker_warm = on_worker_init  # signals hold receivers weakly
     signals.worker_init.connect(on_worker_init)
 
 

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from memq.core.errors import StaleClaim
 from memq.core.models import ConversationContext
@@ -40,6 +41,9 @@ from worker.gates import Gate
 from worker.model import ModelAnswer, UpdateModel
 from worker.report import ExtractionReport, Usage, usage_of
 from worker.watermark import ChunkBudget, Selection, message_identity, split_at_watermark
+
+if TYPE_CHECKING:
+    from worker.embeddings import FactEmbedding
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +99,11 @@ class ExtractionPipeline:
         *,
         count_tokens: TokenCounter | None = None,
         clock: Clock | None = None,
+        embedding: FactEmbedding | None = None,
     ) -> None:
         self._settings = settings
+        # Embeds the facts a saved run added or edited (worker/embeddings.py); None: no model.
+        self._embedding = embedding
         self._storage = storage
         self._model = model
         self._count_tokens = count_tokens or make_token_counter(settings.token_counting)
@@ -230,6 +237,9 @@ class ExtractionPipeline:
             changes = [] if parsed.is_noop() else self._apply(context, parsed, run, saving, refused)
         except StaleClaim as exc:
             return stale_report(usage, elapsed_ms(), str(exc))
+        if changes and self._embedding is not None:
+            # After the fenced save, both lanes (the batch lane settles through here too).
+            self._embedding.after_save(self._storage, context.user_id, context.agent_name)
         report = saved_report(changes, usage, prompt, watermark, more, elapsed_ms())
         report = replace(
             report,

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal, cast
 
+import redis
+from redis.exceptions import NoScriptError
+
 from memq.core.clock import now_ms
 from memq.core.connection import RedisClient
 from memq.core.errors import InvalidIdentifier
@@ -217,25 +220,48 @@ class QueueClient:
     def renew(self, context_id: str, token: str, now: int | None = None) -> bool:
         """Extend the lease by ``lease_ms`` from now and mark the run as started (an expired lease
         then counts as an attempt); False when the claim is no longer ours."""
-        q = self._q(context_id)
         now = now_ms() if now is None else now
-        raw = self._scripts["renew"](
-            keys=[q.context(context_id), q.inflight, self.user_inflight_key(q, context_id)],
-            args=[context_id, token, now + self.settings.lease_ms],
-        )
-        return int(raw) == 1
+        keys, args = self._renew_call(self._q(context_id), context_id, token, now)
+        return int(self._scripts["renew"](keys=keys, args=args)) == 1
+
+    def _renew_call(
+        self, q: QueueKeys, context_id: str, token: str, now: int
+    ) -> tuple[list[str], list[str | int]]:
+        keys = [q.context(context_id), q.inflight, self.user_inflight_key(q, context_id)]
+        return keys, [context_id, token, now + self.settings.lease_ms]
 
     def load_run(self, context_id: str) -> tuple[dict[str, str], str | None]:
         """The ``ctx:<id>`` hash and the thread's watermark (None when unset), in one round trip."""
+        data, watermark, _ = self.start_run(context_id, None)
+        return data, watermark
+
+    def start_run(
+        self, context_id: str, token: str | None, now: int | None = None
+    ) -> tuple[dict[str, str], str | None, bool]:
+        """:meth:`load_run` and, with ``token``, the run's first :meth:`renew` in the same round
+        trip (renew checks the token itself: sent before the hash is seen, it changes nothing
+        for a claim that is gone); the third value says whether it renewed."""
         q = self._q(context_id)
+        now = now_ms() if now is None else now
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(q.context(context_id))
         pipe.get(q.watermark(context_id))
-        raw, watermark = pipe.execute()
+        if token is not None and isinstance(self.redis, redis.Redis):
+            # EVALSHA itself: redis-py's Script in a pipeline asks SCRIPT EXISTS first.
+            keys, args = self._renew_call(q, context_id, token, now)
+            pipe.evalsha(self._scripts["renew"].sha, len(keys), *keys, *args)
+        raw, watermark, *renewal = pipe.execute(raise_on_error=False)
+        for reply in (raw, watermark, *renewal):
+            if isinstance(reply, Exception) and not isinstance(reply, NoScriptError):
+                raise reply
+        renewed = False
+        if token is not None:  # a cluster client or a restarted Redis: the wrapper's own call
+            ok = renewal and not isinstance(renewal[0], Exception)
+            renewed = int(renewal[0]) == 1 if ok else self.renew(context_id, token, now)
         data = {str(k): str(v) for k, v in raw.items()}
         if data.get("cut_messages"):
             self._report_cut(q, context_id)
-        return data, (str(watermark) if watermark is not None else None)
+        return data, (str(watermark) if watermark is not None else None), renewed
 
     def _report_cut(self, q: QueueKeys, context_id: str) -> None:
         """enqueue.lua cut the oldest messages to stay within context_max_bytes: take its counts

@@ -5,7 +5,6 @@ table and the batch lane, each built lazily once.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections.abc import Callable
@@ -45,9 +44,7 @@ class WorkerRuntime:
         # What the endpoint is asked to constrain answers to, learnt once per process (a forked
         # child learns again) and sent by the synchronous calls and the batch lane alike.
         self.formats = FormatChoice(settings.llm_response_format)
-        self._pipeline_factory = pipeline_factory or functools.partial(
-            build_pipeline, formats=self.formats
-        )
+        self._pipeline_factory = pipeline_factory or build_pipeline
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._redis: RedisClient | None = None
@@ -76,7 +73,13 @@ class WorkerRuntime:
         with self._lock:
             self._check_fork()
             if self._pipeline is None:
-                self._pipeline = self._pipeline_factory(self.settings, self._base_locked()[0])
+                client, _, metrics = self._base_locked()
+                if self._pipeline_factory is build_pipeline:  # its LLM figures go with the run's
+                    self._pipeline = build_pipeline(
+                        self.settings, client, metrics=metrics, formats=self.formats
+                    )
+                else:
+                    self._pipeline = self._pipeline_factory(self.settings, client)
             return self._pipeline
 
     @property
@@ -132,7 +135,10 @@ class WorkerRuntime:
             # the run's settlement and leaving its context to wait for its lease.
             self._redis = redis_client(self.settings, outage_retries=8)
             self._queue = QueueClient(self.settings, self._redis)
-            self._metrics = MetricsRecorder.for_settings(self.settings, self._redis)
+            # A run's LLM request figures are written with its extraction's, in one round trip.
+            self._metrics = MetricsRecorder.for_settings(
+                self.settings, self._redis, hold_llm_requests=True
+            )
             self._pid = os.getpid()
         return self._redis, self._queue, self._metrics
 
@@ -144,24 +150,32 @@ class WorkerRuntime:
 
 
 def build_pipeline(
-    settings: MemqSettings, client: RedisClient, *, formats: FormatChoice | None = None
+    settings: MemqSettings,
+    client: RedisClient,
+    *,
+    metrics: MetricsRecorder | None = None,
+    formats: FormatChoice | None = None,
 ) -> ExtractionPipeline:
     """The production pipeline: configured storage and LLM (imported here, not at module load,
-    so the ticker and the app factory never load the LLM client); ``formats``: the process's
-    choice of response format."""
+    so the ticker and the app factory never load the LLM client); ``metrics`` records the LLM
+    requests (the runtime's own recorder, which writes them with the run's figures); ``formats``:
+    the process's choice of response format."""
     from storage import get_storage
+    from worker.embeddings import build_fact_embedding
     from worker.llm import build_update_model
     from worker.pipeline import ExtractionPipeline
     from worker.ratelimit import SharedRateLimit
 
     limiter = SharedRateLimit.for_settings(settings, client)
+    metrics = metrics or MetricsRecorder.for_settings(settings, client)
     return ExtractionPipeline(
         settings,
         get_storage(settings, redis=client),
         build_update_model(
             settings,
-            observe=MetricsRecorder.for_settings(settings, client).llm_request,
+            observe=metrics.llm_request,
             on_limits=None if limiter is None else limiter.observe,
             formats=formats,
         ),
+        embedding=build_fact_embedding(settings, metrics.count),
     )

@@ -73,8 +73,8 @@ def extract(
 ) -> dict[str, Any]:
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
     run = _Run(runtime.queue, runtime.metrics, context_id, token, version, clock(), clock)
-    data, watermark = run.queue.load_run(context_id)
-    if not _start(run, data):
+    data, watermark, renewed = run.queue.start_run(context_id, token, run.started)
+    if not _start(run, data, renewed):
         return {"outcome": "stale"}
     attempts = int(data.get("attempts") or 0)
     try:
@@ -106,16 +106,15 @@ def extract(
     )
 
 
-def _start(run: _Run, data: dict[str, Any]) -> bool:
-    """Renew the lease at once; False (logged, counted) when the claim is already gone.
+def _start(run: _Run, data: dict[str, Any], renewed: bool) -> bool:
+    """The lease renewed at once (``renewed``: sent with the run's first read); False (logged,
+    counted) when the claim is already gone.
 
     This first renew also marks the claim as started: from here on, a lease that expires counts
     as an attempt (a task that never got this far, e.g. dropped by Celery past its `expires`, is
     requeued by the reaper without one).
     """
-    if data.get("claim_token") == run.token and run.queue.renew(
-        run.context_id, run.token, run.started
-    ):
+    if data.get("claim_token") == run.token and renewed:
         return True
     log.info(
         "extraction key=%s version=%d outcome=stale (claim gone before start)",

@@ -52,9 +52,10 @@ def sample_conversations() -> list[Conversation]:
 
 def demo_settings(data_dir: Path) -> MemqSettings:
     """Short debounce and tick so the demo finishes quickly; the LLM settings stay as configured."""
+    # The default key prefix: `memq up` on the demo's folder, and the commands run after it,
+    # find the demo's memory with nothing but MEMQ_DATA_DIR.
     return load_settings(
         data_dir=data_dir,
-        key_prefix="demo",
         debounce_seconds=0.5,
         max_delay_seconds=5.0,
         tick_seconds=0.2,
@@ -85,8 +86,21 @@ def run_demo(
         _say(out, f"done in {time.monotonic() - started:.1f} s\n")
         _report(settings, conversations, out)
         _say(out, "stopping the stack …")
-    _say(out, "stopped. Run `memq up` for the long-running stack, `memq --help` for the rest.")
+    shown_dir = _shown_dir(data_dir)
+    _say(out, f"stopped. The demo's memory is kept in {data_dir}. To read it again:")
+    _say(out, "  source .venv/bin/activate   # memq on PATH (or call .venv/bin/memq)")
+    _say(out, f"  MEMQ_DATA_DIR={shown_dir} memq up   # the demo's stack, in the foreground")
+    _say(out, f"  then in another terminal: MEMQ_DATA_DIR={shown_dir} memq show alice")
+    _say(out, "`memq up` alone runs your own stack in .memq; `memq --help` for the rest.")
     return 0
+
+
+def _shown_dir(data_dir: Path) -> str:
+    """The folder as the user would type it: relative to where they are, when it is below."""
+    try:
+        return str(data_dir.relative_to(Path.cwd()))
+    except ValueError:
+        return str(data_dir)
 
 
 def _describe_extractor(settings: MemqSettings) -> str:

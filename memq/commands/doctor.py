@@ -61,6 +61,7 @@ def run(args: argparse.Namespace, context: CommandContext) -> int:
     checks += _guard("tiktoken", check_tiktoken)
     checks += _guard("timing", lambda: check_timing(settings))
     checks += _guard("storage", lambda: check_storage(settings))
+    checks += _guard("settings", check_settings_names)
     if redis_ok:
         checks += _guard("ticker", lambda: check_ticker(context.redis, settings))
         checks += _guard("workers' storage", lambda: check_workers_storage(context.redis, settings))
@@ -93,7 +94,55 @@ def check_redis(client: RedisClient, settings: MemqSettings) -> list[Check]:
     and whether every slot is served."""
     if isinstance(client, RedisCluster):
         return _check_cluster(client, settings)
-    return _check_node(client, mask_url(settings.redis_url))
+    url = mask_url(settings.redis_url)
+    try:
+        return _check_node(client, url)
+    except redis.exceptions.NoPermissionError:
+        pass
+    # An ACL user that may not run INFO (the agents' user of `memq up`'s Redis): check as the
+    # stack's own worker user when this is that Redis, else say what was not checked.
+    stack = _stack_client(settings)
+    if stack is None:
+        return [
+            Check(
+                "warn",
+                "redis",
+                f"reachable at {url}, but its ACL user may not run INFO: version, persistence "
+                "and maxmemory-policy not checked",
+                "run `memq doctor` with a Redis user that may run INFO and CONFIG GET",
+            )
+        ]
+    with stack:
+        return [
+            Check(c.status, c.name, f"{c.detail} (checked as the stack's own user)", c.fix)
+            for c in _check_node(stack, url)
+        ]
+
+
+def _stack_client(settings: MemqSettings) -> redis.Redis | None:
+    """A client as the worker user of the private Redis `memq up` runs for this data folder,
+    when the settings point at that Redis (its port file) and its password file is readable."""
+    from urllib.parse import urlsplit
+
+    from memq.local.redis_server import WORKER_USER
+
+    redis_dir = settings.data_dir / "redis"
+    target = urlsplit(settings.redis_url)
+    try:
+        port = int((redis_dir / "port").read_text(encoding="utf-8").strip())
+        password = (redis_dir / "worker-password").read_text(encoding="utf-8").strip()
+    except (OSError, ValueError):
+        return None
+    if target.hostname not in ("127.0.0.1", "localhost") or target.port != port:
+        return None
+    return redis.Redis(
+        host="127.0.0.1",
+        port=port,
+        username=WORKER_USER,
+        password=password,
+        socket_timeout=3.0,
+        decode_responses=True,
+    )
 
 
 def _check_cluster(client: RedisCluster, settings: MemqSettings) -> list[Check]:
@@ -348,6 +397,18 @@ def check_ticker(
     if not beat_alive(last, now, settings.tick_seconds):
         return [Check("warn", "ticker", f"last tick {age:.0f} s ago: beat looks down", fix)]
     return [Check("ok", "ticker", f"last tick {max(age, 0.0):.1f} s ago")]
+
+
+def check_settings_names() -> list[Check]:
+    """A misspelt MEMQ_* variable or YAML key falls back to a default: say so."""
+    from memq.core.settings import unknown_setting_lines
+
+    lines = unknown_setting_lines()
+    if not lines:
+        return [Check("ok", "settings", "every MEMQ_* variable and YAML key is a known setting")]
+    return [
+        Check("fail", "settings", line.removeprefix("memq: "), "fix or remove it") for line in lines
+    ]
 
 
 def check_tiktoken() -> list[Check]:

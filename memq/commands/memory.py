@@ -110,6 +110,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a DeerFlow memory folder (every user and agent, old and current layout); merges, "
         "safe to re-run",
     )
+    load.add_argument(
+        "--replace",
+        action="store_true",
+        help="empty the memory when the file holds no fact (refused without it)",
+    )
     load.set_defaults(run=run_import)
 
     forget = sub.add_parser(
@@ -314,7 +319,9 @@ def run_import(args: argparse.Namespace, context: CommandContext) -> int:
     data = read_json_file(args.file)
     if not isinstance(data, dict):
         raise CommandError(f"{args.file}: a memory document must be a JSON object")
-    document, cut = context.service.import_document(LOCAL, args.user, args.agent, data)
+    document, cut = context.service.import_document(
+        LOCAL, args.user, args.agent, data, replace=args.replace
+    )
     agent = agent_label(validate_agent_name(args.agent))
     limit = context.settings.fact_max_chars
     note = f" ({count(cut, 'over-long fact')} cut to {limit} characters)" if cut else ""

@@ -33,8 +33,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
             "and delete facts, and the memory document as a resource. Logs go to stderr."
         ),
     )
-    # Neither --user nor --anonymous: the anonymous user, as an agent that passes no user id.
-    add_user_argument(mcp, option=True, optional=True)
+    # --user U or --anonymous: never a silent anonymous default for a process serving one user.
+    add_user_argument(mcp, option=True)
     mcp.add_argument("--agent", default=None, help="agent name (default: user-global memory)")
     mcp.set_defaults(run=run_mcp)
 
@@ -52,7 +52,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     new.add_argument(
         "--scope", action="append", choices=("agent", "admin"), required=True, dest="scopes"
     )
-    new.add_argument("--user-prefix", default=None, help="only user ids starting with this")
+    bound = new.add_mutually_exclusive_group()
+    bound.add_argument("--user-prefix", default=None, help="only user ids starting with this")
+    bound.add_argument(
+        "--user", default=None, help="only this user (MCP requests without X-Memq-User mean it)"
+    )
     new.add_argument("--file", default=None, help="key file (default MEMQ_SERVE_API_KEYS_FILE)")
     new.set_defaults(run=run_api_key_new)
 
@@ -69,6 +73,7 @@ def run_serve(args: argparse.Namespace, context: CommandContext) -> int:
 
     from memq.server.app import create_app
     from memq.server.auth import Keyring, check_bind
+    from memq.server.slow_clients import header_deadline_protocol
 
     host = args.host or context.settings.serve_host
     port = context.settings.serve_port if args.port is None else args.port
@@ -93,6 +98,11 @@ def run_serve(args: argparse.Namespace, context: CommandContext) -> int:
         proxy_headers=True,
         forwarded_allow_ips=settings.serve_forwarded_allow_ips,
         server_header=False,
+        # Slow clients (memq/server/slow_clients.py): a deadline on each request head, idle
+        # connections closed, a ceiling on connections.
+        http=header_deadline_protocol(settings.serve_header_timeout_seconds),
+        timeout_keep_alive=settings.serve_keep_alive_seconds,
+        limit_concurrency=settings.serve_limit_concurrency,
     )
     print("memq serve: stopped", file=sys.stderr)
     return 0
@@ -124,12 +134,16 @@ def run_api_key_new(args: argparse.Namespace, context: CommandContext) -> int:
         data = json.loads(path.read_text(encoding="utf-8") or "{}")
         entries = list(data.get("keys", []) if isinstance(data, dict) else data)
     key = new_key()
-    entries.append(json.loads(key_file_entry(args.name, key, args.scopes, args.user_prefix)))
+    entries.append(
+        json.loads(key_file_entry(args.name, key, args.scopes, args.user_prefix, args.user))
+    )
     Keyring.from_entries(entries)  # a duplicate name or a bad file: refuse before writing
     path.parent.mkdir(parents=True, exist_ok=True)
     write_private(path, json.dumps({"keys": entries}, indent=2) + "\n")
     print(key)
     print(
-        f"memq api-key: {args.name!r} added to {path} (only its digest is stored)", file=sys.stderr
+        f"memq api-key: {args.name!r} added to {path} (only its digest is stored); a running "
+        "`memq serve` that reads this file accepts it from its next request",
+        file=sys.stderr,
     )
     return 0

@@ -20,6 +20,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from memq.core.errors import RedisRefused, RedisUnavailable
 from memq.core.redis_urls import RedisTarget, parse_redis_url
 from memq.core.settings import MemqSettings
 
@@ -32,6 +33,51 @@ UNREACHABLE_ERRORS: tuple[type[Exception], ...] = (
     redis.TimeoutError,
     RedisClusterException,
 )
+
+# Redis answered and said no: retrying will not help until the settings change.
+_AUTH_MARKERS = ("WRONGPASS", "NOAUTH", "invalid username-password", "Authentication required")
+
+
+def redis_failure_summary(exc: BaseException) -> str:
+    """What went wrong talking to Redis, in words a caller anywhere may read: authentication,
+    permission, or unreachable (no host, no password, none of Redis's own text)."""
+    text = str(exc)
+    if isinstance(exc, redis.AuthenticationError) or any(m in text for m in _AUTH_MARKERS):
+        return (
+            "Redis refused memq's credentials (authentication failed): check the user and "
+            "password in MEMQ_REDIS_URL"
+        )
+    if isinstance(exc, redis.exceptions.NoPermissionError) or text.startswith("NOPERM"):
+        return "Redis refused a command (permission: the ACL user in MEMQ_REDIS_URL may not run it)"
+    if isinstance(exc, redis.TimeoutError):
+        return "Redis did not answer in time (unreachable)"
+    if isinstance(exc, UNREACHABLE_ERRORS):
+        return "Redis is unreachable"
+    return "Redis failed"
+
+
+def describe_redis_failure(exc: BaseException) -> str:
+    """:func:`redis_failure_summary` with Redis's own one line (for the operator: logs, the CLI;
+    redis-py's messages never carry a password)."""
+    text = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return f"{redis_failure_summary(exc)}: {text}"
+
+
+def unavailable(exc: BaseException, what: str) -> RedisUnavailable:
+    """The memq error for a failed Redis call: :class:`RedisRefused` when Redis refused the
+    credentials or the command, else :class:`RedisUnavailable`; the message is ``what`` and
+    :func:`describe_redis_failure`, its ``summary`` the words a remote caller may read."""
+    text = str(exc)
+    refused = isinstance(exc, (redis.AuthenticationError, redis.exceptions.NoPermissionError))
+    kind = (
+        RedisRefused
+        if refused or text.startswith("NOPERM") or any(m in text for m in _AUTH_MARKERS)
+        else RedisUnavailable
+    )
+    error = kind(f"{what}: {describe_redis_failure(exc)}")
+    error.summary = redis_failure_summary(exc)
+    return error
+
 
 # What every part of memq talks to. Both share the commands memq uses (Lua scripts included:
 # each script's keys sit in one hash slot) and pipelines without MULTI.

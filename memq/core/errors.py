@@ -27,6 +27,21 @@ class InvalidMessages(MemqError, ValueError):
 class RedisUnavailable(MemqError, ConnectionError):
     """Redis did not answer (connection refused, timeout, loading)."""
 
+    # What went wrong in words any caller may read (authentication, permission, unreachable),
+    # without Redis's own text; set where the error is made from a driver error.
+    summary: str | None = None
+
+
+class RedisRefused(RedisUnavailable):
+    """Redis answered but refused memq: a wrong password or user (authentication), or an ACL
+    user that may not run the command (permission). Retrying will not help until the settings
+    change; a door says which it is."""
+
+
+class TurnNotKept(RedisUnavailable):
+    """Redis did not take a turn and the producer could not keep it for a later replay (its
+    spool is full, or in memory in a process that may end): the caller must know."""
+
 
 class StorageError(MemqError, OSError):
     """A memory document could not be read or written."""

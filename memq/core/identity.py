@@ -103,7 +103,9 @@ def describe_user(user_id: str) -> str:
 
 def _check_text(kind: str, value: object, max_length: int) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise InvalidIdentifier(f"{kind} must be a non-blank string, got {value!r:.80}")
+        # The type, never the value: the caller's text does not travel on in an error.
+        got = "a blank string" if isinstance(value, str) else type(value).__name__
+        raise InvalidIdentifier(f"{kind} must be a non-blank string, got {got}")
     if len(value) > max_length:
         raise InvalidIdentifier(f"{kind} is longer than {max_length} characters")
     if not value.isprintable():
@@ -131,6 +133,17 @@ def validate_user_id(user_id: object) -> str:
             f"user_id is longer than {MAX_ENCODED_LENGTH} characters once encoded for file names"
         )
     return user
+
+
+def validate_named_user(user_id: object, *, ask: str) -> str:
+    """A user id a door's caller named: never None (no silent anonymous default) and never the
+    anonymous user's internal id (``%00anonymous`` in a path): the anonymous user is reached only
+    by asking for it the way ``ask`` says."""
+    if user_id is None or user_id == "":
+        raise InvalidIdentifier(f"no user named: {ask}")
+    if user_id == ANONYMOUS_USER_ID:
+        raise InvalidIdentifier(f"user_id: the anonymous user is not addressed by id; {ask}")
+    return validate_user_id(user_id)
 
 
 def validate_agent_name(agent_name: object) -> str | None:

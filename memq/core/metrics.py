@@ -16,6 +16,7 @@ better than an extraction that fails because of its bookkeeping.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
@@ -99,6 +100,14 @@ COUNTERS: Final[tuple[Counter, ...]] = (
     Counter("tick_released", "queue: released (broker refused the send)"),
     Counter("tick_deferred", "queue: deferred (user at in-flight cap)"),
     Counter("context_messages_cut", "messages cut to context_max_bytes"),
+    Counter(
+        "recall_fallbacks",
+        "recalls ranked by words alone: the query's embedding failed or was late",
+    ),
+    Counter("facts_embedded", "fact texts embedded (extractions and `memq reembed`)"),
+    Counter(
+        "embedding_failures", "embedding calls of the workers that failed (facts left unembedded)"
+    ),
     Counter("batch_prompt_tokens", "batch lane: prompt tokens (apart from prompt_tokens)"),
     Counter("batch_cached_tokens", "batch lane: prompt tokens: cached"),
     Counter("batch_completion_tokens", "batch lane: completion tokens"),
@@ -151,15 +160,23 @@ def latency_bucket(seconds: float) -> str:
 
 
 class MetricsRecorder:
-    """Adds to the shared metrics hash; one round trip per call, errors logged, never raised."""
+    """Adds to the shared metrics hash; one round trip per call, errors logged, never raised.
+    ``hold_llm_requests``: LLM request figures wait for the next write (every worker run ends in
+    one: its extraction, stale run or deferral), one round trip per run instead of two."""
 
-    def __init__(self, client: RedisClient, key: str) -> None:
+    def __init__(self, client: RedisClient, key: str, *, hold_llm_requests: bool = False) -> None:
         self._client = client
         self._key = key
+        self._hold = hold_llm_requests
+        self._held: dict[str, int] = {}
+        self._held_lock = threading.Lock()
 
     @classmethod
-    def for_settings(cls, settings: MemqSettings, client: RedisClient) -> MetricsRecorder:
-        return cls(client, KeySchema(settings.key_prefix, settings.shards).metrics())
+    def for_settings(
+        cls, settings: MemqSettings, client: RedisClient, *, hold_llm_requests: bool = False
+    ) -> MetricsRecorder:
+        key = KeySchema(settings.key_prefix, settings.shards).metrics()
+        return cls(client, key, hold_llm_requests=hold_llm_requests)
 
     def extraction(self, outcome: str, usage: Mapping[str, int] | None = None) -> None:
         """One run ended with ``outcome``; ``usage`` adds to counters (tokens, facts dropped)."""
@@ -181,14 +198,18 @@ class MetricsRecorder:
         self._add({}, counters)
 
     def llm_request(self, result: str, seconds: float) -> None:
-        self._add(
-            {
-                f"{LLM_REQUESTS}{result}": 1,
-                latency_bucket(seconds): 1,
-                LLM_LATENCY_COUNT: 1,
-                LLM_LATENCY_SUM_MS: max(0, round(seconds * 1000)),
-            }
-        )
+        figures = {
+            f"{LLM_REQUESTS}{result}": 1,
+            latency_bucket(seconds): 1,
+            LLM_LATENCY_COUNT: 1,
+            LLM_LATENCY_SUM_MS: max(0, round(seconds * 1000)),
+        }
+        if not self._hold:
+            self._add(figures)
+            return
+        with self._held_lock:
+            for name, amount in figures.items():
+                self._held[name] = self._held.get(name, 0) + amount
 
     def tick(self, report: TickFigures, now_ms: int) -> None:
         """The heartbeat (always written, so "beat is down" is one alert) and the tick's counts."""
@@ -211,8 +232,12 @@ class MetricsRecorder:
         latest: Mapping[str, int] | None = None,
     ) -> None:
         # The one guard: whatever goes wrong here (Redis, a bad figure) is logged, never raised.
+        with self._held_lock:
+            held, self._held = self._held, {}
         try:
             amounts = dict(fields)
+            for name, amount in held.items():
+                amounts[name] = amounts.get(name, 0) + amount
             for name, amount in (counters or {}).items():
                 if name in COUNTER_FIELDS:
                     amounts[name] = amounts.get(name, 0) + int(amount)

@@ -7,6 +7,7 @@ Nothing in memq reads the environment at import time.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,7 +32,14 @@ from pydantic_settings import (
 from memq.core.errors import ConfigError
 from memq.core.redis_urls import BrokerTarget, broker_target, parse_redis_url, url_kind
 from memq.core.settings_errors import describe_setting_error
-from memq.core.settings_sources import split_csv, yaml_memory_section
+from memq.core.settings_sources import (
+    private_redis_url,
+    split_csv,
+    unknown_settings,
+    yaml_memory_section,
+)
+
+log = logging.getLogger("memq.settings")
 
 # The LLM client sleeps through a Retry-After up to this long between attempts (longer waits go
 # back to the queue); the run budget counts one such wait per retry.
@@ -40,6 +48,10 @@ INLINE_RETRY_WAIT_SECONDS = 10.0
 RUN_SLACK_SECONDS = 15.0
 # Between the soft time limit (an exception the run settles as a failure) and the hard one.
 HARD_LIMIT_GRACE_SECONDS = 5.0
+
+# Where the `openai` SDK sends requests when no base URL is given; the embeddings endpoint defaults
+# to it the same way (a user who names only a key and a model means OpenAI).
+OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 # Cluster and Sentinel schemes are accepted now so configurations written for them stay valid.
 REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "unix")
@@ -88,6 +100,13 @@ class MemqSettings(BaseSettings):
     producer_timeout_seconds: float = Field(default=0.25, gt=0.0, le=10.0)
     injector_timeout_seconds: float = Field(default=0.5, gt=0.0, le=10.0)
     spool_max_contexts: int = Field(default=1000, ge=0)
+    # The spool's bound in bytes of messages (the oldest contexts go first past it).
+    spool_max_bytes: int = Field(default=50_000_000, ge=10_000)
+    # Where a producer keeps its spool on disk, so a process that ends during an outage (MCP
+    # stdio, the CLI, a serverless agent) loses nothing: the next process started with the same
+    # folder replays it. Unset: `<data_dir>/spool` when the data folder exists, else in memory.
+    spool_dir: Path | None = None
+    spool_durable: bool = True
     producer_max_chars: int = Field(default=200_000, ge=1000)
     producer_max_messages: int = Field(default=1000, ge=2, le=100_000)
     pending_max_bytes: int = Field(default=1_000_000, ge=10_000)
@@ -132,6 +151,14 @@ class MemqSettings(BaseSettings):
     llm_batch_max_requests: int = Field(default=1000, ge=1, le=50_000)
     llm_batch_gather_seconds: float = Field(default=60.0, ge=0.0, le=86400.0)
     llm_batch_poll_seconds: float = Field(default=60.0, gt=0.0, le=3600.0)
+
+    # --- embeddings (recall by meaning; off while no model is named)
+    embedding_model: str | None = Field(default=None, min_length=1, max_length=200)
+    embedding_base_url: str | None = None
+    embedding_api_key: SecretStr | None = None
+    embedding_timeout_seconds: float = Field(default=0.3, gt=0.0, le=10.0)
+    embedding_query_cache_size: int = Field(default=1024, ge=0, le=1_000_000)
+    embedding_batch_size: int = Field(default=256, ge=1, le=2048)
 
     # --- extraction
     max_facts: int = Field(default=200, ge=10, le=5000)
@@ -199,10 +226,19 @@ class MemqSettings(BaseSettings):
     # Addresses whose X-Forwarded-For / X-Forwarded-Proto uvicorn trusts (a reverse proxy).
     serve_forwarded_allow_ips: str = "127.0.0.1"
     serve_root_path: str = ""
+    # Host names `memq serve` answers to besides loopback ones (DNS-rebinding protection):
+    # `name` (any port) or `name:port`, comma-separated. See memq/server/hosts.py.
+    serve_allowed_hosts: Annotated[tuple[str, ...], NoDecode] = ()
     # The inspector at /ui: its session cookies are signed with this secret. Unset: a random one
     # per process (sessions end when it restarts; several processes behind one address need it).
     serve_session_secret: SecretStr | None = None
     serve_session_max_age_seconds: int = Field(default=28_800, ge=60, le=2_592_000)
+    # Slow clients: a request's line and headers must arrive within this (slowloris), an idle
+    # keep-alive connection is closed after the other, and past `serve_limit_concurrency` open
+    # connections and requests uvicorn answers 503 at once.
+    serve_header_timeout_seconds: float = Field(default=10.0, gt=0.0, le=300.0)
+    serve_keep_alive_seconds: int = Field(default=5, ge=1, le=300)
+    serve_limit_concurrency: int = Field(default=1000, ge=10)
 
     @field_validator("redis_url")
     @classmethod
@@ -216,7 +252,7 @@ class MemqSettings(BaseSettings):
             )
         return value
 
-    @field_validator("storage_dir", "data_dir", "serve_api_keys_file")
+    @field_validator("storage_dir", "data_dir", "serve_api_keys_file", "spool_dir")
     @classmethod
     def _absolute(cls, value: Path | None) -> Path | None:
         if value is None:
@@ -225,7 +261,12 @@ class MemqSettings(BaseSettings):
         # and handed these settings, still means the same folder.
         return Path(os.path.abspath(value.expanduser()))
 
-    @field_validator("guaranteed_categories", "staleness_protected_categories", mode="before")
+    @field_validator(
+        "guaranteed_categories",
+        "staleness_protected_categories",
+        "serve_allowed_hosts",
+        mode="before",
+    )
     @classmethod
     def _csv(cls, value: Any) -> Any:
         return split_csv(value)
@@ -278,6 +319,16 @@ class MemqSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _private_redis(self) -> MemqSettings:
+        # No Redis configured: the one `memq up` runs for this data folder, when it has one.
+        # Set without entering `model_fields_set`: `memq up` still sees no configured Redis.
+        if "redis_url" not in self.model_fields_set:
+            url = private_redis_url(self.data_dir)
+            if url is not None:
+                object.__setattr__(self, "redis_url", url)
+        return self
+
+    @model_validator(mode="after")
     def _cluster_shards(self) -> MemqSettings:
         # One shard is one hash tag, hence one slot: on a cluster every queue key would sit on
         # one master. The right count depends on the masters, which settings cannot see.
@@ -314,6 +365,15 @@ class MemqSettings(BaseSettings):
     @property
     def effective_broker_url(self) -> str:
         return self.broker.url
+
+    @property
+    def spool_folder(self) -> Path | None:
+        """The folder of the durable spool, or None when the spool lives in the process only."""
+        if not self.spool_durable:
+            return None
+        if self.spool_dir is not None:
+            return self.spool_dir
+        return self.data_dir / "spool" if self.data_dir.is_dir() else None
 
     @property
     def debounce_ms(self) -> int:
@@ -379,6 +439,15 @@ class MemqSettings(BaseSettings):
         return int(self.llm_batch_completion_window.removesuffix("h")) * 3_600_000
 
     @property
+    def effective_embedding_base_url(self) -> str:
+        """The embeddings endpoint: its own URL, else the LLM's, else the `openai` SDK's."""
+        return self.embedding_base_url or self.llm_base_url or OPENAI_DEFAULT_BASE_URL
+
+    @property
+    def effective_embedding_api_key(self) -> SecretStr | None:
+        return self.embedding_api_key or self.llm_api_key
+
+    @property
     def resolved_llm_provider(self) -> Literal["openai", "rules"]:
         """`auto` means: a real model when an endpoint or key is configured, else the rules."""
         if self.llm_provider != "auto":
@@ -387,12 +456,21 @@ class MemqSettings(BaseSettings):
 
 
 def load_settings(**overrides: Any) -> MemqSettings:
-    """Build the settings once at an entry point; bad values become :class:`ConfigError`."""
+    """Build the settings once at an entry point; bad values become :class:`ConfigError`, and
+    every unknown ``MEMQ_*`` variable or YAML key is reported (a WARNING line each)."""
     try:
-        return MemqSettings(**overrides)
+        settings = MemqSettings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(describe_error(error) for error in exc.errors(include_url=False))
         raise ConfigError(f"invalid memq settings: {problems}") from None
+    for line in unknown_setting_lines():
+        log.warning("%s", line)
+    return settings
+
+
+def unknown_setting_lines() -> list[str]:
+    """What :func:`load_settings` reports: the environment's and the YAML file's unknown names."""
+    return unknown_settings(MemqSettings.model_fields, os.environ, os.environ.get("MEMQ_CONFIG"))
 
 
 def describe_error(error: Mapping[str, Any]) -> str:

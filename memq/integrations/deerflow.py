@@ -59,6 +59,7 @@ from memq.memory.deerflow_format import (
 from memq.operations.service import memory_manager
 from producer.injector import MemoryInjector
 from producer.producer import MemoryProducer
+from producer.query_embedding import query_embedder
 from prompts.injection import format_memory_for_injection
 from prompts.tokens import make_token_counter
 from storage import get_storage
@@ -98,13 +99,15 @@ class MemqMemoryManager(MemoryManager):
         self._settings = settings
         self._redis = redis_client(settings, socket_timeout=3.0)
         self._storage = get_storage(settings, redis=self._redis)
-        self._manager = memory_manager(settings, self._storage)
+        # One query embedder (None without MEMQ_EMBEDDING_MODEL) for search and the read.
+        embedder = query_embedder(settings, self._redis)
+        self._manager = memory_manager(settings, self._storage, embedder=embedder)
         self._erase_lua = erase_scripts(self._redis)
         self._producer = MemoryProducer(settings)
         # get_context runs before an agent's turn: memq's injector read, on its own client with
         # the short injector timeout and the skip-until back-off (strict: it raises, and
         # read_errors turns that into DeerFlow's MemoryManagerError).
-        self._reader = MemoryInjector(settings)
+        self._reader = MemoryInjector(settings, embedder=embedder)
 
     @classmethod
     def from_config(

@@ -38,15 +38,21 @@ class Principal:
     name: str
     scopes: frozenset[Scope]
     user_prefix: str | None = None
+    # Bound to exactly this user: a request that names no user means this one.
+    user_id: str | None = None
 
     def require_scope(self, scope: Scope) -> None:
         if scope not in self.scopes:
             raise Forbidden(f"key {self.name!r} lacks the {scope!r} scope")
 
     def reaches(self, user_id: str) -> bool:
+        if self.user_id is not None:
+            return user_id == self.user_id
         return self.user_prefix is None or user_id.startswith(self.user_prefix)
 
     def require_user(self, user_id: str) -> None:
+        if self.user_id is not None and user_id != self.user_id:
+            raise Forbidden(f"key {self.name!r} is bound to one user, not this one")
         if not self.reaches(user_id):
             raise Forbidden(
                 f"key {self.name!r} is bound to user ids starting with {self.user_prefix!r}"
@@ -54,6 +60,10 @@ class Principal:
 
     def require_all_users(self) -> None:
         """Operations that reach every user's data (queue stats, dead letters)."""
+        if self.user_id is not None:
+            raise Forbidden(
+                f"key {self.name!r} is bound to one user; this operation spans every user"
+            )
         if self.user_prefix is not None:
             raise Forbidden(
                 f"key {self.name!r} is bound to user ids starting with {self.user_prefix!r}; "

@@ -20,6 +20,7 @@ from memq.core.errors import (
     PayloadTooLarge,
     RedisUnavailable,
     StorageError,
+    TurnNotKept,
 )
 from memq.operations.access import Forbidden, Unauthorized
 
@@ -60,8 +61,13 @@ def first_line(exc: BaseException) -> str:
 
 
 def reason(exc: BaseException) -> str:
-    """The one line a caller reads for ``exc``."""
+    """The one line a caller reads for ``exc``: for an unavailable store, what is wrong
+    (unreachable, authentication, permission) and, for a turn, that it was not kept."""
     status = status_of(exc)
+    if isinstance(exc, TurnNotKept):
+        return first_line(exc)
+    if isinstance(exc, RedisUnavailable) and exc.summary:
+        return f"storage unavailable: {exc.summary}"
     if status == 503:
         return UNAVAILABLE
     if status >= 500:

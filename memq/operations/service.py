@@ -20,6 +20,7 @@ from memq.operations.access import Principal
 from memq.operations.table import authorize
 from producer.injector import MemoryInjector
 from producer.producer import MemoryProducer, Offered
+from producer.query_embedding import query_embedder
 from storage import get_storage
 from storage.erasure import ALL_AGENTS, ErasureReport, ThreadErasureReport, erase, erase_thread
 from storage.management import MemoryManager
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from storage.base import Change, MemoryStorage
     from storage.document import Fact, MemoryDocument, SupersededFact
     from storage.provenance import FactExplanation
+    from storage.search import QueryEmbedding
     from worker.queue import DeadEntry, QueueClient
 
 # Distinct budgets kept as injectors (each holds a token counter); more reuse the default one.
@@ -40,10 +42,16 @@ STORAGE_TIMEOUT_SECONDS = 3.0
 ExportFormat = Literal["memq", "deerflow"]
 
 
-def memory_manager(settings: MemqSettings, storage: MemoryStorage) -> MemoryManager:
-    """The one way a door builds its memory manager: the configured fact cap and fact length."""
+def memory_manager(
+    settings: MemqSettings, storage: MemoryStorage, *, embedder: QueryEmbedding | None = None
+) -> MemoryManager:
+    """The one way a door builds its memory manager: the configured fact cap and fact length,
+    and the query embedder its search ranks by meaning with (``query_embedder(settings)``)."""
     return MemoryManager(
-        storage, max_facts=settings.max_facts, fact_max_chars=settings.fact_max_chars
+        storage,
+        max_facts=settings.max_facts,
+        fact_max_chars=settings.fact_max_chars,
+        embedder=embedder,
     )
 
 
@@ -55,10 +63,21 @@ class MemqService:
     in-process integrations pass :data:`memq.operations.access.LOCAL`).
     """
 
-    def __init__(self, settings: MemqSettings, *, redis: RedisClient | None = None) -> None:
+    def __init__(
+        self,
+        settings: MemqSettings,
+        *,
+        redis: RedisClient | None = None,
+        keep_in_memory: bool = True,
+    ) -> None:
+        """``keep_in_memory``: whether a turn Redis did not take may wait in this process's
+        spool when it is not on disk (a server that lives on); False for a process that may end
+        any time (MCP over stdio): without a disk spool its caller is told the turn was not
+        kept."""
         from memq.core.connection import redis_client
 
         self.settings = settings
+        self._keep_in_memory = keep_in_memory
         self._owns_redis = redis is None
         self.redis = (
             redis
@@ -73,7 +92,9 @@ class MemqService:
         # Its own client with the producer's short timeouts: a hand-off costs one round trip,
         # and the producer's back-off is the only one (a hung Redis costs one timeout).
         self.producer = MemoryProducer(settings)
-        self.manager = memory_manager(settings, self.storage)
+        # One query embedder (None without MEMQ_EMBEDDING_MODEL) for every recall of this process.
+        self.embedder = query_embedder(settings, self._read_redis)
+        self.manager = memory_manager(settings, self.storage, embedder=self.embedder)
         self._injectors: dict[int, MemoryInjector] = {}
         self._lock = threading.Lock()
         self._queue: QueueClient | None = None
@@ -94,7 +115,13 @@ class MemqService:
         replays it once Redis is back. Bad input raises (InvalidIdentifier, InvalidMessages)."""
         authorize(who, "hand_off", user_id)
         return self.producer.offer(
-            thread_id, user_id, agent_name, messages, flush=flush, trace_id=trace_id
+            thread_id,
+            user_id,
+            agent_name,
+            messages,
+            flush=flush,
+            trace_id=trace_id,
+            keep_in_memory=self._keep_in_memory,
         )
 
     def injector(self, max_tokens: int | None) -> MemoryInjector:
@@ -109,7 +136,7 @@ class MemqService:
                     settings = self.settings.model_copy(
                         update={"injected_memory_max_tokens": budget}
                     )
-                    injector = MemoryInjector(settings, self._read_storage)
+                    injector = MemoryInjector(settings, self._read_storage, embedder=self.embedder)
                     self._injectors[budget] = injector
             return injector
 
@@ -123,13 +150,15 @@ class MemqService:
         max_tokens: int | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
+        strict: bool = False,
     ) -> str:
         """The ``<user_memory>`` block (``""`` when nothing is known or Redis does not answer:
         the injector fails open, as before an agent's turn); ``since``/``until``: only facts said
-        within that window."""
+        within that window; ``strict``: an outage raises, for a tool that must not pass it off
+        as "nothing known"."""
         authorize(who, "recall", user_id)
         return self.injector(max_tokens).block(
-            user_id, agent_name, query=query, since=since, until=until
+            user_id, agent_name, query=query, since=since, until=until, strict=strict
         )
 
     # --- reading a memory
@@ -266,11 +295,16 @@ class MemqService:
         user_id: str,
         agent_name: str | None,
         data: Mapping[str, Any] | str | bytes,
+        *,
+        replace: bool = False,
     ) -> tuple[MemoryDocument, int]:
         """Replace the memory with an imported memq or DeerFlow document, held to the fact cap
-        and fact length; answers the document and how many facts were cut to length."""
+        and fact length (refused above the cap, or with no readable fact unless ``replace``);
+        answers the document and how many facts were cut to length."""
         authorize(who, "import", user_id)
-        return self.manager.import_document_counted(user_id, data, agent_name=agent_name)
+        return self.manager.import_document_counted(
+            user_id, data, agent_name=agent_name, replace=replace
+        )
 
     # --- forgetting
     def forget_user(self, who: Principal, user_id: str) -> ErasureReport:
@@ -318,6 +352,8 @@ class MemqService:
 
     def close(self) -> None:
         self.producer.close()
+        if self.embedder is not None:
+            self.embedder.close()
         self._read_redis.close()
         if self._owns_redis:
             self.redis.close()

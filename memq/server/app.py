@@ -18,8 +18,10 @@ from memq.core.settings import MemqSettings
 from memq.operations.service import MemqService
 from memq.server import problems
 from memq.server.auth import Authorize, Keyring
+from memq.server.hosts import HostGuard, allowed_hosts
+from memq.server.ids import RawPathRouting
 from memq.server.limits import RequestGuard
-from memq.server.routing import operation_id
+from memq.server.routing import operation_id, problem_components
 
 API_VERSION = "v1"
 TITLE = "memq"
@@ -55,6 +57,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # The tokenizer and the segmenter, before the first recall needs them (~0.7 s).
+        handles.injector(None).warm()
         async with AsyncExitStack() as stack:
             if mcp_app is not None:
                 await stack.enter_async_context(mcp_app.lifespan())
@@ -92,6 +96,11 @@ def create_app(
 
     app.mount("/ui", build_inspector(settings, keys, handles), name="ui")
     app.add_middleware(RequestGuard, max_body_bytes=settings.serve_max_body_bytes)
+    # Routing on the raw path: an id with an encoded `/` reaches its own route (ids.py).
+    app.add_middleware(RawPathRouting)
+    hosts = allowed_hosts(settings)
+    if hosts is not None:  # outermost: a rebinding page's request reaches nothing
+        app.add_middleware(HostGuard, allowed=hosts, root_path=settings.serve_root_path)
     _document_public_routes(app)
     return app
 
@@ -111,7 +120,10 @@ def _document_public_routes(app: FastAPI) -> None:
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
         schema = generate()
+        problem_components(schema)
         for path in public:
             for operation in schema["paths"].get(path, {}).values():
                 operation.pop("security", None)

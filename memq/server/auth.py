@@ -13,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import logging
 import os
 import secrets
+import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from fastapi import Request
 from fastapi.security import HTTPBearer
 
 from memq.core.errors import ConfigError
+from memq.core.identity import validate_named_user
 from memq.core.settings import MemqSettings
 from memq.operations.access import (
     IMPLIED,
@@ -36,6 +38,11 @@ from memq.operations.access import (
 from memq.operations.table import authorize
 
 KEY_PREFIX = "memq_"
+HTTP_ANONYMOUS_HINT = (
+    "the HTTP API serves named users only (the anonymous user is the CLI's `--anonymous` and "
+    "MCP's `X-Memq-Anonymous: true`)"
+)
+log = logging.getLogger("memq.server")
 
 
 def digest(key: str) -> str:
@@ -47,48 +54,114 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-@dataclass(frozen=True, slots=True)
 class Keyring:
-    """The issued keys by digest. Empty: open access (only allowed on a loopback bind)."""
+    """The issued keys by digest. Empty: open access (only allowed on a loopback bind).
 
-    by_digest: Mapping[str, Principal] = field(default_factory=dict)
+    Built from settings that name a key file, it follows that file: a request after the file
+    changed (its mtime, size or inode) sees the new keys, so `memq api-key new` takes effect
+    without a restart. A file that no longer parses, or would leave no key at all (an open
+    server), keeps the keys loaded before, with a warning.
+    """
+
+    __slots__ = ("_keys", "_lock", "_settings", "_stamp")
+
+    def __init__(
+        self,
+        by_digest: Mapping[str, Principal] | None = None,
+        *,
+        settings: MemqSettings | None = None,
+    ) -> None:
+        self._keys: Mapping[str, Principal] = dict(by_digest or {})
+        self._settings = settings  # set: reload from its key file when that file changes
+        self._stamp = _file_stamp(settings.serve_api_keys_file) if settings is not None else None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Keyring({len(self._keys)} keys)"
+
+    @property
+    def by_digest(self) -> Mapping[str, Principal]:
+        self._follow_file()
+        return self._keys
 
     @property
     def open(self) -> bool:
         return not self.by_digest
 
     def resolve(self, presented: str | None) -> Principal:
-        if self.open:
+        keys = self.by_digest
+        if not keys:
             return OPEN_ACCESS
         if not presented:
             raise Unauthorized("an API key is required: send `Authorization: Bearer <key>`")
-        principal = self.by_digest.get(digest(presented.strip()))
+        principal = keys.get(digest(presented.strip()))
         if principal is None:
             raise Unauthorized("unknown API key")
         return principal
 
     @classmethod
     def from_settings(cls, settings: MemqSettings) -> Keyring:
-        entries: list[Any] = []
-        path = settings.serve_api_keys_file
-        if path is not None:
-            entries += _entries(_read(path), f"MEMQ_SERVE_API_KEYS_FILE={path}")
-        if settings.serve_api_keys is not None:
-            raw = settings.serve_api_keys.get_secret_value()
-            entries += _entries(_parse(raw, "MEMQ_SERVE_API_KEYS"), "MEMQ_SERVE_API_KEYS")
-        return cls.from_entries(entries)
+        follow = settings if settings.serve_api_keys_file is not None else None
+        return cls(_load(settings), settings=follow)
 
     @classmethod
     def from_entries(cls, entries: Iterable[Any]) -> Keyring:
-        keys: dict[str, Principal] = {}
-        names: set[str] = set()
-        for index, entry in enumerate(entries):
-            sha, principal = parse_entry(entry, index)
-            if principal.name in names:
-                raise ConfigError(f"API key {principal.name!r} is defined twice")
-            names.add(principal.name)
-            keys[sha] = principal
-        return cls(keys)
+        return cls(_keys_of(entries))
+
+    def _follow_file(self) -> None:
+        settings = self._settings
+        if settings is None or settings.serve_api_keys_file is None:
+            return
+        stamp = _file_stamp(settings.serve_api_keys_file)  # one stat per request
+        if stamp == self._stamp:
+            return
+        with self._lock:
+            if stamp == self._stamp:
+                return
+            self._stamp = stamp
+            try:
+                keys = _load(settings)
+            except ConfigError as exc:
+                log.warning("memq serve: key file changed but not reloaded: %s", exc)
+                return
+            if not keys and self._keys:
+                log.warning("memq serve: key file changed to no key at all; keeping the old keys")
+                return
+            self._keys = keys
+            log.warning("memq serve: key file reloaded (%d keys)", len(keys))
+
+
+def _file_stamp(path: Path | None) -> tuple[int, int, int] | None:
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _load(settings: MemqSettings) -> dict[str, Principal]:
+    entries: list[Any] = []
+    path = settings.serve_api_keys_file
+    if path is not None:
+        entries += _entries(_read(path), f"MEMQ_SERVE_API_KEYS_FILE={path}")
+    if settings.serve_api_keys is not None:
+        raw = settings.serve_api_keys.get_secret_value()
+        entries += _entries(_parse(raw, "MEMQ_SERVE_API_KEYS"), "MEMQ_SERVE_API_KEYS")
+    return _keys_of(entries)
+
+
+def _keys_of(entries: Iterable[Any]) -> dict[str, Principal]:
+    keys: dict[str, Principal] = {}
+    names: set[str] = set()
+    for index, entry in enumerate(entries):
+        sha, principal = parse_entry(entry, index)
+        if principal.name in names:
+            raise ConfigError(f"API key {principal.name!r} is defined twice")
+        names.add(principal.name)
+        keys[sha] = principal
+    return keys
 
 
 def parse_entry(entry: Any, index: int) -> tuple[str, Principal]:
@@ -119,7 +192,10 @@ def parse_entry(entry: Any, index: int) -> tuple[str, Principal]:
     prefix = entry.get("user_prefix")
     if prefix is not None and (not isinstance(prefix, str) or not prefix):
         raise ConfigError(f"{where}: `user_prefix` must be a non-empty string or absent")
-    return sha, Principal(name.strip(), frozenset(granted), prefix)
+    user = entry.get("user")
+    if user is not None and (not isinstance(user, str) or not user or prefix is not None):
+        raise ConfigError(f"{where}: `user` must be a non-empty string, and not with user_prefix")
+    return sha, Principal(name.strip(), frozenset(granted), prefix, user)
 
 
 def _read(path: Path) -> Any:
@@ -165,11 +241,15 @@ def check_bind(host: str, keyring: Keyring) -> None:
         )
 
 
-def key_file_entry(name: str, key: str, scopes: list[Scope], user_prefix: str | None) -> str:
+def key_file_entry(
+    name: str, key: str, scopes: list[Scope], user_prefix: str | None, user: str | None = None
+) -> str:
     """The line to add to the key file for a new key: its digest, never the key."""
     entry: dict[str, Any] = {"name": name, "sha256": digest(key), "scopes": scopes}
     if user_prefix is not None:
         entry["user_prefix"] = user_prefix
+    if user is not None:
+        entry["user"] = user
     return json.dumps(entry)
 
 
@@ -208,6 +288,9 @@ class Authorize(HTTPBearer):
             return OPEN_ACCESS
         principal = keyring.resolve(self.presented_key(request))
         user_id = request.path_params.get("user_id")
+        if user_id is not None:
+            # The anonymous user has no id a path may name (`%00anonymous` included).
+            validate_named_user(str(user_id), ask=HTTP_ANONYMOUS_HINT)
         authorize(principal, self.operation, None if user_id is None else str(user_id))
         return principal
 

@@ -122,4 +122,5 @@ def _route(scope: dict[str, Any] | Scope) -> str:
     """The route's template (``/v1/users/{user_id}/memory``), never the path itself: a path
     holds user ids and a query string may hold a user's words."""
     route = scope.get("route")
-    return str(getattr(route, "path", None) or "(no route)")
+    template = getattr(route, "path", None) or getattr(scope.get("endpoint"), "template", None)
+    return str(template or "(no route)")

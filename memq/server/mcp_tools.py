@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import unquote
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import Field
 from starlette.requests import Request
 from starlette.routing import Route
@@ -37,9 +39,15 @@ from memq.server.problems import problem
 
 USER_HEADER = "x-memq-user"
 AGENT_HEADER = "x-memq-agent"
+ANONYMOUS_HEADER = "x-memq-anonymous"
+MCP_USER_HINT = (
+    "send the X-Memq-User header (the user id, percent-encoded), or X-Memq-Anonymous: true for "
+    "the anonymous user"
+)
 MCP_PATH = "/mcp"
-# One thread for every `remember`: its messages accumulate until extracted, and the watermark
-# then skips what was extracted, so a fact handed over twice is extracted once.
+# One thread for every `remember`: its messages accumulate until extracted. Each call's messages
+# carry ids of their own, so words remembered again (say, after their fact was deleted) are a new
+# turn, extracted again, never merged away as already seen.
 REMEMBER_THREAD = "mcp-remember"
 _STATE_KEY = "memq_mcp"
 
@@ -71,18 +79,32 @@ CallerOf = Callable[[Context], Caller]
 
 
 @contextlib.contextmanager
-def _as_tool_error() -> Iterator[None]:
-    """memq's refusals as the one line a model reads (the SDK hides other errors' text)."""
+def _as_tool_error(error: type[ToolError | ResourceError] = ToolError) -> Iterator[None]:
+    """memq's refusals as the one line the client reads: a ``ToolError`` for a tool, a
+    ``ResourceError`` for a resource (the SDK hides any other exception's text behind a generic
+    error and logs its traceback; an expected refusal must do neither)."""
     refused: tuple[type[Exception], ...] = (MemqError, *REDIS_ERRORS)
     try:
         yield
     except refused as exc:
-        raise ToolError(reason(exc)) from exc
+        raise error(reason(exc)) from exc
+
+
+def memq_version() -> str:
+    """The installed memq's version (what MCP clients are told the server is)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("memq")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "0+unknown"
 
 
 def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
     # Warnings only: the SDK logs each tool error at INFO, and a refusal may name what was sent.
-    mcp = MCPServer(name="memq", instructions=INSTRUCTIONS, log_level="WARNING")
+    mcp = MCPServer(
+        name="memq", version=memq_version(), instructions=INSTRUCTIONS, log_level="WARNING"
+    )
 
     @mcp.tool()
     def remember(text: str, ctx: Context, said_at: str | None = None) -> str:
@@ -92,9 +114,15 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
         with _as_tool_error():
             caller = caller_of(ctx)
             said: dict[str, str] = {} if said_at is None else {"created_at": said_at}
+            turn = uuid.uuid4().hex
             messages = [
-                {"role": "user", "content": text, **said},
-                {"role": "assistant", "content": "I will remember that.", **said},
+                {"role": "user", "content": text, "id": f"mcp-{turn}-u", **said},
+                {
+                    "role": "assistant",
+                    "content": "I will remember that.",
+                    "id": f"mcp-{turn}-a",
+                    **said,
+                },
             ]
             outcome = service.hand_off(
                 caller.principal,
@@ -112,8 +140,16 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
                 if said_at is None or timestamp_ms(said_at) is not None
                 else (" (said_at is no ISO 8601 time: the time of this call stands in)")
             )
+            if outcome.status == "spooled" and outcome.durable:
+                return (
+                    "will be remembered (memq's store is unavailable; kept on disk and sent "
+                    "when it is back)" + late
+                )
             if outcome.status == "spooled":
-                return "will be remembered (kept by the server until memq's store is back)" + late
+                return (
+                    "will be remembered if this server runs until memq's store is back (kept in "
+                    "its memory only)" + late
+                )
             return "will be remembered" + late
 
     @mcp.tool()
@@ -134,6 +170,7 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
                 caller.agent_name,
                 query=query or None,
                 max_tokens=max_tokens,
+                strict=True,  # an outage is an error here, not "nothing known"
             )
 
     @mcp.tool()
@@ -188,10 +225,17 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
 
     @mcp.resource("memq://users/{user_id}/memory", mime_type="application/json")
     def memory_document(user_id: str, ctx: Context) -> str:
-        """The user's whole memory document (memq memory.json); only the connection's user."""
-        with _as_tool_error():
+        """The user's whole memory document (memq memory.json); only the connection's user, its
+        id percent-encoded as one segment (``memq://users/slack%2FC1/memory``)."""
+        with _as_tool_error(ResourceError):
             caller = caller_of(ctx)
-            if user_id != caller.user_id:
+            try:
+                named = unquote(user_id, errors="strict")
+            except UnicodeDecodeError:
+                raise InvalidIdentifier(
+                    "the user id in the URI is not percent-encoded UTF-8"
+                ) from None
+            if named != caller.user_id:
                 raise Forbidden("this connection reads only its own user's memory")
             document = service.document(caller.principal, caller.user_id, caller.agent_name)
             return json.dumps(document.to_json(), ensure_ascii=False)
@@ -201,7 +245,8 @@ def build_mcp(service: MemqService, caller_of: CallerOf) -> MCPServer:
 
 # --- stdio: one user per process, the local user's own trust
 async def run_stdio(settings: MemqSettings, user_id: str, agent_name: str | None) -> None:
-    service = MemqService(settings)
+    # The client may end this process any time: a turn is kept only on disk, or refused.
+    service = MemqService(settings, keep_in_memory=False)
     caller = Caller(LOCAL, user_id, agent_name)
     try:
         await build_mcp(service, lambda _ctx: caller).run_stdio_async()
@@ -223,11 +268,22 @@ class KeyGuard:
     """The ``/mcp`` endpoint behind the same keys as every route: resolve the key, require
     ``agent``, bind the user from ``X-Memq-User`` (checked against the key's prefix)."""
 
+    # The access log's name for every call here (it logs route templates, and this route is a
+    # plain Starlette one, which leaves no route in the scope).
+    template = MCP_PATH
+
     def __init__(self, app: Any, keyring: Keyring) -> None:
         self.app = app
         self.keyring = keyring
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("method") == "GET":
+            # The stream of server-initiated messages: a stateless server sends none, and an
+            # open GET would be held forever. 405 is the spec's answer for "no such stream".
+            response = problem(405, "this MCP server offers no GET stream; POST requests")
+            response.headers["Allow"] = "POST, DELETE"
+            await response(scope, receive, send)
+            return
         request = Request(scope)
         try:
             caller = self.authorize(request)
@@ -238,14 +294,27 @@ class KeyGuard:
         await self.app(scope, receive, send)
 
     def authorize(self, request: Request) -> Caller:
-        from memq.core.identity import validate_user_id
-
         principal = self.keyring.resolve(bearer_token(request.headers.get("authorization")))
         principal.require_scope("agent")
-        user = validate_user_id(_header_id(request, USER_HEADER))
+        user = _named_user(request, principal)
         principal.require_user(user)
         agent = validate_agent_name(_header_id(request, AGENT_HEADER))
         return Caller(principal, user, agent)
+
+
+def _named_user(request: Request, principal: Principal) -> str:
+    """The user a request names: its ``X-Memq-User``; the anonymous user only when asked for with
+    ``X-Memq-Anonymous: true``; the key's own user when the key is bound to exactly one. Never a
+    default: a request that names no user is refused, naming the header."""
+    from memq.core.identity import ANONYMOUS_USER_ID, validate_named_user
+
+    named = _header_id(request, USER_HEADER)
+    anonymous = request.headers.get(ANONYMOUS_HEADER, "").strip().lower() in ("1", "true", "yes")
+    if anonymous and named is None:
+        return ANONYMOUS_USER_ID
+    if named is None and principal.user_id is not None:
+        return principal.user_id
+    return validate_named_user(named, ask=MCP_USER_HINT)
 
 
 def _header_id(request: Request, name: str) -> str | None:
@@ -271,6 +340,8 @@ class HttpMcp:
             json_response=True,
             max_request_body_size=settings.serve_max_body_bytes,
             host=settings.serve_host,
+            # The app's own Host rule (memq/server/hosts.py), not the SDK's loopback default.
+            transport_security=_transport_security(settings),
         )
         self._routes = [r for r in starlette_app.routes if isinstance(r, Route)]
 
@@ -282,6 +353,15 @@ class HttpMcp:
     async def lifespan(self) -> AsyncIterator[None]:
         async with self.server.session_manager.run():
             yield
+
+
+def _transport_security(settings: MemqSettings) -> TransportSecuritySettings:
+    from memq.server.hosts import allowed_hosts
+
+    hosts = allowed_hosts(settings)
+    if hosts is None:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    return hosts.transport_security()
 
 
 def build_http_mcp(service: MemqService, settings: MemqSettings) -> HttpMcp:

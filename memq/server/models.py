@@ -44,12 +44,17 @@ class ContextBlock(BaseModel):
     block: str = Field(description="`<user_memory>…</user_memory>`, or empty")
 
 
+_NEXT = "where the next page starts (pass it as `cursor`); null on the last page"
+
+
 class FactsOut(BaseModel):
     facts: list[Fact]
+    next_cursor: str | None = Field(default=None, description=_NEXT)
 
 
 class HistoryOut(BaseModel):
     changes: list[Change]
+    next_cursor: str | None = Field(default=None, description=_NEXT)
 
 
 class FactWhy(BaseModel):
@@ -84,3 +89,4 @@ class FactWhy(BaseModel):
 
 class SupersededOut(BaseModel):
     superseded: list[SupersededFact] = Field(description="newest first; never injected")
+    next_cursor: str | None = Field(default=None, description=_NEXT)

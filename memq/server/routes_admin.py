@@ -11,13 +11,13 @@ from fastapi import Body, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from memq.operations.access import Principal
+from memq.server.ids import ID
 from memq.server.routing import AgentName, Service, caller, new_router
 from storage.document import Fact
 from storage.vocabulary import DEFAULT_CATEGORY
 
 router = new_router()
-# `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
-USER = "/v1/users/{user_id:path}"
+USER = f"/v1/users/{{user_id:{ID}}}"  # one percent-encoded segment: memq/server/ids.py
 _TAGS: list[str | Enum] = ["admin"]
 
 
@@ -55,7 +55,7 @@ class FactEdit(BaseModel):
     confidence: float | None = Field(default=None, ge=0.0, le=1.0)
 
 
-@router.patch(USER + "/facts/{fact_id}", tags=_TAGS, response_model=Fact)
+@router.patch(USER + f"/facts/{{fact_id:{ID}}}", tags=_TAGS, response_model=Fact)
 def edit_fact(
     who: Annotated[Principal, caller("edit_fact")],
     user_id: str,
@@ -75,7 +75,7 @@ def edit_fact(
     )
 
 
-@router.delete(USER + "/facts/{fact_id}", tags=_TAGS, response_model=Fact)
+@router.delete(USER + f"/facts/{{fact_id:{ID}}}", tags=_TAGS, response_model=Fact)
 def delete_fact(
     who: Annotated[Principal, caller("delete_fact")],
     user_id: str,
@@ -113,9 +113,13 @@ def import_memory(
     svc: Service,
     document: Annotated[dict[str, Any], Body(description="a memq or DeerFlow memory.json")],
     agent_name: AgentName = None,
+    replace: Annotated[
+        bool, Query(description="empty the memory when the document holds no fact (on purpose)")
+    ] = False,
 ) -> Imported:
-    """Replace the memory with an imported memq or DeerFlow document."""
-    imported, _cut = svc.import_document(who, user_id, agent_name, document)
+    """Replace the memory with an imported memq or DeerFlow document (refused above the fact
+    cap, or with no readable fact unless `replace=true`)."""
+    imported, _cut = svc.import_document(who, user_id, agent_name, document, replace=replace)
     return Imported(facts=len(imported.facts))
 
 
@@ -135,7 +139,7 @@ class ThreadForgotten(BaseModel):
 
 # Declared before the user's own DELETE: `{user_id:path}` would otherwise take the whole path.
 @router.delete(
-    USER + "/threads/{thread_id}",
+    USER + f"/threads/{{thread_id:{ID}}}",
     tags=_TAGS,
     response_model=ThreadForgotten,
 )

@@ -11,11 +11,13 @@ import functools
 from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import Query, Request
+from fastapi import Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from memq.operations.access import Principal
+from memq.operations.paging import DEFAULT_LIMIT, needed, page
+from memq.server.ids import ID
 from memq.server.limits import check_count
 from memq.server.models import (
     TOKEN_BUDGET,
@@ -26,11 +28,11 @@ from memq.server.models import (
     HistoryOut,
     SupersededOut,
 )
-from memq.server.routing import AgentName, Service, caller, new_router
+from memq.server.routing import AgentName, Cursor, Limit, Service, caller, new_router
+from storage.document import MemoryDocument
 
 router = new_router()
-# `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing).
-USER = "/v1/users/{user_id:path}"
+USER = f"/v1/users/{{user_id:{ID}}}"  # one percent-encoded segment: memq/server/ids.py
 _TAGS: list[str | Enum] = ["agent"]
 
 
@@ -129,18 +131,15 @@ def context(
     return ContextBlock(block=block)
 
 
-@router.get(
-    USER + "/memory",
-    tags=_TAGS,
-)
+@router.get(USER + "/memory", tags=_TAGS, response_model=MemoryDocument)
 def memory(
     who: Annotated[Principal, caller("read_memory")],
     user_id: str,
     svc: Service,
     agent_name: AgentName = None,
-) -> dict[str, Any]:
+) -> MemoryDocument:
     """The whole memory document (memq memory.json) of the (user, agent)."""
-    return svc.document(who, user_id, agent_name).to_json()
+    return svc.document(who, user_id, agent_name)
 
 
 @router.get(USER + "/facts", tags=_TAGS, response_model=FactsOut)
@@ -150,10 +149,12 @@ def list_facts(
     svc: Service,
     agent_name: AgentName = None,
     category: str | None = None,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> FactsOut:
-    """The facts, most confident first."""
-    facts = svc.list_facts(who, user_id, agent_name, category=category)
-    return FactsOut(facts=facts)
+    """The facts, most confident first, a page at a time."""
+    facts = page(svc.list_facts(who, user_id, agent_name, category=category), limit, cursor)
+    return FactsOut(facts=facts.items, next_cursor=facts.next_cursor)
 
 
 class SearchQuery(TimeWindow):
@@ -189,14 +190,16 @@ def history(
     user_id: str,
     svc: Service,
     agent_name: AgentName = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> HistoryOut:
-    """Recorded changes of the document, newest first."""
-    changes = svc.history(who, user_id, agent_name, limit=limit)
-    return HistoryOut(changes=changes)
+    """Recorded changes of the document, newest first, a page at a time."""
+    loaded = svc.history(who, user_id, agent_name, limit=needed(limit, cursor))
+    changes = page(loaded, limit, cursor)
+    return HistoryOut(changes=changes.items, next_cursor=changes.next_cursor)
 
 
-@router.get(USER + "/facts/{fact_id}/why", tags=_TAGS, response_model=FactWhy)
+@router.get(USER + f"/facts/{{fact_id:{ID}}}/why", tags=_TAGS, response_model=FactWhy)
 def why(
     who: Annotated[Principal, caller("why")],
     user_id: str,
@@ -216,6 +219,10 @@ def superseded(
     user_id: str,
     svc: Service,
     agent_name: AgentName = None,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> SupersededOut:
-    """Facts that stopped being valid (contradicted or stale), with what replaced them and why."""
-    return SupersededOut(superseded=svc.superseded(who, user_id, agent_name))
+    """Facts that stopped being valid (contradicted or stale), with what replaced them and why,
+    a page at a time."""
+    facts = page(svc.superseded(who, user_id, agent_name), limit, cursor)
+    return SupersededOut(superseded=facts.items, next_cursor=facts.next_cursor)

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from memq.core.connection import REDIS_ERRORS
 from memq.operations.access import Principal
+from memq.operations.paging import DEFAULT_LIMIT, needed, page
 from memq.server.auth import PUBLIC
 from memq.server.limits import check_count
 from memq.server.problems import problem
-from memq.server.routing import Service, caller, new_router
+from memq.server.routing import Cursor, Limit, Service, caller, new_router
 
 router = new_router()
 
@@ -66,16 +67,21 @@ class DeadLetter(BaseModel):
 
 class DeadLetters(BaseModel):
     dead_letters: list[DeadLetter]
+    next_cursor: str | None = Field(
+        default=None, description="where the next page starts (pass it as `cursor`)"
+    )
 
 
 @router.get("/v1/dead-letters", tags=["ops"], response_model=DeadLetters)
 def dead_letters(
     who: Annotated[Principal, caller("dead_letters")],
     svc: Service,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    limit: Limit = DEFAULT_LIMIT,
+    cursor: Cursor = None,
 ) -> DeadLetters:
-    """Dead contexts with their attempts and last error (`memq dead list`)."""
-    entries = svc.dead_letters(who, limit=limit)
+    """Dead contexts with their attempts and last error (`memq dead list`), a page at a time."""
+    loaded = page(svc.dead_letters(who, limit=needed(limit, cursor)), limit, cursor)
+    entries = loaded.items
     return DeadLetters(
         dead_letters=[
             DeadLetter(
@@ -86,7 +92,8 @@ def dead_letters(
                 expires_at_ms=e.expires_at_ms,
             )
             for e in entries
-        ]
+        ],
+        next_cursor=loaded.next_cursor,
     )
 
 

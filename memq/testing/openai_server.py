@@ -19,10 +19,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
 from memq.memory.update import NewFact, UpdateAnswer
+from memq.testing.embeddings import ScriptedEmbeddings
 from memq.testing.openai_batches import ScriptedBatches
 from memq.testing.provider import Provider
 from memq.testing.relative_dates import message_days, resolve_relative
 from memq.testing.replies import Reply, completion_body
+from memq.testing.waiting import DEADLINE_SECONDS
 
 
 def update_text(answer: UpdateAnswer) -> str:
@@ -91,6 +93,7 @@ class CitingModel:
     teach: list[Teach] = field(default_factory=list)
     contradicts: list[str] = field(default_factory=list)
     delay_seconds: float = 0.0
+    release: threading.Event | None = None  # see Reply.release
 
     def __call__(self, request: dict[str, Any]) -> Reply:
         messages = labelled_messages(request)
@@ -124,7 +127,9 @@ class CitingModel:
             if any(old in str(f.get("content", "")) for old in self.contradicts)
         )
         answer = UpdateAnswer(new_facts=tuple(facts), facts_to_remove=removals if facts else ())
-        return Reply(content=update_text(answer), delay_seconds=self.delay_seconds)
+        return Reply(
+            content=update_text(answer), delay_seconds=self.delay_seconds, release=self.release
+        )
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -156,6 +161,7 @@ class ScriptedOpenAI:
         self.refusals: list[int] = []  # the status of each request the provider refused
         self.refusal_times: list[float] = []  # and when (time.monotonic())
         self.batches = ScriptedBatches(self)  # the files + batches endpoints
+        self.embeddings = ScriptedEmbeddings()  # /v1/embeddings (memq.testing.embeddings)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -194,6 +200,11 @@ class ScriptedOpenAI:
                     request = json.loads(raw or b"{}")
                 except ValueError:
                     request = {}
+                if self.path.rstrip("/").endswith("/embeddings"):
+                    status, answer = server.embeddings.answer(request)
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        self._send(status, json.dumps(answer).encode(), {})
+                    return
                 with server.lock:
                     server.requests.append(request)
                     server.request_times.append(time.monotonic())
@@ -213,6 +224,8 @@ class ScriptedOpenAI:
                         )
                     return
                 reply = server.reply_for(request)
+                if reply.release is not None:
+                    reply.release.wait(DEADLINE_SECONDS)
                 if reply.delay_seconds:
                     time.sleep(reply.delay_seconds)  # wait-ok: a slow model, as scripted
                 if isinstance(reply.body, bytes):
@@ -271,6 +284,7 @@ class ScriptedOpenAI:
         return self
 
     def stop(self) -> None:
+        self.embeddings.release()  # a hung embeddings request must not hold the shutdown
         self.httpd.shutdown()
         self.httpd.server_close()
 

@@ -3,6 +3,7 @@ becomes (the synchronous endpoint and a batch's output lines write the same body
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,9 @@ class Reply:
     body: Any = None  # raw JSON body or bytes, overrides content
     headers: dict[str, str] = field(default_factory=dict)
     delay_seconds: float = 0.0
+    # Held until the test sets it (bounded by the wait deadline): a call kept in flight for as
+    # long as the test needs, where a guessed delay may end before a loaded machine got there.
+    release: threading.Event | None = None
     prompt_tokens: int = 100
     completion_tokens: int = 20
 

@@ -13,11 +13,13 @@ import unicodedata
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from memq.server.ids import path_segment as id_segment
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -67,8 +69,9 @@ class SecurityHeaders:
 
 
 def path_segment(value: object) -> str:
-    """A user id, agent name or fact id as one URL path segment (``a|b`` → ``a%7Cb``)."""
-    return quote(str(value), safe="")
+    """A user id, agent name or fact id as one URL path segment (``a|b`` → ``a%7Cb``): the
+    encoding the app routes on (memq/server/ids.py)."""
+    return id_segment(str(value))
 
 
 def query(params: Mapping[str, object | None]) -> str:

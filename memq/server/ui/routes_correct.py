@@ -13,11 +13,12 @@ from fastapi import APIRouter, Form
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from memq.core.errors import InvalidMemoryData
+from memq.server.ids import ID
 from memq.server.ui.access import Changer, Page
 from memq.server.ui.render import path_segment, query
 
 router = APIRouter()
-USER = "/users/{user_id:path}"  # a user id may hold `/`, as in the HTTP API
+USER = f"/users/{{user_id:{ID}}}"  # one percent-encoded segment: memq/server/ids.py
 # No length limits of their own: the request body cap bounds a form, and the memory manager checks
 # agent names, contents and categories as everywhere else in memq.
 AgentField = Annotated[str, Form()]
@@ -70,7 +71,7 @@ def add_fact(
     return _back(page, user_id, f"/facts/{path_segment(fact.id)}", agent=agent, done="added")
 
 
-@router.post(USER + "/facts/{fact_id}/edit", name="ui_edit_fact")
+@router.post(USER + f"/facts/{{fact_id:{ID}}}/edit", name="ui_edit_fact")
 def edit_fact(
     user_id: str,
     fact_id: str,
@@ -92,7 +93,7 @@ def edit_fact(
     return _back(page, user_id, f"/facts/{path_segment(fact_id)}", agent=agent, done="edited")
 
 
-@router.post(USER + "/facts/{fact_id}/delete", name="ui_delete_fact")
+@router.post(USER + f"/facts/{{fact_id:{ID}}}/delete", name="ui_delete_fact")
 def delete_fact(
     user_id: str, fact_id: str, page: Changer, agent: AgentField = ""
 ) -> RedirectResponse:

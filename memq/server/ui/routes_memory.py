@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Query
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from memq.server.ids import ID
 from memq.server.models import TOKEN_BUDGET
 from memq.server.ui import views
 from memq.server.ui.access import Reader, Viewer
@@ -15,7 +16,7 @@ from prompts.tokens import make_token_counter
 router = APIRouter()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing). So the
 # user's own page, whose pattern matches every longer path too, is declared last.
-USER = "/users/{user_id:path}"
+USER = f"/users/{{user_id:{ID}}}"  # one percent-encoded segment: memq/server/ids.py
 # Users listed at once: a prefix narrows a deployment of millions to a page.
 MAX_LISTED_USERS = 200
 # The agent name is checked by the storage, as everywhere in memq (an invalid one is a 422 page).
@@ -92,7 +93,7 @@ def memory(
     )
 
 
-@router.get(USER + "/facts/{fact_id}", name="ui_fact")
+@router.get(USER + f"/facts/{{fact_id:{ID}}}", name="ui_fact")
 def fact(
     user_id: str,
     fact_id: str,
