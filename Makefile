@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test unit fast lint format typecheck bench demo up clean soak flaky-check screenshots i18n
+.PHONY: setup test unit fast lint format typecheck bench demo up clean soak flaky-check screenshots \
+	probe-model i18n
 
 setup: $(VENV)/.installed
 
@@ -48,6 +49,14 @@ fast: setup
 
 bench: setup
 	$(PY) -m bench
+
+# A real 1.5B model in the loop (issue 31): serves ../shared/tools/local-llm's model (run its
+# setup.sh once, ~9 min), hands it the probe conversations through the real stack and prints what
+# it learnt. Slow (tens of minutes on 2 cores); never part of `test`, `bench` or CI.
+# PROBE_ARGS="--only 1,3 --base-url http://127.0.0.1:8088/v1".
+PROBE_ARGS ?=
+probe-model: setup
+	$(PY) -m bench.probe_model $(PROBE_ARGS)
 
 # The whole suite several times, the last runs beside a CPU hog; per-test failure counts, exit 1
 # on any failure. Narrow it with FLAKY_ARGS='--runs 3 --hog-runs 2 -- -m "e2e or reliability"'.

@@ -1,15 +1,19 @@
-"""Reading the update model's answer out of whatever the model actually sent, and the answer's
-schema block as the prompt shows it — both from the one answer model, ``memq.memory.update``.
+"""Reading the update model's answer out of whatever the model actually sent, the answer's
+schema block as the prompt shows it, and its JSON schema as an endpoint's structured outputs
+take it — all from the one answer model, ``memq.memory.update``.
 
 Models wrap JSON in think tags, prose and code fences, stream it in chunks, or start with a decoy
-object; we accept the first JSON object that has all three required keys and never repair
-broken JSON. The answer model then validates it item by item, so one bad fact is dropped rather
-than the whole answer — except when removals come with malformed new facts: "replace X by Y" must
-never degrade into "delete X", so that answer is rejected as a whole (fail closed).
+object; we accept the first JSON object that has all three required keys, else the first that
+holds keys of an answer, each of its kind (a small model leaves lists out: an absent list means
+"none", and the answer says which it left out), and never repair broken JSON. The answer model
+then validates it item by item, so one bad fact is dropped rather than the whole answer — except
+when removals come with malformed new facts: "replace X by Y" must never degrade into "delete X",
+so that answer is rejected as a whole (fail closed).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -17,12 +21,14 @@ from typing import Any
 from memq.core.errors import ResponseParseError
 from memq.memory.blocks import strip_blocks, tag_pattern
 from memq.memory.update import (
+    ANSWER_KEYS,
     REQUIRED_KEYS,
     ConsolidationProposal,
     NewFact,
     SectionUpdate,
     StaleRemoval,
     UpdateAnswer,
+    partial_answer,
 )
 from storage.sections import HISTORY_SECTIONS, USER_SECTIONS
 
@@ -62,8 +68,9 @@ def response_text(content: Any) -> str:
 
 
 def find_update_object(text: str) -> dict[str, Any] | None:
-    """The first JSON object in ``text`` that has every required key, wherever it starts; closed
-    reasoning blocks (``<think>…</think>``) are skipped unless nothing outside them is found."""
+    """The first JSON object in ``text`` that has every required key, wherever it starts, else
+    the first that is a partial answer; closed reasoning blocks (``<think>…</think>``) are
+    skipped unless nothing outside them is found."""
     without_reasoning = strip_blocks(text, _REASONING_BLOCK, unclosed="keep")
     if without_reasoning != text:
         found = _first_update_object(without_reasoning)
@@ -75,6 +82,7 @@ def find_update_object(text: str) -> dict[str, Any] | None:
 def _first_update_object(text: str) -> dict[str, Any] | None:
     decoder = json.JSONDecoder()
     budget = _DECODE_WORK_PER_CHAR * len(text) + _DECODE_WORK_FLOOR
+    partial: dict[str, Any] | None = None
     start = text.find("{")
     while start != -1 and budget > 0:
         try:
@@ -84,10 +92,13 @@ def _first_update_object(text: str) -> dict[str, Any] | None:
         except (ValueError, RecursionError):
             value, end = None, len(text)  # unknown how far it read: assume all of it
         budget -= end - start + 1
-        if isinstance(value, dict) and all(key in value for key in REQUIRED_KEYS):
-            return value
+        if isinstance(value, dict):
+            if all(key in value for key in REQUIRED_KEYS):
+                return value
+            if partial is None and partial_answer(value):
+                partial = value
         start = text.find("{", start + 1)
-    return None
+    return partial
 
 
 def normalise_answer(data: Mapping[str, Any]) -> UpdateAnswer:
@@ -112,7 +123,7 @@ def parse_update_response(content: Any) -> UpdateAnswer:
         # `memq dead list` shows, and the answer quotes the user's conversation.
         shape = "a '{' but no object with them decodes" if "{" in text else "no '{' at all"
         raise ResponseParseError(
-            f"no JSON object with {', '.join(REQUIRED_KEYS)} in the model's answer "
+            f"no JSON object with any of {', '.join(ANSWER_KEYS)} in the model's answer "
             f"({len(text)} chars, {shape})"
         )
     return normalise_answer(data)
@@ -163,3 +174,45 @@ def render_answer_schema() -> str:
     wire = _schema_example().to_wire()
     entries = [f"  {json.dumps(key)}: {_render_schema_value(value)}" for key, value in wire.items()]
     return "{\n" + ",\n".join(entries) + "\n}"
+
+
+# What a strict structured-output schema may not carry: names and docs (tokens for nothing), and
+# defaults and bounds, which OpenAI's strict mode refuses or ignores; the answer model still
+# enforces the bounds when it reads the answer.
+_UNSENT_KEYWORDS = frozenset(
+    {"title", "description", "default", "minLength", "maxLength", "minimum", "maximum"}
+)
+
+
+def _strict(node: Any) -> Any:
+    """``node`` in the strict form: every object closed (``additionalProperties: false``) with
+    every property required (an optional one is nullable or has a value the model can always
+    write), minus the keywords strict mode does not take."""
+    if isinstance(node, list):
+        return [_strict(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    strict: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("properties", "$defs"):  # maps of names: the names are not keywords
+            strict[key] = {name: _strict(schema) for name, schema in value.items()}
+        elif key not in _UNSENT_KEYWORDS:
+            strict[key] = _strict(value)
+    if "properties" in strict:
+        strict["required"] = list(strict["properties"])
+        strict["additionalProperties"] = False
+    return strict
+
+
+@functools.cache
+def _answer_json_schema() -> str:
+    generated = UpdateAnswer.model_json_schema(by_alias=True, mode="serialization")
+    return json.dumps(_strict(generated))
+
+
+def answer_json_schema() -> dict[str, Any]:
+    """The JSON schema of an answer as structured outputs take it, generated from the answer
+    model in the strict form (OpenAI's: all properties required, objects closed), a fresh copy
+    each call."""
+    schema: dict[str, Any] = json.loads(_answer_json_schema())
+    return schema

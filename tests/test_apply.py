@@ -93,6 +93,15 @@ def test_removals_of_ids_that_no_longer_exist_are_no_ops() -> None:
     doc = MemoryDocument(facts=[fact("f1", "Likes tea")])
     result = apply(doc, UpdateAnswer(facts_to_remove=("gone", "also_gone")))
     assert contents(result.document) == ["Likes tea"] and result.changes == []
+    assert result.unknown_removals == 2
+
+
+def test_a_placeholder_id_copied_from_the_instructions_is_ignored_and_counted() -> None:
+    doc = MemoryDocument(facts=[fact("f1", "Uses npm")])
+    answer = UpdateAnswer(new_facts=(new("Uses pnpm"),), facts_to_remove=("<fact id>", "f1"))
+    result = apply(doc, answer)
+    assert contents(result.document) == ["Uses pnpm"]
+    assert result.unknown_removals == 1
 
 
 def test_contradiction_cannot_delete_a_correction_without_a_replacement() -> None:

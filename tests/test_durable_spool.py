@@ -238,7 +238,6 @@ def test_a_stdio_remember_during_an_outage_survives_kill_9_and_is_extracted(
         assert listed.count(fact_for(item)) == 1
         wait_for(
             lambda: not list((data_dir / "spool").glob("*/*/*.json")),
-            timeout=60,
             what="the replayed entry removed",
         )
     finally:

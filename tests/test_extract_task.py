@@ -36,6 +36,8 @@ class Report:
     facts_removed: int = 0
     facts_invalid: int = 0
     facts_refused: int = 0
+    answers_missing_fields: int = 0
+    removals_unknown: int = 0
     prompt_tokens: int = 120
     completion_tokens: int = 30
     duration_ms: int = 5

@@ -88,7 +88,6 @@ def test_after_make_demo_the_readmes_next_commands_work_as_written(tmp_path: Pat
                 " ready." in (tmp_path / "up.log").read_text(errors="replace")
                 or up.poll() is not None
             ),
-            timeout=90,
             interval=0.2,
             what="memq up ready",
         )

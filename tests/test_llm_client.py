@@ -4,6 +4,8 @@ request shape, usage, retries of transient failures, typed errors, and the model
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,6 +13,9 @@ import pytest
 from memq.core.errors import PermanentLLMError, TransientLLMError
 from memq.core.models import Message
 from memq.core.settings import MemqSettings
+from memq.memory.update import UpdateAnswer
+from memq.testing.provider import Provider, ResponseFormats
+from prompts.answer import answer_json_schema
 from prompts.update_prompt import UpdatePrompt
 from tests.support.openai_server import EMPTY_UPDATE, Reply, ScriptedOpenAI, completion_body
 from worker.llm import OpenAIUpdateModel, build_update_model
@@ -50,26 +55,95 @@ def test_request_shape_and_usage(openai_server: ScriptedOpenAI, sleeps: list[flo
     assert answer.model == "scripted-model" and answer.attempts == 1
     (request,) = openai_server.requests
     assert request["model"] == "scripted-model" and request["temperature"] == 0
-    assert request["response_format"] == {"type": "json_object"}
     assert [m["role"] for m in request["messages"]] == ["system", "user"]
     assert openai_server.auth_headers == [f"Bearer {SECRET}"]
 
 
-def test_json_mode_can_be_switched_off(openai_server: ScriptedOpenAI, sleeps: list[float]) -> None:
-    make_model(openai_server, sleeps, llm_json_mode=False).propose(PROMPT)
-    assert "response_format" not in openai_server.requests[0]
-
-
-def test_an_endpoint_that_rejects_json_mode_is_asked_again_without_it(
+def test_the_answer_models_schema_is_sent_as_structured_outputs(
     openai_server: ScriptedOpenAI, sleeps: list[float]
 ) -> None:
-    rejected = {"error": {"message": "response_format is not supported", "type": "invalid"}}
-    openai_server.script(Reply(status=400, body=rejected), Reply(content=EMPTY_UPDATE))
+    """OpenAI's documented form, strict, with the schema the answer model generates."""
+    make_model(openai_server, sleeps).propose(PROMPT)
+    sent = openai_server.requests[0]["response_format"]
+    assert sent["type"] == "json_schema"
+    assert sent["json_schema"]["strict"] is True
+    assert re.fullmatch(r"[A-Za-z0-9_-]{1,64}", sent["json_schema"]["name"])
+    assert sent["json_schema"]["schema"] == answer_json_schema()
+    generated = UpdateAnswer.model_json_schema(by_alias=True, mode="serialization")
+    assert sent["json_schema"]["schema"]["$defs"].keys() == generated["$defs"].keys()
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("json_object", {"type": "json_object"}),
+        ("json_schema", "json_schema"),
+        ("none", None),
+    ],
+)
+def test_the_setting_chooses_the_response_format(
+    openai_server: ScriptedOpenAI, sleeps: list[float], setting: str, expected: Any
+) -> None:
+    make_model(openai_server, sleeps, llm_response_format=setting).propose(PROMPT)
+    sent = openai_server.requests[0].get("response_format")
+    assert (sent["type"] if expected == "json_schema" else sent) == expected
+
+
+@pytest.fixture(params=[400, 500], ids=["openai-400", "llama-cpp-python-500"])
+def refusing_server(request: pytest.FixtureRequest) -> Iterator[ScriptedOpenAI]:
+    """An endpoint that refuses `json_schema`, as a model without structured outputs does (400)
+    or as llama-cpp-python's server does (500)."""
+    formats = ResponseFormats(refuse=("json_schema",), status=request.param)
+    server = ScriptedOpenAI(provider=Provider(formats=formats)).start()
+    yield server
+    server.stop()
+
+
+def test_an_endpoint_that_refuses_the_schema_costs_one_refusal_per_process(
+    refusing_server: ScriptedOpenAI, sleeps: list[float]
+) -> None:
+    model = make_model(refusing_server, sleeps)
+    answers = [model.propose(PROMPT) for _ in range(5)]
+    assert [a.attempts for a in answers] == [1] * 5  # the refusal is no attempt, and unbilled
+    assert len(refusing_server.refusals) == 1 and refusing_server.call_count == 6
+    assert sleeps == []
+    kinds = [r["response_format"] for r in refusing_server.requests]
+    assert kinds[0]["type"] == "json_schema"
+    # llama-cpp-python's own form: JSON mode with the schema, which its server then follows
+    assert kinds[1:] == [{"type": "json_object", "schema": answer_json_schema()}] * 5
+
+
+def test_each_refused_form_steps_down_once(
+    openai_server: ScriptedOpenAI, sleeps: list[float]
+) -> None:
+    openai_server.provider.formats = ResponseFormats(refuse=("json_schema", "json_object"))
     model = make_model(openai_server, sleeps)
-    assert model.propose(PROMPT).text == EMPTY_UPDATE
-    assert "response_format" not in openai_server.requests[1]
     model.propose(PROMPT)
-    assert "response_format" not in openai_server.requests[2]  # remembered
+    model.propose(PROMPT)
+    # json_schema, json_object with its schema, json_object: then none, for good
+    assert len(openai_server.refusals) == 3
+    assert [r.get("response_format") for r in openai_server.requests[3:]] == [None, None]
+
+
+def test_an_error_that_does_not_name_the_format_changes_nothing(
+    openai_server: ScriptedOpenAI, sleeps: list[float]
+) -> None:
+    openai_server.script(Reply(status=400))
+    model = make_model(openai_server, sleeps)
+    with pytest.raises(PermanentLLMError, match="400"):
+        model.propose(PROMPT)
+    model.propose(PROMPT)
+    assert openai_server.requests[1]["response_format"]["type"] == "json_schema"
+
+
+def test_a_format_the_setting_insists_on_is_not_stepped_down(
+    refusing_server: ScriptedOpenAI, sleeps: list[float]
+) -> None:
+    """The operator chose `json_schema`: one clear, permanent error, no retry to pay for."""
+    model = make_model(refusing_server, sleeps, llm_response_format="json_schema")
+    with pytest.raises(PermanentLLMError, match="refuses response_format json_schema"):
+        model.propose(PROMPT)
+    assert refusing_server.call_count == 1 and sleeps == []
 
 
 def test_list_content_is_read_as_text(openai_server: ScriptedOpenAI, sleeps: list[float]) -> None:

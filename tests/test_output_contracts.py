@@ -17,7 +17,6 @@ import pytest
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from memq.cli import main
 from memq.commands.doctor import DOCTOR_VERSION
 from memq.core.metrics import BATCH_DEPTHS, COUNTERS, STATS_VERSION
 from memq.core.settings import MemqSettings
@@ -25,6 +24,7 @@ from memq.evaluation.locomo import read_locomo
 from memq.evaluation.report import RESULT_VERSION, Models, PriceTable, build_result
 from memq.evaluation.scoring import Prices
 from memq.server.exporter import build_registry
+from tests.support.cli import Run
 from tests.support.serve import Keys, bearer
 
 CHANGELOG = Path(__file__).resolve().parent.parent / "CHANGELOG.md"
@@ -55,16 +55,15 @@ EXTRACTION_FIELDS = {
 
 
 @pytest.fixture
-def cli(monkeypatch: pytest.MonkeyPatch, settings: MemqSettings, capsys: Any) -> Any:
-    """`memq <argv>` as an operator's shell runs it, on the test's Redis; its stdout."""
-    for name in ("redis_url", "key_prefix", "storage_dir", "data_dir", "llm_provider"):
-        monkeypatch.setenv(f"MEMQ_{name.upper()}", str(getattr(settings, name)))
+def cli(cli_env: MemqSettings, run: Run) -> Any:
+    """`memq <argv>` as an operator's shell runs it, on the test's Redis; its stdout as JSON."""
 
-    def run(*argv: str) -> Any:
-        main(list(argv))
-        return json.loads(capsys.readouterr().out)
+    def as_json(*argv: str) -> Any:
+        code, out, _ = run(*argv)
+        assert code in (0, 1), code  # doctor answers 1 when a check fails
+        return json.loads(out)
 
-    return run
+    return as_json
 
 
 def test_every_version_is_named_in_the_changelog() -> None:

@@ -195,3 +195,37 @@ def test_consolidations_need_two_distinct_sources_and_content() -> None:
     first, second = parse_update_response(json.dumps(data)).facts_to_consolidate
     assert first.source_ids == ("a", "b") and first.content == "merged" and first.confidence == 1.0
     assert second.confidence is None and second.category == "goal"
+
+
+def test_an_answer_without_its_lists_means_none_and_says_what_it_left_out() -> None:
+    """The 1.5B model's dead letter: summaries only, no newFacts, no factsToRemove."""
+    summaries = {"workContext": {"summary": "", "shouldUpdate": False}}
+    parsed = parse_update_response(json.dumps({"user": summaries, "history": {}}))
+    assert parsed.is_noop() and parsed.dropped_facts == 0
+    assert parsed.missing_fields == ("newFacts", "factsToRemove")
+    only_facts = parse_update_response(f"Sure: {json.dumps({'newFacts': [FACT]})}")
+    assert [f.content for f in only_facts.new_facts] == ["Uses Rust daily"]
+    assert only_facts.missing_fields == ("user", "history", "factsToRemove")
+    assert parse_update_response(VALID).missing_fields == ("factsToRemove",)
+    removal = parse_update_response(
+        json.dumps({"user": {}, "history": {}, "factsToRemove": ["f1"]})
+    )
+    assert removal.facts_to_remove == ("f1",) and removal.dropped_facts == 0
+
+
+def test_a_complete_answer_wins_over_a_partial_one_before_it() -> None:
+    text = '{"newFacts": []} then ' + VALID
+    assert [f.content for f in parse_update_response(text).new_facts] == ["Uses Rust daily"]
+
+
+@pytest.mark.parametrize(
+    "stray",
+    [
+        '{"user": "alice"}',  # a key of an answer, but not of its kind
+        '{"answer": {"facts": ["likes tea"]}}',  # no key of an answer at all
+        '{"newFacts": "none", "history": {}}',
+    ],
+)
+def test_objects_that_are_no_answer_still_fail(stray: str) -> None:
+    with pytest.raises(ResponseParseError, match="no JSON object"):
+        parse_update_response(f"Here you go: {stray}")

@@ -18,6 +18,7 @@ from memq.core.metrics import read_counts
 from memq.core.models import ConversationContext, Message
 from memq.core.settings import MemqSettings
 from memq.testing.hung_server import HungServer
+from memq.testing.waiting import wait_for
 from producer.injector import MemoryInjector
 from producer.query_embedding import QueryEmbedder, query_embedder
 from storage import get_storage
@@ -193,14 +194,9 @@ def test_hung_endpoint_falls_back_to_words_within_the_timeout(
 
 
 def _wait_for_count(client: Any, settings: MemqSettings, name: str, want: int) -> int:
-    import time
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        value = read_counts(client, settings).get(name, 0)
-        if value >= want:
-            return value
-        time.sleep(0.02)
+    wait_for(
+        lambda: read_counts(client, settings).get(name, 0) >= want, what=f"{want} {name} counted"
+    )
     return read_counts(client, settings).get(name, 0)
 
 

@@ -58,15 +58,38 @@ def _sha(package: str, name: str) -> str:
 NAMES = {_sha(package, name): name for package, names in SCRIPTS.items() for name in names}
 
 
-class SlotRecordingRedis(redis.Redis):
-    """A real client that notes the slots of every script call's keys."""
+def _note(calls: list[tuple[str, set[int]]], sha: str, numkeys: int, keys_and_args: Any) -> None:
+    keys = keys_and_args[:numkeys]
+    calls.append((NAMES.get(sha, sha), {key_slot(str(k).encode()) for k in keys}))
+
+
+class SlotRecordingPipeline(redis.client.Pipeline):
+    """A real pipeline that notes its script calls too (the storage sends its save in one)."""
 
     calls: list[tuple[str, set[int]]]
 
     def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:  # type: ignore[override]
-        keys = keys_and_args[:numkeys]
-        self.calls.append((NAMES.get(sha, sha), {key_slot(str(k).encode()) for k in keys}))
+        _note(self.calls, sha, numkeys, keys_and_args)
         return super().evalsha(sha, numkeys, *keys_and_args)
+
+
+class SlotRecordingRedis(redis.Redis):
+    """A real client that notes the slots of every script call's keys, on the client and in
+    its pipelines alike (whether a script goes in a pipeline depends on whether Redis already
+    holds it, so a test that left scripts loaded must not change what is seen)."""
+
+    calls: list[tuple[str, set[int]]]
+
+    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:  # type: ignore[override]
+        _note(self.calls, sha, numkeys, keys_and_args)
+        return super().evalsha(sha, numkeys, *keys_and_args)
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = SlotRecordingPipeline(
+            self.connection_pool, self.response_callbacks, transaction, shard_hint
+        )
+        pipe.calls = self.calls
+        return pipe
 
 
 def test_every_script_call_touches_one_slot(redis_server: RedisServer, make_settings: Any) -> None:

@@ -162,5 +162,5 @@ def test_mcp_names_memq_version_and_the_access_log_names_mcp_calls(
 
     anyio.run(wrapper)
     assert versions == [memq_version()] and versions[0]
-    wait_for(lambda: "POST /mcp 200" in server.log_text(), timeout=30, what="the access line")
+    wait_for(lambda: "POST /mcp 200" in server.log_text(), what="the access line")
     assert "(no route)" not in server.log_text()

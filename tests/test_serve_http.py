@@ -69,7 +69,7 @@ def test_a_hand_off_is_accepted_once_redis_holds_it(
     assert stats["due"] == 1
     log = server.log_text()
     # The access log names the route, never the path (a user id) or the body.
-    assert "POST /v1/users/{user_id:path}/conversations 202" in log
+    assert "POST /v1/users/{user_id}/conversations 202" in log
     assert "bees" not in log and "/users/alice" not in log
 
 
@@ -161,7 +161,7 @@ def test_management_over_http_is_the_cli_s_management(
         ]
         assert actions == ["remove", "edit", "add"]
 
-        assert http.get("/v1/dead-letters").json() == {"dead_letters": []}
+        assert http.get("/v1/dead-letters").json() == {"dead_letters": [], "next_cursor": None}
         assert http.post("/v1/dead-letters/retry", json={"ids": "all"}).json() == {"count": 0}
         assert http.get("/v1/queue/stats").json()["due"] == 0
         # No beat runs here: ready is false, and says why.

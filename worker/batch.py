@@ -52,6 +52,7 @@ from worker.model import ModelAnswer
 from worker.pipeline import ExtractionPipeline, Prepared, saved_report, stale_report
 from worker.queue import QueueClient
 from worker.report import usage_of
+from worker.response_format import FormatChoice
 from worker.settle import AnsweredRun, Settlement
 
 log = logging.getLogger("memq.batch")
@@ -64,14 +65,20 @@ def _int(value: str | None) -> int:
         return 0
 
 
-def request_body(settings: MemqSettings, prepared: Prepared, cache_key: str | None = None) -> str:
+def request_body(
+    settings: MemqSettings,
+    prepared: Prepared,
+    cache_key: str | None = None,
+    formats: FormatChoice | None = None,
+) -> str:
     """The request a parked run sends, the body of a synchronous call: its prompt cache key
-    included (a batch request is a chat completion, so the provider caches its prefix too)."""
+    included (a batch request is a chat completion, so the provider caches its prefix too), its
+    response format the one the process's synchronous calls send now (``formats``)."""
     body = chat_request(
         prepared.prompt,
         model=settings.llm_model,
         temperature=settings.llm_temperature,
-        json_mode=settings.llm_json_mode,
+        response_format=(formats or FormatChoice(settings.llm_response_format)).current(),
     )
     if cache_key and settings.llm_prompt_cache_key:
         body["prompt_cache_key"] = cache_key
@@ -150,6 +157,7 @@ def park(
     token: str,
     prepared: Prepared,
     now: int,
+    formats: FormatChoice | None = None,
 ) -> bool:
     """Hand a prepared run to the batch lane; False when its claim was already gone."""
     run = pipeline.run_info(context, prepared, settings.llm_model)
@@ -157,7 +165,7 @@ def park(
     return batches.park(
         context.key.id,
         token,
-        request_body(settings, prepared, key),
+        request_body(settings, prepared, key, formats),
         prepared.selection.watermark,
         run_to_json(run),
         now,

@@ -10,7 +10,9 @@ error, 408/409/425/429, 5xx) are retried with exponential backoff up to ``llm_ma
 honouring ``Retry-After``; a wait longer than ``max_inline_wait_seconds`` is not slept through but
 raised at once as :class:`TransientLLMError` with ``retry_after_seconds``, so the queue reschedules
 the context instead of a worker thread idling. Permanent failures (auth, bad request, not found) are
-raised as :class:`PermanentLLMError` without a retry.
+raised as :class:`PermanentLLMError` without a retry. The ``response_format`` asked for is the
+endpoint's :class:`worker.response_format.FormatChoice`: with ``auto``, a refusal of the form sent
+steps down to the next and sends again at once, without counting as an attempt.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from prompts.answer import response_text
 from prompts.tokens import TokenCounter
 from prompts.update_prompt import UpdatePrompt
 from worker.model import ModelAnswer, UpdateModel
+from worker.response_format import FormatChoice, refuses_response_format
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +115,6 @@ def classify(exc: openai.OpenAIError) -> TransientLLMError | PermanentLLMError:
     return PermanentLLMError(f"LLM call failed ({kind})")
 
 
-def _rejects_json_mode(exc: openai.OpenAIError) -> bool:
-    return isinstance(exc, openai.BadRequestError) and "response_format" in str(exc).lower()
-
-
 def _count(value: Any) -> int:
     """A token count from a usage field: a whole number >= 0, else 0 (a provider sent junk)."""
     try:
@@ -140,17 +139,21 @@ def _fall_back(tier: str | None, allowed: bool, exc: openai.OpenAIError) -> bool
 
 
 def chat_request(
-    prompt: UpdatePrompt, *, model: str, temperature: float, json_mode: bool
+    prompt: UpdatePrompt,
+    *,
+    model: str,
+    temperature: float,
+    response_format: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """The body of one extraction's chat completion request: what a synchronous call sends and
-    what a batch job's request line carries."""
+    what a batch job's request line carries (``response_format``: a FormatChoice's current)."""
     body: dict[str, Any] = {
         "model": model,
         "messages": prompt.chat_messages(),
         "temperature": temperature,
     }
-    if json_mode:
-        body["response_format"] = {"type": "json_object"}
+    if response_format is not None:
+        body["response_format"] = dict(response_format)
     return body
 
 
@@ -174,13 +177,14 @@ def answer_of(
 
 
 class OpenAIUpdateModel:
-    """Chat completions with JSON mode, temperature and timeout from the settings."""
+    """Chat completions with the response format, temperature and timeout from the settings."""
 
     def __init__(
         self,
         settings: MemqSettings,
         *,
         client: openai.OpenAI | None = None,
+        formats: FormatChoice | None = None,
         sleep: Callable[[float], None] = time.sleep,
         backoff_base_seconds: float = 0.5,
         max_inline_wait_seconds: float = INLINE_RETRY_WAIT_SECONDS,
@@ -196,7 +200,7 @@ class OpenAIUpdateModel:
         )
         self._model = settings.llm_model
         self._temperature = settings.llm_temperature
-        self._json_mode = settings.llm_json_mode
+        self.formats = formats or FormatChoice(settings.llm_response_format)
         self._max_retries = settings.llm_max_retries
         self._backoff_max = settings.retry_backoff_max_seconds
         self._sleep = sleep
@@ -211,9 +215,15 @@ class OpenAIUpdateModel:
         self._service_tier = settings.llm_service_tier
         self._flex_fallback = settings.llm_flex_fallback
 
-    def _call(self, prompt: UpdatePrompt, cache_key: str | None, tier: str | None) -> Any:
+    def _call(
+        self,
+        prompt: UpdatePrompt,
+        cache_key: str | None,
+        tier: str | None,
+        form: Mapping[str, Any] | None,
+    ) -> Any:
         body = chat_request(
-            prompt, model=self._model, temperature=self._temperature, json_mode=self._json_mode
+            prompt, model=self._model, temperature=self._temperature, response_format=form
         )
         if cache_key and self._send_cache_key:
             body["prompt_cache_key"] = cache_key
@@ -240,8 +250,9 @@ class OpenAIUpdateModel:
         while True:
             attempt += 1
             started = time.monotonic()
+            form = self.formats.form
             try:
-                response = self._call(prompt, cache_key, tier)
+                response = self._call(prompt, cache_key, tier, self.formats.current())
                 self._observe("ok", time.monotonic() - started)
                 break
             except openai.OpenAIError as exc:
@@ -251,11 +262,16 @@ class OpenAIUpdateModel:
                     self._limits_seen(
                         exc.status_code, exc.response.headers, retry_after_seconds(exc.response)
                     )
-                if self._json_mode and _rejects_json_mode(exc):
-                    log.warning("LLM endpoint rejects JSON mode; continuing without it")
-                    self._json_mode = False
-                    attempt -= 1
+                if self.formats.refused(form, exc):
+                    attempt -= 1  # refused unanswered and unbilled: not an attempt
                     continue
+                if refuses_response_format(exc):
+                    # The setting names one form and the endpoint will not take it: retrying
+                    # the same request cannot help, and the operator must hear why.
+                    raise PermanentLLMError(
+                        f"the LLM endpoint refuses response_format {form} (HTTP "
+                        f"{getattr(exc, 'status_code', '?')}); set MEMQ_LLM_RESPONSE_FORMAT=auto"
+                    ) from exc
                 error = classify(exc)
                 if isinstance(error, PermanentLLMError):
                     raise error from exc
@@ -296,10 +312,12 @@ def build_update_model(
     count_tokens: TokenCounter | None = None,
     observe: RequestObserver | None = None,
     on_limits: LimitObserver | None = None,
+    formats: FormatChoice | None = None,
 ) -> UpdateModel:
     """The model the settings ask for: a real endpoint, or the offline rules when none is set.
     ``observe`` is told the result and duration of every request to a real endpoint,
-    ``on_limits`` its status and rate-limit headers."""
+    ``on_limits`` its status and rate-limit headers; ``formats`` is the process's choice of
+    response format (the batch lane's request lines send the same)."""
     if settings.resolved_llm_provider == "rules":
         from worker.offline import RulesUpdateModel
 
@@ -307,4 +325,4 @@ def build_update_model(
     log.info(
         "update model: %s at %s", settings.llm_model, settings.llm_base_url or "api.openai.com"
     )
-    return OpenAIUpdateModel(settings, observe=observe, on_limits=on_limits)
+    return OpenAIUpdateModel(settings, observe=observe, on_limits=on_limits, formats=formats)

@@ -231,7 +231,7 @@ class ExtractionPipeline:
         elapsed_ms = _stopwatch()
         usage = usage_of(answer)
         parsed = parse_update_response(answer.text)
-        refused: list[int] = [0]
+        refused: list[int] = [0, 0]  # new facts refused, removals of unknown ids
         try:
             saving = None if fence is None else replace(fence, watermark=watermark)
             changes = [] if parsed.is_noop() else self._apply(context, parsed, run, saving, refused)
@@ -241,7 +241,13 @@ class ExtractionPipeline:
             # After the fenced save, both lanes (the batch lane settles through here too).
             self._embedding.after_save(self._storage, context.user_id, context.agent_name)
         report = saved_report(changes, usage, prompt, watermark, more, elapsed_ms())
-        report = replace(report, facts_invalid=parsed.dropped_facts, facts_refused=refused[0])
+        report = replace(
+            report,
+            facts_invalid=parsed.dropped_facts,
+            facts_refused=refused[0],
+            answers_missing_fields=1 if parsed.missing_fields else 0,
+            removals_unknown=refused[1],
+        )
         _log_extracted(context, report)
         return report
 
@@ -287,7 +293,7 @@ class ExtractionPipeline:
                 run=run,
             )
             latest_changes[:] = result.changes
-            refused[0] = result.refused
+            refused[:] = [result.refused, result.unknown_removals]
             return UpdateResult(result.document, result.changes)
 
         self._storage.update(context.user_id, context.agent_name, fn, fence=fence)

@@ -29,6 +29,8 @@ class ExtractionReport:
     facts_removed: int = 0
     facts_invalid: int = 0  # new facts of the answer that did not validate (dropped)
     facts_refused: int = 0  # new facts refused as not grounded in the user's words
+    answers_missing_fields: int = 0  # 1 when the answer left out a list or a summary group
+    removals_unknown: int = 0  # removal ids that named no fact of the memory (ignored)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0  # of the prompt tokens, read from the provider's prompt cache
@@ -42,6 +44,17 @@ class ExtractionReport:
     reason: str = ""
     watermark: str | None = None  # store it on completion (None: leave the stored one)
     more: bool = False  # only the oldest chunk of the new messages was extracted: run again now
+
+
+def answer_counts(report: ExtractionReport) -> dict[str, int]:
+    """What a saved answer adds to the counters of its shape (memq.core.metrics.COUNTERS), as
+    the one settlement of both lanes records it."""
+    return {
+        "facts_invalid": report.facts_invalid,
+        "facts_refused": report.facts_refused,
+        "answers_missing_fields": report.answers_missing_fields,
+        "removals_unknown": report.removals_unknown,
+    }
 
 
 def usage_of(answer: ModelAnswer) -> Usage:

@@ -17,6 +17,7 @@ from memq.core.settings import MemqSettings
 from worker.cost import PriceTable
 from worker.gates import RunGates
 from worker.queue import QueueClient
+from worker.response_format import FormatChoice
 from worker.settle import Settlement
 
 if TYPE_CHECKING:
@@ -40,6 +41,9 @@ class WorkerRuntime:
         pipeline_factory: Callable[[MemqSettings, RedisClient], ExtractionPipeline] | None = None,
     ) -> None:
         self.settings = settings
+        # What the endpoint is asked to constrain answers to, learnt once per process (a forked
+        # child learns again) and sent by the synchronous calls and the batch lane alike.
+        self.formats = FormatChoice(settings.llm_response_format)
         self._pipeline_factory = pipeline_factory or build_pipeline
         self._lock = threading.Lock()
         self._pid: int | None = None
@@ -71,7 +75,9 @@ class WorkerRuntime:
             if self._pipeline is None:
                 client, _, metrics = self._base_locked()
                 if self._pipeline_factory is build_pipeline:  # its LLM figures go with the run's
-                    self._pipeline = build_pipeline(self.settings, client, metrics=metrics)
+                    self._pipeline = build_pipeline(
+                        self.settings, client, metrics=metrics, formats=self.formats
+                    )
                 else:
                     self._pipeline = self._pipeline_factory(self.settings, client)
             return self._pipeline
@@ -144,11 +150,16 @@ class WorkerRuntime:
 
 
 def build_pipeline(
-    settings: MemqSettings, client: RedisClient, *, metrics: MetricsRecorder | None = None
+    settings: MemqSettings,
+    client: RedisClient,
+    *,
+    metrics: MetricsRecorder | None = None,
+    formats: FormatChoice | None = None,
 ) -> ExtractionPipeline:
     """The production pipeline: configured storage and LLM (imported here, not at module load,
     so the ticker and the app factory never load the LLM client); ``metrics`` records the LLM
-    requests (the runtime's own recorder, which writes them with the run's figures)."""
+    requests (the runtime's own recorder, which writes them with the run's figures); ``formats``:
+    the process's choice of response format."""
     from storage import get_storage
     from worker.embeddings import build_fact_embedding
     from worker.llm import build_update_model
@@ -164,6 +175,7 @@ def build_pipeline(
             settings,
             observe=metrics.llm_request,
             on_limits=None if limiter is None else limiter.observe,
+            formats=formats,
         ),
         embedding=build_fact_embedding(settings, metrics.count),
     )

@@ -21,7 +21,7 @@ from memq.core.identity import ContextKey
 from memq.core.metrics import MetricsRecorder
 from worker.budget import TokenBudget
 from worker.cost import CallUsage, PriceTable, bill_fields
-from worker.report import ExtractionReport
+from worker.report import ExtractionReport, answer_counts
 
 log = logging.getLogger("memq.extract")
 
@@ -112,8 +112,7 @@ class Settlement:
             report.outcome,
             {
                 **usage_fields(self.prices, run.lane, report, report.messages_sent),
-                "facts_invalid": report.facts_invalid,
-                "facts_refused": report.facts_refused,
+                **answer_counts(report),
             },
         )
         log.info(

@@ -168,7 +168,8 @@ def _run_pipeline(
             return runtime.pipeline.finish(context, step, fence=fence, gate=gate)
         # A batch request asks the budgets as a call does (and spends at its settlement).
         runtime.gates.admit_batch(context.user_id)
-        if park(settings, runtime.batches, runtime.pipeline, context, run.token, step, run.clock()):
+        batches, pipeline, formats = runtime.batches, runtime.pipeline, runtime.formats
+        if park(settings, batches, pipeline, context, run.token, step, run.clock(), formats):
             return None
         return ExtractionReport("stale", reason="claim gone before the run was parked")
 

@@ -97,7 +97,12 @@ DESCRIPTIONS: dict[str, str] = {
     "llm_model": "model used for extraction",
     "llm_timeout_seconds": "timeout of one LLM call",
     "llm_max_retries": "retries inside the openai client before the task retries",
-    "llm_json_mode": "ask for `response_format: json_object`",
+    "llm_response_format": (
+        "`response_format` of extraction calls: `json_schema` (structured outputs, the answer "
+        "model's strict schema), `json_object` (JSON mode), `none`; `auto` asks for the schema "
+        "and steps down, once per worker process, when the endpoint refuses it (llama-cpp-python "
+        "then gets its `json_object` + `schema` form)"
+    ),
     "llm_temperature": "sampling temperature of the extraction call",
     "llm_prompt_cache_key": (
         "send a stable, hashed `prompt_cache_key` per (user, agent) so the provider's prompt "

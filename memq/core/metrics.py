@@ -88,6 +88,11 @@ COUNTERS: Final[tuple[Counter, ...]] = (
     Counter("stale_runs", "stale runs discarded (lost their claim)"),
     Counter("facts_invalid", "new facts of saved answers dropped: they did not validate"),
     Counter("facts_refused", "new facts refused: only assistant messages said them"),
+    Counter(
+        "answers_missing_fields",
+        "saved answers that left out a list or a summary group (read as none)",
+    ),
+    Counter("removals_unknown", "removals ignored: the id named no fact of the memory"),
     Counter("forgets", "users forgotten"),
     Counter("tick_claimed", "queue: claimed and dispatched"),
     Counter("leases_expired", "queue: leases expired, back to due"),

@@ -57,6 +57,9 @@ OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 REDIS_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster", "redis+sentinel", "unix")
 
 
+LLMResponseFormat = Literal["auto", "json_schema", "json_object", "none"]
+
+
 class MemqSettings(BaseSettings):
     """Every knob of memq, with units in the names. See README's configuration table."""
 
@@ -122,7 +125,10 @@ class MemqSettings(BaseSettings):
     llm_model: str = "gpt-4o-mini"
     llm_timeout_seconds: float = Field(default=30.0, gt=0.0)
     llm_max_retries: int = Field(default=2, ge=0, le=10)
-    llm_json_mode: bool = True
+    # What extraction asks the endpoint to constrain its answer to: the answer's JSON schema
+    # (structured outputs), JSON mode, or nothing; `auto` tries the schema and steps down, once
+    # per process, when the endpoint refuses it.
+    llm_response_format: LLMResponseFormat = "auto"
     llm_temperature: float = Field(default=0.0, ge=0.0, le=2.0)
     # --- LLM cost: cache routing, service tier, price table, shared rate limit
     llm_prompt_cache_key: bool = True

@@ -31,7 +31,8 @@ def cluster_port(rng: random.Random | None = None) -> int:
     raise MemqError("no free port pair (port, port + 10000) for a cluster node")
 
 
-def _wait(condition: object, what: str, timeout: float = 30.0) -> None:
+# Generous: a cluster forming on a loaded 2-core machine (tests, benchmarks) takes its time.
+def _wait(condition: object, what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:

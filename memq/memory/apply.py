@@ -36,6 +36,7 @@ class ApplyResult:
     document: MemoryDocument
     changes: list[Change]
     refused: int = 0  # new facts refused as not grounded in the user's words
+    unknown_removals: int = 0  # ids in factsToRemove that named no fact (ignored)
 
 
 def _apply_sections(
@@ -76,6 +77,7 @@ class _Run:
     run: RunInfo | None
     displaced: list[tuple[Fact, SupersededKind, str]] = field(default_factory=list)
     refused: int = 0
+    unknown_removals: int = 0
 
     def change(self, action: ChangeAction, fact: Fact, reason: str) -> Change:
         return _fact_change(action, fact, reason, self.now, self.thread_id)
@@ -97,7 +99,10 @@ def _remove_contradicted(run: _Run) -> list[Change]:
     for fact_id in run.answer.facts_to_remove:
         fact = run.doc.fact(fact_id)
         if fact is None:
+            # A model copying "<fact id>" from the instructions, or a fact another run removed
+            # meanwhile: nothing to remove, and counted.
             log.debug("removal of %s skipped: not in the latest document", fact_id)
+            run.unknown_removals += 1
         elif fact.category != CORRECTION:
             doomed[fact_id] = "contradicted by the conversation"
     return run.take_out(doomed, "contradicted")
@@ -319,4 +324,4 @@ def apply_to_own(
     changes += scrubbed
     if changes:
         doc.last_updated = now
-    return ApplyResult(doc, changes, refused=state.refused)
+    return ApplyResult(doc, changes, refused=state.refused, unknown_removals=state.unknown_removals)

@@ -21,14 +21,23 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     ValidationError,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from storage.sections import HISTORY_SECTIONS, SECTION_KEYS, USER_SECTIONS, either_spelling
-from storage.vocabulary import DEFAULT_CATEGORY, known_category, parse_confidence, parse_event_date
+from storage.vocabulary import (
+    CATEGORIES,
+    DEFAULT_CATEGORY,
+    known_category,
+    parse_confidence,
+    parse_event_date,
+)
 
 _TRUE_STRINGS = {"true", "yes", "1"}
 _MAX_CITES = 32  # labels read per fact: a fact cannot come from more messages than a prompt holds
@@ -101,7 +110,9 @@ class SectionUpdate(_Answer):
 
 class NewFact(_Answer):
     content: str = Field(min_length=1)
-    category: str = DEFAULT_CATEGORY
+    # The schema names the categories (a constrained decoder then writes one of them); the
+    # validator still reads anything, unknown names as the default.
+    category: str = Field(default=DEFAULT_CATEGORY, json_schema_extra={"enum": list(CATEGORIES)})
     # Absent means "inferred" (0.5); an explicit null, a bool or text that is no number is
     # malformed and drops the fact.
     confidence: float = Field(default=0.5, ge=0.0, le=1.0)
@@ -209,6 +220,27 @@ class ConsolidationProposal(_Answer):
             }
         return data
 
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The wire shape: the merged fact's fields nested under ``consolidated``."""
+        json_schema = handler(core_schema)
+        target = handler.resolve_ref_schema(json_schema)
+        properties = target["properties"]
+        ids = cls.model_fields["source_ids"].serialization_alias or "source_ids"
+        merged = {name: value for name, value in properties.items() if name != ids}
+        target["properties"] = {
+            ids: properties[ids],
+            "consolidated": {
+                "type": "object",
+                "properties": merged,
+                "required": [name for name in target.get("required", []) if name in merged],
+            },
+        }
+        target["required"] = [ids, "consolidated"]
+        return json_schema
+
     @field_validator("source_ids", mode="before")
     @classmethod
     def _source_ids(cls, value: Any) -> tuple[str, ...]:
@@ -263,16 +295,40 @@ class UpdateAnswer(_Answer):
     facts_to_remove: tuple[str, ...] = ()
     stale_facts_to_remove: tuple[StaleRemoval, ...] = ()
     facts_to_consolidate: tuple[ConsolidationProposal, ...] = ()
-    # New facts the answer held that did not validate (never sent on the wire).
+    # New facts the answer held that did not validate, and the wire keys of the answer's
+    # shape it left out (an absent list means "none"); neither is ever sent on the wire.
     dropped_facts: int = Field(default=0, exclude=True)
+    missing_fields: tuple[str, ...] = Field(default=(), exclude=True)
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        """The wire shape (what :meth:`to_wire` writes and :meth:`from_wire` reads): the
+        sections grouped under ``user`` and ``history`` by their camelCase names, first."""
+        json_schema = handler(core_schema)
+        target = handler.resolve_ref_schema(json_schema)
+        properties = dict(target["properties"])
+        section = properties.pop("sections")["additionalProperties"]
+        groups = {
+            group: {
+                "type": "object",
+                "properties": {SECTION_KEYS[name]: section for name in names},
+            }
+            for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS))
+        }
+        target["properties"] = {**groups, **properties}
+        target["required"] = list(REQUIRED_KEYS)
+        return json_schema
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> UpdateAnswer:
         """Validate a decoded answer item by item; unusable new facts are counted, not fatal.
-        A ``newFacts`` that is not a list counts as one dropped fact."""
+        An absent list means none (noted in ``missing_fields``); a ``newFacts`` that is there
+        but not a list counts as one dropped fact."""
         raw_facts = _field(data, "new_facts")
         facts, dropped = _valid_items(NewFact, raw_facts)
-        if not isinstance(raw_facts, list):
+        if raw_facts is not None and not isinstance(raw_facts, list):
             dropped = 1
         stale, _ = _valid_items(StaleRemoval, _field(data, "stale_facts_to_remove"))
         merges, _ = _valid_items(ConsolidationProposal, _field(data, "facts_to_consolidate"))
@@ -283,6 +339,7 @@ class UpdateAnswer(_Answer):
             stale_facts_to_remove=tuple(stale),
             facts_to_consolidate=tuple(merges),
             dropped_facts=dropped,
+            missing_fields=tuple(key for key in EXPECTED_KEYS if _absent(data, key)),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -323,5 +380,36 @@ def _field(data: Mapping[str, Any], field: str) -> Any:
     return data.get(_alias(field), data.get(field))
 
 
-# The keys every answer must have: what tells an answer apart from any other JSON object.
+def _absent(data: Mapping[str, Any], key: str) -> bool:
+    """``key`` (a wire name) is in neither spelling in ``data``."""
+    return key not in data and _OURS.get(key, key) not in data
+
+
+_OURS = {_alias(name): name for name in UpdateAnswer.model_fields}  # wire name -> ours
+# The keys every complete answer has: an object with all of them is the answer, wherever it is.
 REQUIRED_KEYS = ("user", "history", _alias("new_facts"))
+# What every answer is asked to say (the review lists only when a review is asked for): an answer
+# that leaves one out is read as "none" there, and counted.
+EXPECTED_KEYS = (*REQUIRED_KEYS, _alias("facts_to_remove"))
+# Every top-level key of an answer: an object holding none of them is not an answer.
+ANSWER_KEYS = (
+    "user",
+    "history",
+    *(
+        _alias(name)
+        for name, info in UpdateAnswer.model_fields.items()
+        if name != "sections" and not info.exclude
+    ),
+)
+
+
+def partial_answer(data: Mapping[str, Any]) -> bool:
+    """``data`` is an answer that left keys out: it holds at least one key of an answer, and
+    every one it holds is of the answer's kind (the groups objects, the rest lists), so that a
+    stray ``{"user": "alice"}`` in prose is not taken for one."""
+    held = [key for key in ANSWER_KEYS if not _absent(data, key)]
+    for key in held:
+        value = data[key] if key in data else data[_OURS.get(key, key)]
+        if not isinstance(value, dict if key in ("user", "history") else list):
+            return False
+    return bool(held)

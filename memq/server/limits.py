@@ -122,5 +122,10 @@ def _route(scope: dict[str, Any] | Scope) -> str:
     """The route's template (``/v1/users/{user_id}/memory``), never the path itself: a path
     holds user ids and a query string may hold a user's words."""
     route = scope.get("route")
-    template = getattr(route, "path", None) or getattr(scope.get("endpoint"), "template", None)
+    # `path_format`: the template without its convertors (`{user_id}`, not `{user_id:memqid}`).
+    template = (
+        getattr(route, "path_format", None)
+        or getattr(route, "path", None)
+        or getattr(scope.get("endpoint"), "template", None)
+    )
     return str(template or "(no route)")

@@ -73,7 +73,7 @@ class ScriptedEmbeddings:
             self.requests.append(texts)
         self._released.wait()
         if self.delay_seconds:
-            time.sleep(self.delay_seconds)
+            time.sleep(self.delay_seconds)  # wait-ok: a slow embedder, as scripted
         if self.status != 200:
             return self.status, {"error": {"message": f"scripted {self.status}", "type": "x"}}
         if not texts:

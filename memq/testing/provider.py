@@ -16,6 +16,11 @@ flex refusals, each written from OpenAI's documentation so a test proves what a 
   completion when none is asked).
 - **Flex processing** (docs/guides/flex-processing): ``service_tier: "flex"`` may be refused with
   a 429 ``resource_unavailable`` when capacity is short; the reply says the tier it was served at.
+- **Response formats** (docs/guides/structured-outputs): a model without structured outputs
+  refuses ``response_format`` type ``json_schema`` with a 400 ``invalid_request_error`` whose
+  ``param`` is ``response_format``; llama-cpp-python's server answers the same type with a 500
+  (its request validation takes only ``text`` and ``json_object``, the latter with an optional
+  ``schema``). :class:`ResponseFormats` refuses the types it is told to, either way.
 
 :class:`Provider` bundles them; :class:`memq.testing.openai_server.ScriptedOpenAI` asks it to admit
 each request and to finish each reply. Pure logic with an injectable clock, no HTTP in here.
@@ -230,12 +235,47 @@ class Refusal:
 
 
 @dataclass
+class ResponseFormats:
+    """Refuses requests whose ``response_format`` type is in ``refuse``: as OpenAI refuses
+    ``json_schema`` for a model without structured outputs (``status`` 400), or as
+    llama-cpp-python's server does (``status`` 500). ``refused`` counts the refusals."""
+
+    refuse: tuple[str, ...] = ("json_schema",)
+    status: int = 400
+    refused: int = 0
+
+    def admit(self, request: dict[str, Any]) -> Refusal | None:
+        asked = request.get("response_format")
+        kind = asked.get("type") if isinstance(asked, dict) else None
+        if kind not in self.refuse:
+            return None
+        self.refused += 1
+        if self.status == 400:
+            message = (
+                f"Invalid parameter: 'response_format' of type '{kind}' is not supported with "
+                "this model."
+            )
+            body = {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": "response_format",
+                    "code": None,
+                }
+            }
+        else:
+            body = _LLAMA_CPP_PYTHON_REFUSAL
+        return Refusal(self.status, body, {})
+
+
+@dataclass
 class Provider:
     """The behaviours a scripted endpoint plays; each one off until configured."""
 
     cache: PrefixCache | None = None
     limits: RateLimits | None = None
     flex: FlexCapacity | None = None
+    formats: ResponseFormats | None = None
     tokenizer: Tokenizer | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -255,6 +295,10 @@ class Provider:
         """A refusal to send instead of the reply (None: served), and headers for either."""
         with self.lock:
             headers: dict[str, str] = {}
+            # The request's body is checked before it is admitted to the limits.
+            refused = None if self.formats is None else self.formats.admit(request)
+            if refused is not None:
+                return refused, headers
             if self.limits is not None:
                 arrived = self.limits.clock()  # before counting: counting takes time too
                 asked = request.get("max_tokens") or request.get("max_completion_tokens")
@@ -286,6 +330,23 @@ class Provider:
                 usage["prompt_tokens_details"] = {"cached_tokens": cached}
             tier = request.get("service_tier")
             body["service_tier"] = tier if tier in ("flex", "priority") else "default"
+
+
+# llama-cpp-python 0.3.36's answer to a `json_schema` response_format, as measured against its
+# server (its route handler turns the request's validation error into a 500; the traceback line
+# it also quotes is left out).
+_LLAMA_CPP_PYTHON_REFUSAL: dict[str, Any] = {
+    "error": {
+        "message": (
+            "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', 'response_format', "
+            "'type'), 'msg': \"Input should be 'text' or 'json_object'\", 'input': 'json_schema', "
+            "'ctx': {'expected': \"'text' or 'json_object'\"}}"
+        ),
+        "type": "internal_server_error",
+        "param": None,
+        "code": None,
+    }
+}
 
 
 def _error(code: str, message: str) -> dict[str, Any]:
