@@ -428,3 +428,26 @@ def test_corrections_stick_a_summary_edit_and_a_fact_never_learnt_again_by_a_rea
     navigate(browser, browser.find_element(By.CSS_SELECTOR, "#do-not-learn .unblock").click)
     assert manager.document(GUS).do_not_learn == []
     assert console_errors(browser) == []
+
+
+def test_a_user_whose_id_ends_like_a_route_gets_its_own_pages_in_the_browser(
+    make_settings: Any, serve_for: Any, browser: WebDriver
+) -> None:
+    """Users ``x`` and ``x/memory`` (and ``slack/C1``): each page shows exactly its own user's
+    facts — the page of ``x/memory`` once showed user ``x``."""
+    settings: MemqSettings = make_settings()
+    server = serve_for(settings)
+    manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
+    users = {"x": "Lives in Porto.", "x/memory": "Lives in Oslo.", "slack/C1": "Lives in Graz."}
+    for user, fact in users.items():
+        manager.add_fact(user, fact, confidence=0.8)
+    log_in(browser, server.url, Keys().admin)
+    for user, fact in users.items():
+        browser.get(f"{server.url}/ui/users/{path_segment(user)}/memory")
+        shown = [
+            text_of(row.find_element(By.CLASS_NAME, "fact-content"))
+            for row in browser.find_elements(By.CSS_SELECTOR, "#facts tbody tr")
+        ]
+        assert shown == [fact], (user, shown)
+        assert user in text_of(browser.find_element(By.TAG_NAME, "h1")), user
+    assert console_errors(browser) == []
