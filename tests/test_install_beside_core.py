@@ -117,6 +117,15 @@ def test_the_wheel_installs_no_top_level_core_or_memory(fresh_env: tuple[Path, P
     assert {"memq", "producer", "storage", "prompts", "worker"} <= top_level
     assert not {"core", "memory"} & top_level
     assert (site / "memq" / "core" / "includes" / "release_claim.lua").is_file()
+    # Every package of the source tree is in the wheel (a subpackage missing from pyproject's
+    # list works in an editable install and is absent from a real one).
+    root = Path(__file__).resolve().parent.parent
+    packages = {
+        init.parent.relative_to(root).as_posix()
+        for top in ("memq", "producer", "storage", "prompts", "worker")
+        for init in (root / top).rglob("__init__.py")
+    }
+    assert {p for p in packages if not (site / p / "__init__.py").is_file()} == set()
 
 
 def test_an_agent_round_trip_beside_a_host_package_named_core(
