@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from memq.commands.common import CommandContext, CommandError, shown
+from memq.commands.common import CommandContext, CommandError, add_user_argument, shown
 from memq.core.errors import RunDeferred
 
 
@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--user", default=None, help="only this user (default: every user)")
+    # --user U or --anonymous: only that user; neither: every user.
+    add_user_argument(parser, option=True, optional=True)
     parser.add_argument(
         "--drop-other-models",
         action="store_true",

@@ -54,8 +54,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     bound = new.add_mutually_exclusive_group()
     bound.add_argument("--user-prefix", default=None, help="only user ids starting with this")
+    # The user the key is bound to, not a user this command acts on (dest apart from `user`).
     bound.add_argument(
-        "--user", default=None, help="only this user (MCP requests without X-Memq-User mean it)"
+        "--user",
+        default=None,
+        dest="bound_user",
+        help="only this user (MCP requests without X-Memq-User mean it)",
     )
     new.add_argument("--file", default=None, help="key file (default MEMQ_SERVE_API_KEYS_FILE)")
     new.set_defaults(run=run_api_key_new)
@@ -135,7 +139,7 @@ def run_api_key_new(args: argparse.Namespace, context: CommandContext) -> int:
         entries = list(data.get("keys", []) if isinstance(data, dict) else data)
     key = new_key()
     entries.append(
-        json.loads(key_file_entry(args.name, key, args.scopes, args.user_prefix, args.user))
+        json.loads(key_file_entry(args.name, key, args.scopes, args.user_prefix, args.bound_user))
     )
     Keyring.from_entries(entries)  # a duplicate name or a bad file: refuse before writing
     path.parent.mkdir(parents=True, exist_ok=True)

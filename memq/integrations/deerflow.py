@@ -306,7 +306,9 @@ class MemqMemoryManager(MemoryManager):
         user, agent = self._scope(user_id, agent_name)
         data = memory_data if memory_data else deerflow_document(empty_document())
         with management_errors():
-            self._facts().import_document(user, data, agent_name=agent)
+            # ``{}`` empties the memory on purpose (DeerMem's contract); a file whose facts
+            # cannot be read is still refused rather than taken for an empty memory.
+            self._facts().import_document(user, data, agent_name=agent, replace=not memory_data)
         return self._document(user, agent)
 
     def create_fact(
