@@ -26,6 +26,7 @@ from storage.management import MemoryManager
 from tests.support.serve import Keys, bearer
 
 _PARAM = re.compile(r"\{(\w+):" + ID + r"\}")
+_OTHER = re.compile(r"\{(\w+)\}")
 APP = create_app(MemqSettings(), mcp=False)
 
 
@@ -109,9 +110,12 @@ def test_every_id_reaches_its_own_route(
     method, template, expected = route
     values = {"user_id": user, "thread_id": thread, "fact_id": fact}
     raw = _PARAM.sub(lambda m: path_segment(values[m.group(1)]), template)
+    # A parameter that is no id (a summary's section name) gets a plain word of its own.
+    others = {name: "work_context" for name in _OTHER.findall(raw)}
+    raw = _OTHER.sub(lambda m: others[m.group(1)], raw)
     routed, params = _resolve(method, raw)
     assert routed is expected, (method, raw, getattr(routed, "path", routed))
-    assert params == {name: values[name] for name in _PARAM.findall(template)}
+    assert params == {**{name: values[name] for name in _PARAM.findall(template)}, **others}
 
 
 # --- through a real uvicorn
