@@ -94,7 +94,7 @@ def test_shard_tags_sit_on_evenly_spaced_slots(shards: int) -> None:
 
 
 def test_multi_host_urls_are_masked_for_display() -> None:
-    from memq.commands.common import mask_url
+    from memq.core.redis_urls import mask_url
 
     assert mask_url("redis+cluster://:pw@h1:1,h2:2/0") == "redis+cluster://:***@h1:1,h2:2/0"
     assert mask_url("redis+sentinel://u:p@s1:1,s2:2/m/0") == "redis+sentinel://u:***@s1:1,s2:2/m/0"
