@@ -29,7 +29,7 @@ from typing import Any
 from memq.core.connection import redis_client
 from memq.core.metrics import read_counts
 from memq.core.settings import MemqSettings
-from memq.redis_server import RedisServer
+from memq.local.redis_server import RedisServer
 from prompts.update_prompt import PROMPT_VERSION
 
 DEFAULT_LLM_DIR = Path(__file__).resolve().parents[2] / "shared" / "tools" / "local-llm"
