@@ -380,7 +380,6 @@ def test_corrections_stick_a_summary_edit_and_a_fact_never_learnt_again_by_a_rea
         producer.enqueue("job-1", GUS, None, turn("item-1", "I work at Siemens."), flush=True)
     wait_for(
         lambda: {siemens, fact_for("item-1")} <= {f.content for f in manager.list_facts(GUS)},
-        timeout=60,
         what="the first thread learnt",
     )
     log_in(browser, server.url, Keys().admin)
@@ -416,7 +415,6 @@ def test_corrections_stick_a_summary_edit_and_a_fact_never_learnt_again_by_a_rea
         producer.enqueue("job-2", GUS, None, turn("item-2", "Still at Siemens!"), flush=True)
     wait_for(
         lambda: fact_for("item-2") in {f.content for f in manager.list_facts(GUS)},
-        timeout=60,
         what="the second thread learnt",
     )
     assert siemens not in {f.content for f in manager.list_facts(GUS)}

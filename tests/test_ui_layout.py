@@ -112,7 +112,7 @@ def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(
     with MemoryProducer(settings) as producer:
         producer.enqueue(LONG_THREAD, USER, AGENT, turn("a conversation that dies"), flush=True)
     queue = QueueClient(settings, redis_client)
-    wait_for(lambda: queue.dead_list(), timeout=60, what="the thread dead")
+    wait_for(lambda: queue.dead_list(), what="the thread dead")
     server = serve_for(settings)
 
     ui = server.url + "/ui"
@@ -150,14 +150,13 @@ def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(
         check("login", size)
         browser.find_element(By.ID, "key").send_keys(Keys().admin)
         browser.find_element(By.ID, "login").click()
-        wait_for(lambda: browser.current_url.endswith("/ui/users"), timeout=10, what="logged in")
+        wait_for(lambda: browser.current_url.endswith("/ui/users"), what="logged in")
         if lang != "en":
             browser.find_element(By.ID, f"lang-{lang}").click()
             wait_for(
                 lambda want=lang: (
                     browser.find_element(By.TAG_NAME, "html").get_attribute("lang") == want
                 ),
-                timeout=10,
                 what="the Chinese pages",
             )
             assert browser.find_element(By.CSS_SELECTOR, "header nav a").text == "用户"
@@ -167,9 +166,7 @@ def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(
         browser.get(pages["preview"])
         browser.find_element(By.ID, "query").send_keys("杭州 工作")
         browser.find_element(By.ID, "preview-button").click()
-        wait_for(
-            lambda: browser.find_elements(By.ID, "token-count"), timeout=10, what="the preview"
-        )
+        wait_for(lambda: browser.find_elements(By.ID, "token-count"), what="the preview")
         check("preview result", size)
         browser.delete_all_cookies()
     assert not failures, "\n".join(failures)
@@ -190,7 +187,7 @@ def test_a_thousand_fact_memory_is_paged_in_the_browser(
     browser.get(server.url + "/ui/login")
     browser.find_element(By.ID, "key").send_keys(Keys().admin)
     browser.find_element(By.ID, "login").click()
-    wait_for(lambda: browser.current_url.endswith("/ui/users"), timeout=10, what="logged in")
+    wait_for(lambda: browser.current_url.endswith("/ui/users"), what="logged in")
     browser.get(f"{server.url}/ui/users/{path_segment(USER)}/memory?agent={path_segment(AGENT)}")
     seen: list[str] = []
     sizes: list[int] = []
