@@ -9,11 +9,13 @@ comments say how.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -290,11 +292,17 @@ def test_memq_starts_its_own_workers_and_a_ctrl_c_stops_it_to_be_resumed(
     make_settings: Any, openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
     """No --external-workers: memq eval runs its own worker and ticker on the eval prefix."""
+    # Extractions after the first two wait until the Ctrl-C is sent: on a fast machine the
+    # whole run could otherwise finish before the signal arrives.
+    interrupted = threading.Event()
+    extractions = itertools.count()
 
     def responder(request: dict[str, Any]) -> Any:
         reply = evaluation_responder(request)
         if kind(request) == "extraction":
             reply.delay_seconds = 0.4
+            if next(extractions) >= 2:
+                reply.release = interrupted
         return reply
 
     openai_server.responder = responder
@@ -315,8 +323,10 @@ def test_memq_starts_its_own_workers_and_a_ctrl_c_stops_it_to_be_resumed(
             what="two sessions extracted by memq's own worker",
         )
         first.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        interrupted.set()
         _, err = first.communicate(timeout=DEADLINE_SECONDS)
     finally:
+        interrupted.set()
         if first.poll() is None:
             first.kill()
     assert first.returncode == 130, err[-2000:]

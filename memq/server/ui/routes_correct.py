@@ -101,7 +101,7 @@ def delete_fact(
     return _back(page, user_id, "/memory", agent=agent, done="deleted")
 
 
-@router.post(USER + "/facts/{fact_id}/restore", name="ui_restore_fact")
+@router.post(USER + f"/facts/{{fact_id:{ID}}}/restore", name="ui_restore_fact")
 def restore_fact(
     user_id: str, fact_id: str, page: Changer, agent: AgentField = ""
 ) -> RedirectResponse:
@@ -129,7 +129,7 @@ def forget_user(user_id: str, page: Changer, confirm: Short = "") -> HTMLRespons
     return page.html("forgotten.html", user_id=user_id, removed=report.as_dict())
 
 
-@router.post(USER + "/facts/{fact_id}/never-again", name="ui_forget_fact")
+@router.post(USER + f"/facts/{{fact_id:{ID}}}/never-again", name="ui_forget_fact")
 def forget_fact(
     user_id: str, fact_id: str, page: Changer, agent: AgentField = ""
 ) -> RedirectResponse:
