@@ -292,17 +292,21 @@ def test_memq_starts_its_own_workers_and_a_ctrl_c_stops_it_to_be_resumed(
     make_settings: Any, openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
     """No --external-workers: memq eval runs its own worker and ticker on the eval prefix."""
-    # Extractions after the first two wait until the Ctrl-C is sent: on a fast machine the
-    # whole run could otherwise finish before the signal arrives.
+    # Once two extractions were asked for, every later call (extraction, answer, judge) waits
+    # until the Ctrl-C is sent: on a fast machine the whole run could otherwise finish first.
     interrupted = threading.Event()
-    extractions = itertools.count()
+    extractions = itertools.count(1)
+    asked = [0]
 
     def responder(request: dict[str, Any]) -> Any:
         reply = evaluation_responder(request)
         if kind(request) == "extraction":
             reply.delay_seconds = 0.4
-            if next(extractions) >= 2:
+            asked[0] = next(extractions)
+            if asked[0] > 2:
                 reply.release = interrupted
+        elif asked[0] >= 2:
+            reply.release = interrupted
         return reply
 
     openai_server.responder = responder
