@@ -339,7 +339,9 @@ def test_memq_starts_its_own_workers_and_a_ctrl_c_stops_it_to_be_resumed(
         cwd=tmp_path,
     )  # fmt: skip
     assert second.returncode == 0, second.stderr[-3000:]
-    assert len(calls(openai_server, "extraction")) == 5  # 2 + 2 + 1 sessions, once each
+    # 2 + 2 + 1 sessions, each extracted at most once: sessions of one thread handed over before
+    # the first is claimed are extracted together (the debounce), so fewer calls are fine.
+    assert 1 <= len(calls(openai_server, "extraction")) <= 5
     result = json.loads((out / "results.json").read_text())
     assert result["accuracy"]["overall"]["correct"] == 2
     assert (out / "logs").is_dir()  # the own stack's worker and beat logs
