@@ -142,7 +142,7 @@ def _schema_example() -> UpdateAnswer:
                 confidence=0.9,
                 source_error="...",
                 cites=("m1",),
-                event_date="2023-05-06",
+                event_date="YYYY-MM-DD",
             ),
         ),
         facts_to_remove=("<fact id>",),

@@ -11,41 +11,43 @@ drift from the schema.
 from __future__ import annotations
 
 WORKED_EXAMPLE = """\
-Example (illustration only; the people and projects in it are not the user's).
+Example (illustration only: the people and projects in it are not the user's).
 Memory before: a fact {"id": "f1", "content": "Uses Python 3.10 for the billing service", \
-"category": "context", "confidence": 0.9} and a workContext summary about a backend role.
+"category": "context", "confidence": 0.9}.
 Conversation:
 [m1] User: We moved billing to Python 3.12 last week. Also, your last answer used asyncio.run \
-inside a running loop again; that crashes under our FastAPI app, please await the coroutine instead.
-[m2] Assistant: Sorry about that. Awaiting it directly inside the endpoint works. Noted on 3.12.
+inside a running loop again; that crashes our FastAPI app, await the coroutine instead.
+[m2] Assistant: Sorry about that. Awaiting it directly works. Noted on 3.12.
 [m3] User: Thanks. I'm presenting the migration at the team offsite in March.
 Answer:
 {
+  "newFacts": [
+    {"content": "The billing service runs on Python 3.12", "category": "context", \
+"confidence": 0.95, "sourceError": null, "cites": ["m1"], "eventDate": null},
+    {"content": "In the user's FastAPI app, await coroutines directly: asyncio.run inside a \
+running event loop crashes it", "category": "correction", "confidence": 0.97, \
+"sourceError": "Called asyncio.run inside a running event loop", "cites": ["m1"], \
+"eventDate": null},
+    {"content": "Presents the billing migration at the team offsite in March", \
+"category": "goal", "confidence": 0.9, "sourceError": null, "cites": ["m3"], "eventDate": null}
+  ],
+  "factsToRemove": ["f1"],
   "user": {
-    "workContext": {"summary": "Backend engineer who runs the billing service (Python 3.12, \
+    "workContext": {"summary": "Backend engineer running the billing service (Python 3.12, \
 FastAPI).", "shouldUpdate": true},
     "personalContext": {"summary": "", "shouldUpdate": false},
-    "topOfMind": {"summary": "Finishing the billing migration to Python 3.12 and preparing a \
-talk about it for the team offsite in March.", "shouldUpdate": true}
+    "topOfMind": {"summary": "Migrating billing to Python 3.12; a talk on it at the team \
+offsite in March.", "shouldUpdate": true}
   },
   "history": {
-    "recentMonths": {"summary": "Migrated the billing service from Python 3.10 to 3.12.", \
+    "recentMonths": {"summary": "Moved the billing service from Python 3.10 to 3.12.", \
 "shouldUpdate": true},
     "earlierContext": {"summary": "", "shouldUpdate": false},
     "longTermBackground": {"summary": "", "shouldUpdate": false}
   },
-  "newFacts": [
-    {"content": "The billing service runs on Python 3.12", "category": "context", \
-"confidence": 0.95, "cites": ["m1"]},
-    {"content": "Inside the user's FastAPI app, await coroutines directly; asyncio.run in a \
-running event loop crashes it", "category": "correction", "confidence": 0.97, \
-"sourceError": "Called asyncio.run inside a running event loop", "cites": ["m1"]},
-    {"content": "Presents the billing migration at the team offsite in March", \
-"category": "goal", "confidence": 0.9, "cites": ["m3"]}
-  ],
-  "factsToRemove": ["f1"]
+  "staleFactsToRemove": [],
+  "factsToConsolidate": []
 }
-Why: the version change contradicts f1, so f1 is removed and the new version added; the \
-user's correction becomes a "correction" fact with the mistake as "sourceError"; the thanks and \
-the apology teach nothing lasting and are not recorded; each fact cites the messages it comes \
-from."""
+Why: 3.12 contradicts f1, so f1 is removed and the new version added; the user's correction is \
+a "correction" fact with the mistake as "sourceError"; the thanks and the apology are not \
+recorded; each fact cites the messages it comes from."""

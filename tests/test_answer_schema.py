@@ -122,7 +122,7 @@ def test_the_schema_refuses_what_the_reader_would_not_keep() -> None:
 def test_the_prompt_and_its_example_show_the_schemas_keys() -> None:
     """The schema block and the worked example's answer name the schema's keys, in its order."""
     sent = list(answer_json_schema()["properties"])
-    block = wire_of(SYSTEM_PROMPT[SYSTEM_PROMPT.index("exactly in this shape:") :])
+    block = wire_of(SYSTEM_PROMPT[SYSTEM_PROMPT.index("in this shape:") :])
     assert list(block) == sent
     example = wire_of(WORKED_EXAMPLE[WORKED_EXAMPLE.index("Answer:") :])
     assert [key for key in sent if key in example] == list(example)

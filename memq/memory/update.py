@@ -290,9 +290,11 @@ class UpdateAnswer(_Answer):
     """A validated answer; section keys are ours (``work_context``, …), grouped on the wire
     under ``user`` and ``history`` with their camelCase names."""
 
-    sections: dict[str, SectionUpdate] = Field(default_factory=dict)
+    # In the order a model writes them: the facts first (what a small model must not lose to
+    # the summaries, and what a cut answer then keeps), the summaries, the review lists.
     new_facts: tuple[NewFact, ...] = ()
     facts_to_remove: tuple[str, ...] = ()
+    sections: dict[str, SectionUpdate] = Field(default_factory=dict)
     stale_facts_to_remove: tuple[StaleRemoval, ...] = ()
     facts_to_consolidate: tuple[ConsolidationProposal, ...] = ()
     # New facts the answer held that did not validate, and the wire keys of the answer's
@@ -305,19 +307,22 @@ class UpdateAnswer(_Answer):
         cls, core_schema: CoreSchema, handler: GetJsonSchemaHandler
     ) -> JsonSchemaValue:
         """The wire shape (what :meth:`to_wire` writes and :meth:`from_wire` reads): the
-        sections grouped under ``user`` and ``history`` by their camelCase names, first."""
+        sections grouped under ``user`` and ``history`` by their camelCase names, in their
+        field's place."""
         json_schema = handler(core_schema)
         target = handler.resolve_ref_schema(json_schema)
-        properties = dict(target["properties"])
-        section = properties.pop("sections")["additionalProperties"]
-        groups = {
-            group: {
-                "type": "object",
-                "properties": {SECTION_KEYS[name]: section for name in names},
-            }
-            for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS))
-        }
-        target["properties"] = {**groups, **properties}
+        properties: dict[str, Any] = {}
+        for name, value in target["properties"].items():
+            if name != "sections":
+                properties[name] = value
+                continue
+            for group, names in (("user", USER_SECTIONS), ("history", HISTORY_SECTIONS)):
+                section = value["additionalProperties"]
+                properties[group] = {
+                    "type": "object",
+                    "properties": {SECTION_KEYS[n]: section for n in names},
+                }
+        target["properties"] = properties
         target["required"] = list(REQUIRED_KEYS)
         return json_schema
 
@@ -350,15 +355,15 @@ class UpdateAnswer(_Answer):
                 if name in self.sections:
                     section = self.sections[name].model_dump(by_alias=True)
                     groups[group][SECTION_KEYS[name]] = section
-        lists: dict[str, Any] = {
+        return {
             _alias("new_facts"): [
                 f.model_dump(mode="json", by_alias=True, exclude_none=True) for f in self.new_facts
             ],
             _alias("facts_to_remove"): list(self.facts_to_remove),
+            **groups,
             _alias("stale_facts_to_remove"): [s.model_dump() for s in self.stale_facts_to_remove],
             _alias("facts_to_consolidate"): [c.to_wire() for c in self.facts_to_consolidate],
         }
-        return {**groups, **lists}
 
     def is_noop(self) -> bool:
         return not (
