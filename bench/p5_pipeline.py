@@ -137,10 +137,8 @@ def provenance_sizes(
     if prompt is None:
         return []
     after_tokens = count(prompt.system + prompt.user)
-    system = (
-        prompt.system[: prompt.system.index("Citations:")]
-        + prompt.system[prompt.system.index("Rules:") :]
-    )
+    # The citation instruction is one line of the fact rules (the prompt's rule for "cites").
+    system = re.sub(r'^- "cites": .*\n', "", prompt.system, count=1, flags=re.MULTILINE)
     system = system.replace(', "cites": ["m1"]', "")
     user = re.sub(r"^\[m\d+\] ", "", prompt.user, flags=re.MULTILINE)
     before_tokens = count(system + user)
