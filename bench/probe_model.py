@@ -304,6 +304,17 @@ def _counts(settings: MemqSettings) -> dict[str, int]:
         client.close()
 
 
+def row(o: Outcome) -> str:
+    """One conversation's line of the table."""
+    learnt = ("yes" if o.learnt else "NO") + ("" if o.clean else " (and a claim it must not)")
+    facts = "; ".join(f.replace("|", "/") for f in o.facts) or "(none)"
+    per = ", ".join(f"{s:.0f}" for s in o.seconds)
+    shape = " / ".join(str(o.counters[name]) for name in SHAPE_COUNTERS)
+    return (
+        f"| {o.name} | {learnt} | {facts} | {o.dead} | {o.retries} | {per} | {o.calls} | {shape} |"
+    )
+
+
 def table(outcomes: list[Outcome], form: str) -> str:
     lines = [
         f"prompt {PROMPT_VERSION}, response_format learnt: {form}",
@@ -313,15 +324,7 @@ def table(outcomes: list[Outcome], form: str) -> str:
         "refused |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for o in outcomes:
-        learnt = ("yes" if o.learnt else "NO") + ("" if o.clean else " (and a claim it must not)")
-        facts = "; ".join(f.replace("|", "/") for f in o.facts) or "(none)"
-        per = ", ".join(f"{s:.0f}" for s in o.seconds)
-        shape = " / ".join(str(o.counters[name]) for name in SHAPE_COUNTERS)
-        lines.append(
-            f"| {o.name} | {learnt} | {facts} | {o.dead} | {o.retries} | {per} | {o.calls} | "
-            f"{shape} |"
-        )
+    lines.extend(row(o) for o in outcomes)
     total = sum(len(o.seconds) for o in outcomes)
     wall = sum(sum(o.seconds) for o in outcomes)
     model = sum(o.llm_seconds for o in outcomes)
@@ -383,10 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             for number, case in chosen:
                 print(f"== {number}. {case.name} …", flush=True)
                 outcome = run_conversation(settings, case, number)
-                print(
-                    f"   learnt: {outcome.facts}; {[round(s) for s in outcome.seconds]} s",
-                    flush=True,
-                )
+                # The row at once: a run stopped half-way (the model is slow) keeps what it saw.
+                print(f"   {row(outcome)}", flush=True)
                 outcomes.append(outcome)
             report = table(outcomes, learnt_form(work / "celery"))
     print(report)
