@@ -34,7 +34,7 @@ from prompts.update_prompt import PROMPT_VERSION
 
 DEFAULT_LLM_DIR = Path(__file__).resolve().parents[2] / "shared" / "tools" / "local-llm"
 SERVER_READY_SECONDS = 900.0  # the model loads in seconds, but the machine may be busy
-EXTRACTION_SECONDS = 1800.0  # one conversation, retries included, on a loaded 2-core machine
+EXTRACTION_SECONDS = 3600.0  # one conversation, retries included, on a loaded 2-core machine
 # Answer-shape counters (memq.core.metrics.COUNTERS) the table shows for each conversation.
 SHAPE_COUNTERS = ("answers_missing_fields", "facts_invalid", "removals_unknown", "facts_refused")
 
@@ -227,7 +227,7 @@ def probe_settings(redis_url: str, base_url: str, work_dir: Path, **overrides: A
         "llm_base_url": base_url,
         "llm_api_key": "not-needed",
         "llm_model": "local",
-        "llm_timeout_seconds": 900.0,
+        "llm_timeout_seconds": 1800.0,  # one call on a loaded 2-core machine
         "llm_max_retries": 0,
         "max_attempts": 2,  # a second attempt is what the probe counts; a third would not help
         "lease_seconds": 1200.0,
@@ -358,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--response-format", default="auto", help="MEMQ_LLM_RESPONSE_FORMAT")
     parser.add_argument("--out", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
+    # A stopped probe stops what it started (the model server, redis, Celery): SIGTERM unwinds
+    # like Ctrl-C, which a probe run in the background does not get.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     chosen = [
         (n, c)
         for n, c in enumerate(CONVERSATIONS, 1)
