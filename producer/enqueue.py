@@ -27,11 +27,10 @@ from memq.core.connection import REDIS_ERRORS, RedisClient, unavailable
 from memq.core.errors import InvalidIdentifier
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
-from memq.core.models import Message
 from memq.core.scripts import register
 from producer.accumulate import merge_within
-from producer.bounds import bound_hand_off
-from producer.messages import TimeTally, filter_messages_for_memory, has_minimum_dialogue
+from producer.bounds import hand_off_json
+from producer.messages import TimeTally, memory_rows, rows_have_dialogue
 
 log = logging.getLogger(__name__)
 
@@ -133,14 +132,12 @@ def build_request(
         # can always be encoded.
         trace_id = trace_id.encode("utf-8", "replace").decode("utf-8")
     tally = TimeTally()
-    messages: list[Message] = filter_messages_for_memory(
-        raw_messages, max_chars=max_chars, tally=tally
-    )
-    if not has_minimum_dialogue(messages):
+    rows = memory_rows(raw_messages, max_chars=max_chars, tally=tally)
+    if not rows_have_dialogue(rows):
         return None
     return EnqueueRequest(
         key=key,
-        messages_json=bound_hand_off(messages, max_chars, max_messages).messages_json,
+        messages_json=hand_off_json(rows, max_chars, max_messages),
         flush=flush,
         trace_id=trace_id,
         captured_ms=captured_ms,

@@ -71,10 +71,16 @@ def message_json(message: Message) -> str:
 
     Concatenated with the C string escaper: this runs for every message of every agent turn, and
     the general encoder's per-call setup cost as much as the escaping itself."""
-    text = '{"role":"' + message.role + '","content":' + _escape(message.content)
-    if message.id is not None:
-        text += ',"id":' + _escape(message.id)
-    return text + "}" if message.at is None else f'{text},"at":{int(message.at)}}}'
+    return encode_message(message.role, message.content, message.id, message.at)
+
+
+def encode_message(role: str, content: str, message_id: str | None, at: int | None) -> str:
+    """:func:`message_json` of the message with these fields, without building it (the
+    producer's hot path carries filtered messages as tuples)."""
+    text = '{"role":"' + role + '","content":' + _escape(content)
+    if message_id is not None:
+        text += ',"id":' + _escape(message_id)
+    return text + "}" if at is None else f'{text},"at":{int(at)}}}'
 
 
 def sendable_json(payload: str) -> str:
