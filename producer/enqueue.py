@@ -196,10 +196,11 @@ class Enqueuer:
         self._client = client
         # Per context: its five keys and its identifying arguments, formatted once. An agent
         # hands the same thread over on every turn; bounded, so it never grows with traffic.
-        self._routes: dict[ContextKey, tuple[str, ...]] = {}
+        self._routes: dict[str, tuple[str, ...]] = {}
 
     def _route(self, key: ContextKey) -> tuple[str, ...]:
-        route = self._routes.get(key)
+        # By the id, a string: its hash is kept, a ContextKey's is computed on every lookup.
+        route = self._routes.get(key.id)
         if route is None:
             context_id = key.id
             q = self._keys.for_context(context_id)
@@ -216,7 +217,7 @@ class Enqueuer:
             )
             if len(self._routes) >= _ROUTES_KEPT:
                 self._routes.clear()
-            self._routes[key] = route
+            self._routes[context_id] = route
         return route
 
     def __call__(self, request: EnqueueRequest, now_ms: int) -> EnqueueResult:

@@ -260,21 +260,13 @@ def memory_rows(
 
 def has_minimum_dialogue(messages: Iterable[Message]) -> bool:
     """At least one user and one assistant message: anything less teaches nothing about the user."""
-    return _both_roles(message.role for message in messages)
+    return _both_roles({message.role for message in messages})
 
 
 def rows_have_dialogue(rows: Iterable[Row]) -> bool:
     """:func:`has_minimum_dialogue` of :func:`memory_rows`."""
-    return _both_roles(row[0] for row in rows)
+    return _both_roles({row[0] for row in rows})
 
 
-def _both_roles(roles: Iterable[str]) -> bool:
-    seen_user = seen_assistant = False
-    for role in roles:
-        if role == "user":
-            seen_user = True
-        else:
-            seen_assistant = True
-        if seen_user and seen_assistant:
-            return True
-    return False
+def _both_roles(roles: set[str]) -> bool:
+    return "user" in roles and "assistant" in roles

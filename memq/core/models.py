@@ -77,10 +77,17 @@ def message_json(message: Message) -> str:
 def encode_message(role: str, content: str, message_id: str | None, at: int | None) -> str:
     """:func:`message_json` of the message with these fields, without building it (the
     producer's hot path carries filtered messages as tuples)."""
-    text = '{"role":"' + role + '","content":' + _escape(content)
-    if message_id is not None:
-        text += ',"id":' + _escape(message_id)
-    return text + "}" if at is None else f'{text},"at":{int(at)}}}'
+    # One f-string each (one allocation), not a chain of concatenations of the whole text.
+    if message_id is None:
+        if at is None:
+            return f'{{"role":"{role}","content":{_escape(content)}}}'
+        return f'{{"role":"{role}","content":{_escape(content)},"at":{int(at)}}}'
+    if at is None:
+        return f'{{"role":"{role}","content":{_escape(content)},"id":{_escape(message_id)}}}'
+    return (
+        f'{{"role":"{role}","content":{_escape(content)},"id":{_escape(message_id)},'
+        f'"at":{int(at)}}}'
+    )
 
 
 def sendable_json(payload: str) -> str:
