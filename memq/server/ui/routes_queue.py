@@ -8,7 +8,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Form, Query
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from memq.core.errors import InvalidMemoryData
 from memq.server.ui.access import Page, QueueChanger, QueueViewer
 from memq.server.ui.render import query
 
@@ -77,18 +76,16 @@ def queue_stats(page: QueueViewer) -> dict[str, Any]:
 def _ids(context_id: str) -> list[str] | Literal["all"]:
     if context_id == "all":
         return "all"
-    if not context_id:
-        raise InvalidMemoryData("no dead letter chosen")
-    return [context_id]
+    return [context_id] if context_id else []
 
 
 @router.post("/queue/dead/retry", name="ui_dead_retry")
 def retry(page: QueueChanger, context_id: Annotated[str, Form()]) -> RedirectResponse:
-    count = page.svc.queue.dead_retry(_ids(context_id))
+    count = page.svc.retry_dead(page.principal, _ids(context_id))
     return RedirectResponse(page.base + "/queue" + query({"done": "retried", "count": count}), 303)
 
 
 @router.post("/queue/dead/purge", name="ui_dead_purge")
 def purge(page: QueueChanger, context_id: Annotated[str, Form()]) -> RedirectResponse:
-    count = page.svc.queue.dead_purge(_ids(context_id))
+    count = page.svc.purge_dead(page.principal, _ids(context_id))
     return RedirectResponse(page.base + "/queue" + query({"done": "purged", "count": count}), 303)
