@@ -16,6 +16,7 @@ worker has not seen yet:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -51,6 +52,15 @@ class HandOff:
     shortened: int  # messages of which only the tail was kept
 
 
+# An agent hands the whole thread over on every turn: all but the newest messages were encoded
+# on an earlier turn. The encodings of recent messages are kept, bounded in entries and in the
+# length of a message kept (a few MB at most; the agent's process holds these messages anyway),
+# so a re-sent message costs a dictionary hit instead of escaping it again.
+_KEPT_MESSAGES = 1024
+_KEPT_CONTENT_CHARS = 2000
+_encoded_again = functools.lru_cache(maxsize=_KEPT_MESSAGES)(encode_message)
+
+
 def hand_off_json(rows: Sequence[Row], max_chars: int, max_messages: int) -> str:
     """:func:`bound_hand_off`'s JSON of the messages in ``rows``. The common turn is within every
     cap as it is: then each row is encoded once, oldest first, with no message built and nothing
@@ -65,7 +75,11 @@ def hand_off_json(rows: Sequence[Row], max_chars: int, max_messages: int) -> str
                 message_id is not None and len(message_id) > MAX_MESSAGE_ID_CHARS
             ):
                 break
-            part = encode_message(role, content, message_id, at)
+            part = (
+                _encoded_again(role, content, message_id, at)
+                if len(content) <= _KEPT_CONTENT_CHARS
+                else encode_message(role, content, message_id, at)
+            )
             used += len(part) + 1  # its comma (or a bracket)
             if used > max_chars:
                 break
