@@ -444,3 +444,25 @@ def test_forgetting_a_user_needs_the_user_id_typed_back(
     assert answer.status_code == 200 and "Forgotten" in answer.text
     assert manager.list_facts("app1-fay") == []
     assert "app1-fay" not in manager.list_users()
+
+
+def test_the_server_warms_the_segmenter_and_every_page_before_its_first_request() -> None:
+    """The first preview after start costs what later ones do: `memq serve`'s start (its
+    lifespan, before a request is accepted) loads jieba's dictionary and compiles every template
+    in every language. The time itself is the INSPECTOR benchmark's first-preview figure."""
+    import jieba
+    from fastapi.testclient import TestClient
+
+    from memq.server.ui.i18n import CODES
+    from memq.server.ui.render import environment
+
+    environment.cache_clear()
+    app = create_app(MemqSettings(), mcp=False)
+    assert environment.cache_info().currsize == 0  # building the app warms nothing yet
+    with TestClient(app):
+        assert jieba.dt.initialized
+        assert environment.cache_info().currsize == len(CODES)
+        for code in CODES:
+            env = environment(code)
+            assert env.cache is not None
+            assert len(env.cache) == len(env.list_templates(extensions=["html"]))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import threading
 from http import HTTPStatus
 from importlib.resources import files
 
@@ -51,25 +50,22 @@ def build_inspector(settings: MemqSettings, keyring: Keyring, service: MemqServi
     for kind in REDIS_ERRORS:
         app.add_exception_handler(kind, on_error)
     app.add_middleware(SecurityHeaders)
-    # Off the start's path: the first preview must not pay for loading them (~0.5-1 s).
-    threading.Thread(target=warm, args=(settings,), name="memq-ui-warm", daemon=True).start()
     return app
 
 
-def warm(settings: MemqSettings) -> None:
-    """Load what the first preview would otherwise wait for: the token counter's encoding, the
-    Chinese word segmenter, and every language's templates."""
+def warm_pages() -> None:
+    """Compile every template in every language (its catalogue included), so the first page
+    costs what later ones do. The server's lifespan calls it at start, before it accepts a
+    request, beside the injector's warm-up of the tokenizer and the Chinese segmenter (a thread
+    racing the first requests lost under load: the first preview once took seconds)."""
     from memq.server.ui.i18n import CODES
     from memq.server.ui.render import environment
-    from prompts.tokens import make_token_counter
-    from storage.search import warm as warm_search
 
     try:
-        make_token_counter(settings.token_counting)("warm up")
-        warm_search()
         for code in CODES:
-            for name in ("preview.html", "memory.html", "fact.html", "users.html"):
-                environment(code).get_template(name)
+            env = environment(code)
+            for name in env.list_templates(extensions=["html"]):
+                env.get_template(name)
     except Exception:  # a warm-up is an optimisation: never a reason to fail the server
         log.exception("inspector warm-up failed")
 
