@@ -250,6 +250,24 @@ def thread(
     return page.html("thread.html", user_id=user_id, thread_id=thread_id, effects=effects)
 
 
+@router.get(USER + "/all", name="ui_user_all")
+def every_memory(
+    user_id: str, page: Viewer, text: Annotated[str, Query(max_length=500)] = ""
+) -> HTMLResponse:
+    """Every memory of the user side by side (the user-global one first): each one's best facts,
+    or, given a search, each one's best matches by the API's own search (the service's
+    ``search``, as ``POST /v1/users/{id}/facts/search`` answers it per memory)."""
+    svc, who = page.svc, page.principal
+    columns = []
+    for agent, document in _documents(page, user_id):
+        if text.strip():
+            shown = svc.search(who, user_id, agent, text, limit=views.PER_MEMORY)
+        else:
+            shown = views.fact_table(document.facts, limit=views.PER_MEMORY).rows
+        columns.append(views.MemoryColumn(agent, shown, len(document.facts)))
+    return page.html("all.html", user_id=user_id, columns=columns, text=text)
+
+
 @router.get(USER, name="ui_user")
 def user(
     user_id: str, page: Viewer, done: Annotated[str, Query(max_length=20)] = ""

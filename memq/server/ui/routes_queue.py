@@ -74,21 +74,37 @@ def queue_stats(page: QueueViewer) -> dict[str, Any]:
     return _stats(page)
 
 
-def _ids(context_id: str) -> list[str] | Literal["all"]:
-    if context_id == "all":
+def chosen(
+    ticked: list[str] | None, only: str | None = None, every: bool = False
+) -> list[str] | Literal["all"]:
+    """The dead letters one submit of the queue's form acts on: all of them (a bulk button's
+    ``every``), the one row whose own button was pressed (``only``), else the ticked rows."""
+    if every:
         return "all"
-    if not context_id:
-        raise InvalidMemoryData("no dead letter chosen")
-    return [context_id]
+    if only:
+        return [only]
+    picked = list(dict.fromkeys(t for t in ticked or () if t))
+    if not picked:
+        raise InvalidMemoryData("no dead letter chosen: tick at least one row")
+    return picked
+
+
+Ticked = Annotated[list[str] | None, Form(alias="context_id")]
+Only = Annotated[str, Form()]
+Every = Annotated[str, Form()]
 
 
 @router.post("/queue/dead/retry", name="ui_dead_retry")
-def retry(page: QueueChanger, context_id: Annotated[str, Form()]) -> RedirectResponse:
-    count = page.svc.queue.dead_retry(_ids(context_id))
+def retry(
+    page: QueueChanger, context_id: Ticked = None, only: Only = "", every: Every = ""
+) -> RedirectResponse:
+    count = page.svc.queue.dead_retry(chosen(context_id, only, bool(every)))
     return RedirectResponse(page.base + "/queue" + query({"done": "retried", "count": count}), 303)
 
 
 @router.post("/queue/dead/purge", name="ui_dead_purge")
-def purge(page: QueueChanger, context_id: Annotated[str, Form()]) -> RedirectResponse:
-    count = page.svc.queue.dead_purge(_ids(context_id))
+def purge(
+    page: QueueChanger, context_id: Ticked = None, only: Only = "", every: Every = ""
+) -> RedirectResponse:
+    count = page.svc.queue.dead_purge(chosen(context_id, only, bool(every)))
     return RedirectResponse(page.base + "/queue" + query({"done": "purged", "count": count}), 303)

