@@ -466,3 +466,30 @@ def test_the_server_warms_the_segmenter_and_every_page_before_its_first_request(
             env = environment(code)
             assert env.cache is not None
             assert len(env.cache) == len(env.list_templates(extensions=["html"]))
+
+
+def test_an_unexpected_failure_under_ui_is_a_page_and_its_text_is_kept_out_of_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A crash in an inspector page answers the layout's 500 page (the HTTP API answers
+    problem+json); what the exception said, which may quote stored memory, is neither shown nor
+    logged."""
+    from fastapi.testclient import TestClient
+
+    app = create_app(MemqSettings(), mcp=False)
+    (mount,) = [r for r in app.routes if isinstance(r, Mount) and r.path == "/ui"]
+    assert isinstance(mount.app, FastAPI)
+
+    def crash() -> None:
+        raise RuntimeError("secret stored text")
+
+    mount.app.add_api_route("/crash", crash)
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as client:
+        answer = client.get("/ui/crash")
+        api = client.get("/v1/no/such/route")
+    assert answer.status_code == 500
+    assert answer.headers["content-type"].startswith("text/html")
+    assert "internal error; see the server log" in answer.text
+    assert 'href="/ui/static/inspector.css"' in answer.text  # inside the layout
+    assert "secret stored text" not in answer.text + caplog.text
+    assert api.headers["content-type"].startswith("application/problem+json")

@@ -7,6 +7,8 @@ Each page it visits is also laid out at a phone's width and a desktop's and chec
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +18,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 
 from memq.core.settings import MemqSettings
 from memq.server.ui.render import path_segment
+from memq.testing.waiting import wait_for
 from producer import MemoryProducer
 from storage import get_storage
 from storage.management import MemoryManager
@@ -36,6 +39,7 @@ from worker.queue import QueueClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 USER = "app1-zoë/team%2Fa.b"
+AGENT = "planner.v2"
 
 
 def fits_and_passes_axe(driver: WebDriver, name: str) -> list[str]:
@@ -193,3 +197,122 @@ def test_every_memory_of_a_user_side_by_side_searched_as_the_api_searches(
 
 def found_in(columns: dict[str | None, list[str]], fact_id: str) -> bool:
     return any(fact_id in ids for ids in columns.values())
+
+
+def downloaded(folder: Path, name: str) -> Any:
+    """The JSON of a file the browser finished downloading into ``folder``."""
+    wait_for(lambda: (folder / name).exists(), what=f"{name} downloaded")
+    return json.loads((folder / name).read_text(encoding="utf-8"))
+
+
+def test_a_memory_exported_in_both_formats_and_imported_within_its_caps(
+    make_settings: Any, serve_for: Any, browser: WebDriver, tmp_path: Path
+) -> None:
+    settings: MemqSettings = make_settings(max_facts=10)
+    manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
+    for text in ("Lives in Berlin", "用户喜欢喝茶", "Prefers Rust"):
+        manager.add_fact(USER, text, agent_name=AGENT, confidence=0.8)
+    server = serve_for(settings)
+    api = httpx.Client(base_url=server.url, headers=bearer(Keys().admin), timeout=30)
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    browser.execute_cdp_cmd(
+        "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(folder)}
+    )
+    log_in(browser, server.url, Keys().admin)
+    memory = f"{server.url}/ui/users/{path_segment(USER)}/memory?agent={path_segment(AGENT)}"
+    browser.get(memory)
+    navigate(browser, by_id(browser, "tab-transfer").click)
+    failures = fits_and_passes_axe(browser, "export and import")
+    at_width(browser, DESKTOP)
+
+    # Both downloads are what the API's export answers.
+    for format in ("memq", "deerflow"):
+        by_id(browser, f"export-{format}").click()
+        got = downloaded(folder, f"app1-zo_team_2Fa.b.planner.v2.{format}.json")
+        params = {"agent_name": AGENT, "format": format}
+        assert got == api.get(f"/v1/users/{path_segment(USER)}/export", params=params).json()
+    assert "10 facts" in by_id(browser, "import-caps").text
+
+    def import_file(name: str, content: str) -> None:
+        path = tmp_path / name
+        path.write_text(content, encoding="utf-8")
+        browser.get(memory + "&tab=transfer")
+        by_id(browser, "import-file").send_keys(str(path))
+        navigate(browser, by_id(browser, "import-button").click, alert=True)
+
+    before = manager.export(USER, agent_name=AGENT)
+    # Over the cap: one clear line on a page inside the layout, and nothing written.
+    eleven = {"facts": [{"content": f"fact {n}", "confidence": 0.5} for n in range(11)]}
+    import_file("big.json", json.dumps(eleven))
+    assert by_id(browser, "error-message").text == (
+        "the file holds 11 facts, over the cap of 10 per memory (MEMQ_MAX_FACTS): nothing imported"
+    )
+    assert browser.find_elements(By.ID, "logout")  # the page keeps the navigation
+    failures += fits_and_passes_axe(browser, "refused import")
+    import_file("broken.json", '{"facts": [')
+    assert by_id(browser, "error-message").text.startswith("not JSON")
+    assert manager.export(USER, agent_name=AGENT) == before
+    console_errors(browser)  # the refusals' status lines, read and dropped
+
+    # A DeerFlow memory.json replaces the memory; the import is in the history.
+    deerflow = {
+        "version": "1.0",
+        "user": {"workContext": {"summary": "Data engineer at Zalando"}},
+        "facts": [
+            {"id": "fact_a", "content": "Moved to Berlin in March", "category": "context"},
+            {"id": "fact_b", "content": "用户在杭州工作过", "category": "knowledge"},
+        ],
+    }
+    import_file("memory.json", json.dumps(deerflow, ensure_ascii=False))
+    assert "imported file" in by_id(browser, "notice").text
+    facts = manager.list_facts(USER, agent_name=AGENT)
+    assert sorted(f.content for f in facts) == ["Moved to Berlin in March", "用户在杭州工作过"]
+    assert manager.history(USER, agent_name=AGENT, limit=1)[0].action == "import"
+    assert manager.list_facts(USER) == []  # the user-global memory was not touched
+    api.close()
+    assert console_errors(browser) == []
+    assert not failures, "\n".join(failures)
+
+
+def test_errors_under_ui_are_pages_inside_the_layout_and_v1_keeps_problem_json(
+    make_settings: Any, serve_for: Any, browser: WebDriver
+) -> None:
+    settings: MemqSettings = make_settings()
+    manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
+    manager.add_fact("app2-other", "Lives in Berlin")
+    server = serve_for(settings)
+    ui = server.url + "/ui"
+    log_in(browser, server.url, Keys().app1_admin)
+    failures: list[str] = []
+    pages = {
+        "unknown page": (f"{ui}/no/such/page", 404, "there is no such page in the inspector"),
+        "unknown fact": (
+            f"{ui}/users/{path_segment(USER)}/facts/no-such-fact",
+            404,
+            "no fact 'no-such-fact' in this memory",
+        ),
+        "another prefix's user": (f"{ui}/users/app2-other", 403, "app1-"),
+        "the queue, for a key bound to a prefix": (f"{ui}/queue", 403, "every user"),
+        "a form's address": (f"{ui}/queue/dead/retry", 405, "form"),
+    }
+    for name, (url, status, says) in pages.items():
+        browser.get(url)
+        heading = browser.find_element(By.TAG_NAME, "h1").text
+        assert heading.startswith(str(status)), (name, heading)
+        assert says in by_id(browser, "error-message").text, name
+        # Inside the layout: the navigation, who is logged in, the logout button.
+        assert browser.find_element(By.CSS_SELECTOR, "header nav a").text == "Users", name
+        assert by_id(browser, "logout").is_displayed(), name
+        failures += fits_and_passes_axe(browser, name)
+    browser.delete_all_cookies()
+    browser.get(f"{ui}/no/such/page")  # no session: the page still, without the navigation
+    assert by_id(browser, "error-message").text == "there is no such page in the inspector"
+    assert browser.find_elements(By.ID, "logout") == []
+    console_errors(browser)  # the pages' own status lines, read and dropped
+
+    for path in ("/v1/no/such/route", "/v1/users/app2-other/memory"):
+        answer = httpx.get(server.url + path, headers=bearer(Keys().app1_admin), timeout=30)
+        assert answer.status_code in (403, 404), path
+        assert answer.headers["content-type"].startswith("application/problem+json"), path
+    assert not failures, "\n".join(failures)

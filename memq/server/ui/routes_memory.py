@@ -22,7 +22,7 @@ router = APIRouter()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing). So the
 # user's own page, whose pattern matches every longer path too, is declared last.
 USER = f"/users/{{user_id:{ID}}}"  # one percent-encoded segment: memq/server/ids.py
-TABS = ("facts", "summaries", "superseded", "history", "do-not-learn")
+TABS = ("facts", "summaries", "superseded", "history", "do-not-learn", "transfer")
 # The history is bounded by history_max_entries: read all of it, page it here.
 WHOLE_HISTORY = 1_000_000
 # The agent name is checked by the storage, as everywhere in memq (an invalid one is a 422 page).
@@ -134,6 +134,11 @@ def memory(
         superseded_total=len(superseded),
         history=history,
         do_not_learn_max=DO_NOT_LEARN_MAX,
+        caps={
+            "facts": svc.settings.max_facts,
+            "chars": svc.settings.fact_max_chars,
+            "bytes": svc.settings.serve_max_body_bytes,
+        },
         notice=views.NOTICES.get(done, ""),
     )
 

@@ -40,6 +40,10 @@ NOTICES = {
     "unblocked": N_("Taken off the do-not-learn list: it may be learnt again."),
     "summary-edited": N_("Summary edited; the change is in the history."),
     "restored": N_("Fact restored; it is current again and the restore is in its history."),
+    "imported": N_("Memory replaced by the imported file; the import is in the history."),
+    "imported-cut": N_(
+        "Memory replaced by the imported file; facts over the length limit were cut to it."
+    ),
 }
 
 T = TypeVar("T")
