@@ -6,22 +6,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sized
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from memq.core.errors import PayloadTooLarge
 from memq.server.problems import PROBLEM_JSON, problem_body
 
 log = logging.getLogger("memq.server")
 access_log = logging.getLogger("memq.server.access")
-
-
-def check_count(items: Sized, cap: int, what: str) -> None:
-    """A list the caller sent (messages, ids) longer than ``cap``: 413."""
-    if len(items) > cap:
-        raise PayloadTooLarge(f"{len(items)} {what}; at most {cap} per request")
 
 
 def _problem_bytes(status: int, detail: str) -> bytes:

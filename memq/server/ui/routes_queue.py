@@ -8,7 +8,6 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Form, Query
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from memq.core.errors import InvalidMemoryData
 from memq.server.ui.access import Page, QueueChanger, QueueViewer
 from memq.server.ui.render import query
 
@@ -78,15 +77,13 @@ def chosen(
     ticked: list[str] | None, only: str | None = None, every: bool = False
 ) -> list[str] | Literal["all"]:
     """The dead letters one submit of the queue's form acts on: all of them (a bulk button's
-    ``every``), the one row whose own button was pressed (``only``), else the ticked rows."""
+    ``every``), the one row whose own button was pressed (``only``), else the ticked rows (the
+    service refuses none, or more than its cap, in one line)."""
     if every:
         return "all"
     if only:
         return [only]
-    picked = list(dict.fromkeys(t for t in ticked or () if t))
-    if not picked:
-        raise InvalidMemoryData("no dead letter chosen: tick at least one row")
-    return picked
+    return list(dict.fromkeys(t for t in ticked or () if t))
 
 
 Ticked = Annotated[list[str] | None, Form(alias="context_id")]
@@ -98,7 +95,7 @@ Every = Annotated[str, Form()]
 def retry(
     page: QueueChanger, context_id: Ticked = None, only: Only = "", every: Every = ""
 ) -> RedirectResponse:
-    count = page.svc.queue.dead_retry(chosen(context_id, only, bool(every)))
+    count = page.svc.retry_dead(page.principal, chosen(context_id, only, bool(every)))
     return RedirectResponse(page.base + "/queue" + query({"done": "retried", "count": count}), 303)
 
 
@@ -106,5 +103,5 @@ def retry(
 def purge(
     page: QueueChanger, context_id: Ticked = None, only: Only = "", every: Every = ""
 ) -> RedirectResponse:
-    count = page.svc.queue.dead_purge(chosen(context_id, only, bool(every)))
+    count = page.svc.purge_dead(page.principal, chosen(context_id, only, bool(every)))
     return RedirectResponse(page.base + "/queue" + query({"done": "purged", "count": count}), 303)
