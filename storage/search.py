@@ -280,15 +280,25 @@ def rank_by_relevance(
     """All facts, best first, by ``relevance_weight × relevance + (1 − weight) × confidence``,
     relevance being the score (:func:`score_facts`) scaled to [0, 1] between the worst and the
     best. Without any shared word (and no ``meaning``) this is the confidence order."""
+    return [fact for fact, _ in rank_scored(facts, query, relevance_weight, meaning)]
+
+
+def rank_scored(
+    facts: Sequence[Fact],
+    query: str,
+    relevance_weight: float = 0.7,
+    meaning: Meaning | None = None,
+) -> list[tuple[Fact, float]]:
+    """:func:`rank_by_relevance`'s order with each fact's blended value, the score it was ranked
+    by (in [0, 1]; what the inspector's preview shows beside a fact it left out)."""
     scored = score_facts(facts, query, meaning)
     worst = min((s.score for s in scored), default=0.0)
     best = max((s.score for s in scored), default=0.0) - min(worst, 0.0)
     weight = min(1.0, max(0.0, relevance_weight))
-
-    def blended(item: tuple[int, Scored]) -> tuple[float, float, int]:
-        index, s = item
+    keyed: list[tuple[tuple[float, float, int], Fact, float]] = []
+    for index, s in enumerate(scored):
         relevance = (s.score - min(worst, 0.0)) / best if best > 0 else 0.0
         value = weight * relevance + (1.0 - weight) * s.fact.confidence
-        return (-value, -s.fact.confidence, index)
-
-    return [s.fact for _, s in sorted(enumerate(scored), key=blended)]
+        keyed.append(((-value, -s.fact.confidence, index), s.fact, value))
+    keyed.sort(key=lambda item: item[0])
+    return [(fact, value) for _, fact, value in keyed]

@@ -17,6 +17,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
 from memq.core.settings import MemqSettings
+from memq.operations.access import OPEN_ACCESS
+from memq.operations.service import MemqService
 from memq.server.ui.render import path_segment
 from memq.testing.waiting import wait_for
 from producer import MemoryProducer
@@ -315,4 +317,63 @@ def test_errors_under_ui_are_pages_inside_the_layout_and_v1_keeps_problem_json(
         answer = httpx.get(server.url + path, headers=bearer(Keys().app1_admin), timeout=30)
         assert answer.status_code in (403, 404), path
         assert answer.headers["content-type"].startswith("application/problem+json"), path
+    assert not failures, "\n".join(failures)
+
+
+def test_the_preview_ranks_what_it_left_out_with_score_tokens_and_reason_linked_to_the_fact(
+    make_settings: Any, serve_for: Any, browser: WebDriver
+) -> None:
+    # Corrections have 20 tokens of their own: the long one does not fit them.
+    settings: MemqSettings = make_settings(guaranteed_token_budget=20)
+    manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
+    for n in range(30):
+        topic = "Berlin" if n % 3 == 0 else ("杭州" if n % 3 == 1 else "tea")
+        manager.add_fact(
+            USER, f"Fact {n} about {topic} and more", agent_name=AGENT, confidence=0.3 + n / 50
+        )
+    manager.add_fact(
+        USER, "Not Munich: Berlin " + "x " * 40, agent_name=AGENT, category="correction"
+    )
+    server = serve_for(settings)
+    log_in(browser, server.url, Keys().admin)
+    browser.get(f"{server.url}/ui/users/{path_segment(USER)}/preview?agent={path_segment(AGENT)}")
+    by_id(browser, "query").send_keys("Berlin")
+    budget = by_id(browser, "budget")
+    budget.clear()
+    budget.send_keys("120")
+    navigate(browser, by_id(browser, "preview-button").click)
+    failures = fits_and_passes_axe(browser, "preview")
+    at_width(browser, DESKTOP)
+
+    # What the page lists is the injector's own decision, row for row.
+    service = MemqService(settings)
+    plan = service.recall_plan(OPEN_ACCESS, USER, AGENT, query="Berlin", max_tokens=120)
+    service.close()
+    rows = browser.find_elements(By.CSS_SELECTOR, "#left-out tbody tr[data-fact-id]")
+    shown = [
+        (
+            r.get_attribute("data-fact-id"),
+            int(r.find_element(By.CSS_SELECTOR, "td.num").text),
+            r.find_element(By.CLASS_NAME, "score").text,
+            int(r.find_element(By.CLASS_NAME, "tokens").text),
+            r.get_attribute("data-reason"),
+        )
+        for r in rows
+    ]
+    assert shown == [
+        (i.fact.id, i.rank, f"{i.score:.3f}", i.tokens, i.reason) for i in plan.left_out
+    ]
+    ranks = [rank for _, rank, _, _, _ in shown]
+    assert ranks == sorted(ranks) and len(ranks) > 10
+    assert {reason for *_, reason in shown} == {"budget", "category"}
+    scores = [float(score) for _, _, score, _, _ in shown]
+    regular = [s for s, row in zip(scores, shown, strict=True) if row[4] == "budget"]
+    assert regular == sorted(regular, reverse=True)  # best ranked first
+    assert "relevance" in by_id(browser, "score-note").text
+    # Each row links to its fact's page.
+    first = rows[0]
+    fact_id = first.get_attribute("data-fact-id")
+    navigate(browser, first.find_element(By.TAG_NAME, "a").click)
+    assert f"/facts/{fact_id}" in browser.current_url
+    assert console_errors(browser) == []
     assert not failures, "\n".join(failures)

@@ -14,6 +14,7 @@ from memq.server.models import TOKEN_BUDGET
 from memq.server.ui import views
 from memq.server.ui.access import Page, Reader, Viewer
 from producer.injector import wrapped
+from prompts.injection import RELEVANCE_WEIGHT
 from prompts.tokens import make_token_counter
 from storage.base import Change
 from storage.document import DO_NOT_LEARN_MAX, Fact, MemoryDocument
@@ -222,6 +223,7 @@ def preview(
             "block": block,
             "tokens": count(block) if block else 0,
             "left_out": plan.left_out,
+            "weight": RELEVANCE_WEIGHT,
             "total": len(svc.document(who, user_id, agent_name).facts),
         },
     )
