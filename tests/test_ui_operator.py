@@ -210,7 +210,7 @@ def downloaded(folder: Path, name: str) -> Any:
 def test_a_memory_exported_in_both_formats_and_imported_within_its_caps(
     make_settings: Any, serve_for: Any, browser: WebDriver, tmp_path: Path
 ) -> None:
-    settings: MemqSettings = make_settings(max_facts=10)
+    settings: MemqSettings = make_settings(max_facts=10, serve_max_body_bytes=20_000)
     manager = MemoryManager(get_storage(settings), max_facts=settings.max_facts)
     for text in ("Lives in Berlin", "用户喜欢喝茶", "Prefers Rust"):
         manager.add_fact(USER, text, agent_name=AGENT, confidence=0.8)
@@ -252,6 +252,12 @@ def test_a_memory_exported_in_both_formats_and_imported_within_its_caps(
     )
     assert browser.find_elements(By.ID, "logout")  # the page keeps the navigation
     failures += fits_and_passes_axe(browser, "refused import")
+    # Over the server's body cap: refused before it is read, as a page too.
+    import_file("huge.json", json.dumps({"facts": [{"content": "x" * 900}] * 30}))
+    assert by_id(browser, "error-message").text == (
+        "request body above 20000 bytes (MEMQ_SERVE_MAX_BODY_BYTES)"
+    )
+    assert browser.find_elements(By.ID, "logout")
     import_file("broken.json", '{"facts": [')
     assert by_id(browser, "error-message").text.startswith("not JSON")
     assert manager.export(USER, agent_name=AGENT) == before

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from http import HTTPStatus
 from importlib.resources import files
 
@@ -16,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Scope
 
 from memq.core.connection import REDIS_ERRORS
 from memq.core.errors import MemqError
@@ -24,10 +26,11 @@ from memq.operations.refusals import reason, status_of
 from memq.operations.service import MemqService
 from memq.server.auth import Keyring
 from memq.server.ui.access import Page, language_of, session_of
-from memq.server.ui.render import SecurityHeaders, render
+from memq.server.ui.render import NO_STORE, SECURITY_HEADERS, SecurityHeaders, render
 from memq.server.ui.session import LoginRequired, SessionCodec, principal_of
 
 log = logging.getLogger("memq.server.ui")
+GuardPage = tuple[bytes, list[tuple[bytes, bytes]]]
 
 
 def build_inspector(settings: MemqSettings, keyring: Keyring, service: MemqService) -> FastAPI:
@@ -101,6 +104,22 @@ def error_page(request: Request, status: int, message: str) -> HTMLResponse:
         {**context, "status": status, "title": HTTPStatus(status).phrase, "message": message},
     )
     return HTMLResponse(body, status_code=status)
+
+
+def guard_pages(inspector: FastAPI) -> Callable[[Scope, int, str], GuardPage | None]:
+    """What the server's request guard answers an inspector request it refuses (a body above the
+    cap): the inspector's error page with its headers; None for every other request."""
+
+    def page_for(scope: Scope, status: int, detail: str) -> GuardPage | None:
+        root = str(scope.get("root_path", ""))
+        path = str(scope.get("path", ""))
+        inner = path.removeprefix(root) if root else path
+        if inner != "/ui" and not inner.startswith("/ui/"):
+            return None
+        request = Request({**scope, "app": inspector, "root_path": root + "/ui"})
+        return bytes(error_page(request, status, detail).body), [*SECURITY_HEADERS, NO_STORE]
+
+    return page_for
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
