@@ -324,6 +324,10 @@ def test_logins_scopes_and_prefixes_are_the_api_keys(
     edit = agent.post(f"/users/app1-bob/facts/{fact.id}/edit", {"content": "The user hates tea"})
     assert edit.status_code == 403
     assert agent.get("/queue").status_code == 403
+    # Export and import are the API's admin operations: an agent key sees no tab and gets neither.
+    assert 'id="tab-transfer"' not in agent.get("/users/app1-bob/memory").text
+    assert agent.get("/users/app1-bob/export").status_code == 403
+    assert agent.post("/users/app1-bob/import", {}).status_code == 403
     preview = agent.post("/users/app1-bob/preview", {"query": "tea", "budget": "500"})
     assert preview.status_code == 200 and "The user likes tea" in preview.text
 
@@ -333,6 +337,9 @@ def test_logins_scopes_and_prefixes_are_the_api_keys(
     assert "app1-bob" in listing and "app2-carol" not in listing
     assert bound.get("/users/app2-carol/memory").status_code == 403
     assert bound.get("/queue").status_code == 403
+    assert bound.get("/users/app2-carol/export").status_code == 403
+    assert bound.get("/users/app2-carol/all").status_code == 403
+    assert bound.get("/users/app1-bob/export").json()["facts"][0]["content"] == "The user likes tea"
     assert bound.post("/users/app2-carol/forget", {"confirm": "app2-carol"}).status_code == 403
     assert manager.list_facts("app2-carol") != []
 
