@@ -176,7 +176,7 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     )
     model.healthy.set()
     navigate(browser, dead[0].find_element(By.CLASS_NAME, "retry").click)
-    assert "1 dead letter(s) retried" in by_id(browser, "notice").text
+    assert "1 dead letter retried" in by_id(browser, "notice").text
     wait_for(
         lambda: fact_for(POISON) in [f.content for f in manager.list_facts(GUS)],
         what="the retried thread extracted",

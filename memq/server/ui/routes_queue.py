@@ -14,7 +14,8 @@ from memq.server.ui.render import query
 router = APIRouter()
 # Dead letters shown on the page; `memq dead list` and the API list more.
 MAX_LISTED_DEAD = 500
-DONE = {"retried": "retried (due now)", "purged": "purged"}
+# What the page may say was done (the template words it, in the page's language).
+DONE = ("retried", "purged")
 
 
 # The first rows of `memq stats` are the queue's depths, shown even at zero; of the totals that
@@ -63,8 +64,9 @@ def queue(
         except ValueError:
             key = None
         dead.append((entry, key))
-    notice = f"{count} dead letter(s) {DONE[done]}" if done in DONE else ""
-    return page.html("queue.html", stats=_stats(page), dead=dead, notice=notice)
+    return page.html(
+        "queue.html", stats=_stats(page), dead=dead, done=done if done in DONE else "", count=count
+    )
 
 
 @router.get("/queue/stats.json", name="ui_queue_stats")
