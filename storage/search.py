@@ -327,6 +327,17 @@ def rank_by_relevance(
     """All facts, best first, by ``relevance_weight × relevance + (1 − weight) × confidence``,
     relevance being the score (:func:`score_facts`) scaled to [0, 1] between the worst and the
     best. Without any shared word (and no ``meaning``) this is the confidence order."""
+    return [fact for fact, _ in rank_scored(facts, query, relevance_weight, meaning)]
+
+
+def rank_scored(
+    facts: Sequence[Fact],
+    query: str,
+    relevance_weight: float = 0.7,
+    meaning: Meaning | None = None,
+) -> list[tuple[Fact, float]]:
+    """:func:`rank_by_relevance`'s order with each fact's blended value, the score it was ranked
+    by (in [0, 1]; what the inspector's preview shows beside a fact it left out)."""
     import numpy as np
 
     scored = score_facts(facts, query, meaning)
@@ -342,4 +353,5 @@ def rank_by_relevance(
     relevance = (score - floor) / best if best > 0 else np.zeros(len(scored))
     value = weight * relevance + (1.0 - weight) * confidence
     order = np.lexsort((np.arange(len(scored)), -confidence, -value))
-    return [scored[i].fact for i in order.tolist()]
+    values = value.tolist()
+    return [(scored[i].fact, values[i]) for i in order.tolist()]

@@ -17,7 +17,7 @@ from prompts.injection import FRAME_LINE, format_memory_for_injection
 from storage import get_storage
 from storage.document import Fact, MemoryDocument
 from storage.management import MemoryManager
-from storage.search import rank_by_relevance, score_facts, search_facts, tokenize
+from storage.search import rank_by_relevance, rank_scored, score_facts, search_facts, tokenize
 
 FACTS = [
     Fact(id="f_uv", content="Prefers uv over pip for Python projects", confidence=0.8,
@@ -214,19 +214,22 @@ def _plain_scores(facts: list[Fact], query: str) -> list[float]:
     return [float(r) if wanted.intersection(c) else 0.0 for r, c in zip(raw, corpus, strict=True)]
 
 
-def _plain_rank(facts: list[Fact], query: str, weight: float) -> list[Fact]:
-    """The blend sorted per fact in Python (the ranking before it was vectorised)."""
+def _plain_rank(facts: list[Fact], query: str, weight: float) -> list[tuple[Fact, float]]:
+    """The blend sorted per fact in Python (the ranking before it was vectorised), with each
+    fact's blended value."""
     scored = score_facts(facts, query)
     worst = min((s.score for s in scored), default=0.0)
     best = max((s.score for s in scored), default=0.0) - min(worst, 0.0)
 
+    def value(s: Any) -> float:
+        relevance = (s.score - min(worst, 0.0)) / best if best > 0 else 0.0
+        return float(weight * relevance + (1.0 - weight) * s.fact.confidence)
+
     def blended(item: tuple[int, Any]) -> tuple[float, float, int]:
         index, s = item
-        relevance = (s.score - min(worst, 0.0)) / best if best > 0 else 0.0
-        value = weight * relevance + (1.0 - weight) * s.fact.confidence
-        return (-value, -s.fact.confidence, index)
+        return (-value(s), -s.fact.confidence, index)
 
-    return [s.fact for _, s in sorted(enumerate(scored), key=blended)]
+    return [(s.fact, value(s)) for _, s in sorted(enumerate(scored), key=blended)]
 
 
 @given(
@@ -243,5 +246,9 @@ def test_the_ranking_gives_the_plain_computations_scores_and_order(
         for i, (text, confidence) in enumerate(zip(texts, confidences, strict=False))
     ]
     assert [s.score for s in score_facts(facts, query)] == _plain_scores(facts, query)
-    ranked = rank_by_relevance(facts, query, relevance_weight=weight)
-    assert ids(ranked) == ids(_plain_rank(facts, query, weight))
+    plain = _plain_rank(facts, query, weight)
+    assert ids(rank_by_relevance(facts, query, relevance_weight=weight)) == ids(
+        [fact for fact, _ in plain]
+    )
+    ranked = rank_scored(facts, query, weight)
+    assert [(f.id, v) for f, v in ranked] == [(f.id, v) for f, v in plain]
