@@ -160,16 +160,60 @@ def warm() -> None:
     tokenize("预热中文分词")
 
 
+class _Index(NamedTuple):
+    """BM25+ over one list of fact texts, with what every query needs precomputed: each word's
+    postings (the facts holding it and how often) and the length-normalised ``k1`` per fact."""
+
+    bm25: Any  # rank_bm25.BM25Plus: its idf, k1 and delta
+    postings: dict[str, tuple[Any, Any]]  # word -> (fact positions, counts), numpy arrays
+    k1_norm: Any  # k1 × (1 − b + b × length / average length), per fact
+
+    def scores(self, words: Sequence[str]) -> Any:
+        """``BM25Plus.get_scores(words)``, float for float: the same expression summed in the same
+        order, but each word's counts scattered from its postings instead of looked up in every
+        fact's dictionary (a Python loop over all facts per word), and a word in no fact skipped
+        (its idf is 0, so it adds exactly 0)."""
+        import numpy as np
+
+        bm25 = self.bm25
+        score = np.zeros(bm25.corpus_size)
+        for word in words:
+            posting = self.postings.get(word)
+            if posting is None:
+                continue
+            q_freq = np.zeros(bm25.corpus_size, dtype=np.int64)
+            q_freq[posting[0]] = posting[1]
+            score += bm25.idf[word] * (
+                bm25.delta + (q_freq * (bm25.k1 + 1)) / (self.k1_norm + q_freq)
+            )
+        return score
+
+
 @functools.lru_cache(maxsize=_INDEX_CACHE_SIZE)
-def _index(contents: tuple[str, ...]) -> tuple[tuple[tuple[str, ...], ...], Any]:
-    """The words of each fact and the BM25+ index over them, per distinct list of fact texts:
-    a memory is searched far more often than it changes."""
+def _index(contents: tuple[str, ...]) -> _Index:
+    """The BM25+ index per distinct list of fact texts: a memory is searched far more often than
+    it changes."""
+    import numpy as np
     from rank_bm25 import BM25Plus
 
-    corpus = tuple(tokenize(text) for text in contents)
+    corpus = [list(tokenize(text)) or [""] for text in contents]
     # b=0: no length normalisation. A fact is one sentence; being a few words longer says
     # nothing about relevance, so facts matching the same words tie and confidence decides.
-    return corpus, BM25Plus([list(words) or [""] for words in corpus], b=0.0)
+    bm25 = BM25Plus(corpus, b=0.0)
+    found: dict[str, tuple[list[int], list[int]]] = {}
+    for position, frequencies in enumerate(bm25.doc_freqs):
+        for word, count in frequencies.items():
+            entry = found.setdefault(word, ([], []))
+            entry[0].append(position)
+            entry[1].append(count)
+    postings = {
+        word: (np.array(where, dtype=np.intp), np.array(counts, dtype=np.int64))
+        for word, (where, counts) in found.items()
+        if word  # the placeholder of a fact without words matches no query word
+    }
+    doc_len = np.array(bm25.doc_len)
+    k1_norm = bm25.k1 * (1 - bm25.b + bm25.b * doc_len / bm25.avgdl)
+    return _Index(bm25, postings, k1_norm)
 
 
 def score_facts(facts: Sequence[Fact], query: str, meaning: Meaning | None = None) -> list[Scored]:
@@ -275,20 +319,23 @@ def _bm25(facts: Sequence[Fact], query: str) -> list[Scored]:
     query_words = tokenize(query)
     if not facts or not query_words:
         return [Scored(fact, 0.0) for fact in facts]
-    corpus, index = _index(tuple(fact.content for fact in facts))
-    wanted = set(query_words)
-    if not any(wanted.intersection(words) for words in corpus):
-        return [Scored(fact, 0.0) for fact in facts]
-    # BM25Plus gives every document a floor (delta) per query word; a fact with no shared word
-    # is not a match, so its score is set to 0 here rather than trusted.
+    import numpy as np
+
+    index = _index(tuple(fact.content for fact in facts))
     # Each distinct word once: a long query (a conversation, for the update prompt's slice)
     # repeats common words by chance, and counted each time they would outweigh the one rare
     # word that names what the message is about.
-    raw = index.get_scores(list(dict.fromkeys(query_words)))
-    return [
-        Scored(fact, float(score) if wanted.intersection(words) else 0.0)
-        for fact, words, score in zip(facts, corpus, raw, strict=True)
-    ]
+    words = list(dict.fromkeys(query_words))
+    shared = [index.postings[word][0] for word in words if word in index.postings]
+    if not shared:
+        return [Scored(fact, 0.0) for fact in facts]
+    # BM25Plus gives every document a floor (delta) per query word; a fact with no shared word
+    # is not a match, so its score is set to 0 here rather than trusted.
+    matched = np.zeros(len(facts), dtype=bool)
+    for where in shared:
+        matched[where] = True
+    scores = np.where(matched, index.scores(words), 0.0).tolist()
+    return [Scored(fact, score) for fact, score in zip(facts, scores, strict=True)]
 
 
 def search_facts(
@@ -332,15 +379,31 @@ def rank_by_relevance(
     """All facts, best first, by ``relevance_weight × relevance + (1 − weight) × confidence``,
     relevance being the score (:func:`score_facts`) scaled to [0, 1] between the worst and the
     best. Without any shared word (and no ``meaning``) this is the confidence order."""
+    return [fact for fact, _ in rank_scored(facts, query, relevance_weight, meaning)]
+
+
+def rank_scored(
+    facts: Sequence[Fact],
+    query: str,
+    relevance_weight: float = 0.7,
+    meaning: Meaning | None = None,
+) -> list[tuple[Fact, float]]:
+    """:func:`rank_by_relevance`'s order with each fact's blended value, the score it was ranked
+    by (in [0, 1]; what the inspector's preview shows beside a fact it left out)."""
+    import numpy as np
+
     scored = score_facts(facts, query, meaning)
-    worst = min((s.score for s in scored), default=0.0)
-    best = max((s.score for s in scored), default=0.0) - min(worst, 0.0)
+    if not scored:
+        return []
+    # Vectorised, float for float what a sort by (-value, -confidence, position) computes per
+    # fact in Python: the same operations in the same order, and a stable total order.
+    score = np.array([s.score for s in scored], dtype=np.float64)
+    confidence = np.array([s.fact.confidence for s in scored], dtype=np.float64)
+    floor = min(float(score.min()), 0.0)
+    best = float(score.max()) - floor
     weight = min(1.0, max(0.0, relevance_weight))
-
-    def blended(item: tuple[int, Scored]) -> tuple[float, float, int]:
-        index, s = item
-        relevance = (s.score - min(worst, 0.0)) / best if best > 0 else 0.0
-        value = weight * relevance + (1.0 - weight) * s.fact.confidence
-        return (-value, -s.fact.confidence, index)
-
-    return [s.fact for _, s in sorted(enumerate(scored), key=blended)]
+    relevance = (score - floor) / best if best > 0 else np.zeros(len(scored))
+    value = weight * relevance + (1.0 - weight) * confidence
+    order = np.lexsort((np.arange(len(scored)), -confidence, -value))
+    values = value.tolist()
+    return [(scored[i].fact, values[i]) for i in order.tolist()]
