@@ -1,7 +1,13 @@
 """P1: ``MemoryProducer.after_agent`` with a 2 KB conversation, against a bare EVALSHA doing the
-same writes (HSET of the same 2 KB + ZADD) with no Python-side work, on the same Redis.
+same writes with no Python-side work, through the same client, on the same Redis.
 
-The two are interleaved in blocks from one thread, so a noisy neighbour slows both alike.
+The same writes are what ``enqueue.lua`` writes on this benchmark's call (a re-send): the
+context hash's fields (here with the 2 KB of messages too, which the producer's re-send skips),
+its expiry, the user's context set and its expiry, and the due entry; the bare script reads
+nothing and decides nothing. A second bare script writes only the messages and the due entry
+(the baseline of earlier rounds); its ratio is reported beside the headline.
+
+The three are interleaved in blocks from one thread, so a noisy neighbour slows all alike.
 """
 
 from __future__ import annotations
@@ -12,12 +18,24 @@ from typing import Any
 
 from bench.common import BenchEnv, Result, fmt_ms, percentile
 from bench.guard import Ratio, band_of
+from memq.core.clock import now_ms
 from memq.core.connection import redis_client
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
 from producer.producer import MemoryProducer
 
+# KEYS: ctx, due, uctx. ARGV: messages, now_ms, deadline_ms, context id, retention_ms.
 BARE_SCRIPT = """\
+redis.call('HSET', KEYS[1], 'messages', ARGV[1], 'last_enqueued_ms', ARGV[2], 'version', ARGV[2],
+  'trace_id', '', 'captured_ms', ARGV[2], 'deadline_ms', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('SADD', KEYS[3], ARGV[4])
+redis.call('PEXPIRE', KEYS[3], ARGV[5])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"""
+# The earlier rounds' baseline: the messages and the due entry only.
+MINIMAL_SCRIPT = """\
 redis.call('HSET', KEYS[1], 'messages', ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 return 1
@@ -52,13 +70,27 @@ def run(env: BenchEnv) -> Result:
     payload = json.dumps(
         [{"role": m["role"], "content": m["content"]} for m in messages if m.get("id")]
     )
+    now = str(now_ms())
+    deadline = str(int(now) + settings.debounce_ms)
+    retention = str(settings.context_retention_ms)
+    # Every argument of the bare calls is built before the clock starts: they do no Python work.
+    bare_calls = []
+    minimal_calls = []
+    for cid in ids:
+        q = keys.for_context(cid)
+        users = q.user_contexts("alice")
+        bare_calls.append((3, q.context(cid), q.due, users, payload, now, deadline, cid, retention))
+        minimal_calls.append((2, q.context(cid), q.due, payload, deadline, cid))
     sha = bare_client.script_load(BARE_SCRIPT)
+    minimal_sha = bare_client.script_load(MINIMAL_SCRIPT)
     blocks = 10 if env.quick else 40
     block = 250
     producer_lat: list[float] = []
     bare_lat: list[float] = []
-    producer_time = bare_time = 0.0
+    minimal_lat: list[float] = []
+    producer_time = bare_time = minimal_time = 0.0
     pairs: list[float] = []  # each pair of blocks' ratio: the run's own spread
+    minimal_pairs: list[float] = []
 
     def producer_block() -> float:
         start = time.perf_counter()
@@ -69,51 +101,65 @@ def run(env: BenchEnv) -> Result:
             producer_lat.append(time.perf_counter() - t0)
         return time.perf_counter() - start
 
-    def bare_block() -> float:
+    def evalsha_block(script: str, calls: list[Any], latencies: list[float]) -> float:
         start = time.perf_counter()
         for i in range(block):
-            cid = ids[i % THREADS]
-            q = keys.for_context(cid)
+            args = calls[i % THREADS]
             t0 = time.perf_counter()
-            bare_client.evalsha(sha, 2, q.context(cid), q.due, payload, 1, cid)
-            bare_lat.append(time.perf_counter() - t0)
+            bare_client.evalsha(script, *args)
+            latencies.append(time.perf_counter() - t0)
         return time.perf_counter() - start
 
     try:
-        producer_block(), bare_block()  # warm up: connections, caches, the encoder of the JIT-less
+        # Warm up: connections, caches, the encoder of the JIT-less.
+        producer_block(), evalsha_block(sha, bare_calls, bare_lat)
+        evalsha_block(minimal_sha, minimal_calls, minimal_lat)
         producer_lat.clear()
         bare_lat.clear()
+        minimal_lat.clear()
         for index in range(blocks):
+            minimal = evalsha_block(minimal_sha, minimal_calls, minimal_lat)
+            minimal_time += minimal
             if index % 2:
                 mine = producer_block()
-                bare = bare_block()
+                bare = evalsha_block(sha, bare_calls, bare_lat)
             else:
-                bare = bare_block()
+                bare = evalsha_block(sha, bare_calls, bare_lat)
                 mine = producer_block()
             producer_time += mine
             bare_time += bare
             pairs.append(bare / mine)
+            minimal_pairs.append(minimal / mine)
     finally:
         producer.close()
         bare_client.close()
     size = len(json.dumps(messages))
     p_rate = len(producer_lat) / producer_time
     b_rate = len(bare_lat) / bare_time
+    m_rate = len(minimal_lat) / minimal_time
     ratio = p_rate / b_rate
     p50, p99 = percentile(producer_lat, 50), percentile(producer_lat, 99)
+    band = band_of(pairs)
     return Result(
         key="P1",
         title="producer after_agent (2 KB, one thread)",
         measured=f"p50 {fmt_ms(p50)}, p99 {fmt_ms(p99)}, {p_rate:,.0f} ops/s",
-        baseline=f"bare EVALSHA {b_rate:,.0f} ops/s (p99 {fmt_ms(percentile(bare_lat, 99))}); "
-        f"ratio {ratio:.0%}",
+        baseline=f"bare EVALSHA of the same writes {b_rate:,.0f} ops/s "
+        f"(p99 {fmt_ms(percentile(bare_lat, 99))}); ratio {ratio:.0%}",
         goal="p99 <= 0.5 ms, >= 70 % of bare rate",
         met=p99 <= 0.0005 and ratio >= 0.70,
-        ratios={"rate vs bare EVALSHA": Ratio(ratio, "higher", band_of(pairs))},
+        ratios={
+            "rate vs bare EVALSHA of the same writes": Ratio(ratio, "higher", band),
+            # The earlier rounds' figure, under its earlier name so the guard still compares it.
+            "rate vs bare EVALSHA": Ratio(p_rate / m_rate, "higher", band_of(minimal_pairs)),
+        },
         details=[
             f"conversation {size} bytes as sent by the agent, {len(messages)} messages",
             f"{len(producer_lat)} calls each side, in {blocks} interleaved blocks of {block}",
             f"bare p50 {fmt_ms(percentile(bare_lat, 50))}; ratio per pair of blocks "
-            f"p10–p90 {band_of(pairs)[0]:.0%}–{band_of(pairs)[1]:.0%}",
+            f"p10–p90 {band[0]:.0%}–{band[1]:.0%}",
+            f"against a bare HSET of the messages + ZADD only (earlier rounds' baseline): "
+            f"{m_rate:,.0f} ops/s, p50 {fmt_ms(percentile(minimal_lat, 50))}; "
+            f"ratio {p_rate / m_rate:.0%}",
         ],
     )

@@ -16,12 +16,14 @@ worker has not seen yet:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from memq.core.models import Message, message_json, sendable_json
+from memq.core.models import Message, encode_message, message_json, sendable_json
+from producer.messages import Row
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,43 @@ class HandOff:
     kept: int
     dropped: int  # older messages left out whole
     shortened: int  # messages of which only the tail was kept
+
+
+# An agent hands the whole thread over on every turn: all but the newest messages were encoded
+# on an earlier turn. The encodings of recent messages are kept, bounded in entries and in the
+# length of a message kept (a few MB at most; the agent's process holds these messages anyway),
+# so a re-sent message costs a dictionary hit instead of escaping it again.
+_KEPT_MESSAGES = 1024
+_KEPT_CONTENT_CHARS = 2000
+_encoded_again = functools.lru_cache(maxsize=_KEPT_MESSAGES)(encode_message)
+
+
+def hand_off_json(rows: Sequence[Row], max_chars: int, max_messages: int) -> str:
+    """:func:`bound_hand_off`'s JSON of the messages in ``rows``. The common turn is within every
+    cap as it is: then each row is encoded once, oldest first, with no message built and nothing
+    reversed. Otherwise (or as soon as the encoded size passes ``max_chars``, so the work stays
+    bounded by the cap) the general pass decides."""
+    if len(rows) <= max_messages:
+        half = max(1, max_chars // 2)
+        parts: list[str] = []
+        used = 0
+        for role, content, message_id, at in rows:
+            if len(content) > half or (
+                message_id is not None and len(message_id) > MAX_MESSAGE_ID_CHARS
+            ):
+                break
+            part = (
+                _encoded_again(role, content, message_id, at)
+                if len(content) <= _KEPT_CONTENT_CHARS
+                else encode_message(role, content, message_id, at)
+            )
+            used += len(part) + 1  # its comma (or a bracket)
+            if used > max_chars:
+                break
+            parts.append(part)
+        else:
+            return sendable_json("[" + ",".join(parts) + "]")
+    return bound_hand_off([Message(*row) for row in rows], max_chars, max_messages).messages_json
 
 
 def bound_hand_off(messages: Sequence[Message], max_chars: int, max_messages: int) -> HandOff:

@@ -188,12 +188,20 @@ local stored = redis.call('HMGET', ctx, 'pending_since_ms', 'deadline_ms', 'firs
   'captured_ms', 'messages', 'version', 'dead_at_ms')
 -- The version is bumped in the same write (nothing else runs between the read and the write).
 local version = (tonumber(stored[6]) or 0) + 1
-local fields = {'thread_id', ARGV[6], 'user_id', ARGV[7], 'agent_name', ARGV[8],
-  'last_enqueued_ms', ARGV[1], 'version', string.format('%d', version)}
-local n = #fields
+local fields = {'last_enqueued_ms', ARGV[1], 'version', string.format('%d', version)}
+local n = 4
+if not stored[6] then
+  -- Who the context is: written with its first version (only this script writes either), not
+  -- rewritten on every turn.
+  fields[5], fields[6], fields[7], fields[8] = 'thread_id', ARGV[6], 'user_id', ARGV[7]
+  fields[9], fields[10] = 'agent_name', ARGV[8]
+  n = 10
+end
 
--- The later capture is the agent's current view; a tie is a re-send.
-local captured = tonumber(ARGV[11]) or now
+-- The later capture is the agent's current view; a tie is a re-send. Captured the same
+-- millisecond as sent (the common call) needs no conversion.
+local captured = now
+if ARGV[11] ~= ARGV[1] then captured = tonumber(ARGV[11]) or now end
 local stored_captured = tonumber(stored[4])
 local limit = tonumber(ARGV[14])
 local held_list, cut_held, cut_held_bytes = newest_within(stored[5], limit)
@@ -202,7 +210,7 @@ local messages
 if not stored_captured or captured >= stored_captured then
   messages = merge(held_list, handed)
   fields[n + 1], fields[n + 2] = 'trace_id', ARGV[9]
-  fields[n + 3], fields[n + 4] = 'captured_ms', string.format('%d', captured)
+  fields[n + 3], fields[n + 4] = 'captured_ms', captured == now and ARGV[1] or string.format('%d', captured)
   n = n + 4
 else
   messages = merge(handed, held_list or handed)

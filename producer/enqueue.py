@@ -27,11 +27,10 @@ from memq.core.connection import REDIS_ERRORS, RedisClient, unavailable
 from memq.core.errors import InvalidIdentifier
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
-from memq.core.models import Message
 from memq.core.scripts import register
 from producer.accumulate import merge_within
-from producer.bounds import bound_hand_off
-from producer.messages import TimeTally, filter_messages_for_memory, has_minimum_dialogue
+from producer.bounds import hand_off_json
+from producer.messages import TimeTally, memory_rows, rows_have_dialogue
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +43,9 @@ class EnqueueCode(enum.IntEnum):
 
     SCHEDULED = 1
     DEFERRED_IN_FLIGHT = 2
+
+
+_CODES = {code.value: code for code in EnqueueCode}
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,14 +135,12 @@ def build_request(
         # can always be encoded.
         trace_id = trace_id.encode("utf-8", "replace").decode("utf-8")
     tally = TimeTally()
-    messages: list[Message] = filter_messages_for_memory(
-        raw_messages, max_chars=max_chars, tally=tally
-    )
-    if not has_minimum_dialogue(messages):
+    rows = memory_rows(raw_messages, max_chars=max_chars, tally=tally)
+    if not rows_have_dialogue(rows):
         return None
     return EnqueueRequest(
         key=key,
-        messages_json=bound_hand_off(messages, max_chars, max_messages).messages_json,
+        messages_json=hand_off_json(rows, max_chars, max_messages),
         flush=flush,
         trace_id=trace_id,
         captured_ms=captured_ms,
@@ -199,10 +199,11 @@ class Enqueuer:
         self._client = client
         # Per context: its five keys and its identifying arguments, formatted once. An agent
         # hands the same thread over on every turn; bounded, so it never grows with traffic.
-        self._routes: dict[ContextKey, tuple[str, ...]] = {}
+        self._routes: dict[str, tuple[str, ...]] = {}
 
     def _route(self, key: ContextKey) -> tuple[str, ...]:
-        route = self._routes.get(key)
+        # By the id, a string: its hash is kept, a ContextKey's is computed on every lookup.
+        route = self._routes.get(key.id)
         if route is None:
             context_id = key.id
             q = self._keys.for_context(context_id)
@@ -219,7 +220,7 @@ class Enqueuer:
             )
             if len(self._routes) >= _ROUTES_KEPT:
                 self._routes.clear()
-            self._routes[key] = route
+            self._routes[context_id] = route
         return route
 
     def __call__(self, request: EnqueueRequest, now_ms: int) -> EnqueueResult:
@@ -265,6 +266,6 @@ class Enqueuer:
                 key.describe(),
                 int(cut),
             )
-        return EnqueueResult(
-            context_id, int(version), int(deadline_ms), EnqueueCode(int(code)), int(cut)
-        )
+        # A dictionary hit, not the Enum's call (Python-level, a sizeable share of this call).
+        reply_code = _CODES.get(int(code)) or EnqueueCode(int(code))
+        return EnqueueResult(context_id, int(version), int(deadline_ms), reply_code, int(cut))

@@ -29,7 +29,7 @@ from producer.query_embedding import query_embedder
 from prompts.injection import Injection, LeftOut, format_memory_for_injection
 from prompts.injection import warm as warm_recall
 from prompts.tokens import TokenCounter, make_token_counter
-from storage.base import MemoryStorage
+from storage.base import MemoryStorage, SharedReads
 from storage.document import MemoryDocument
 from storage.location import check_reader_soon
 from storage.search import QueryEmbedding, meaning_for
@@ -123,14 +123,22 @@ class MemoryInjector:
         return self._guarded_load(storage, user_id, agent_name)
 
     def _guarded_load(
-        self, storage: MemoryStorage, user_id: str | None, agent_name: str | None
+        self,
+        storage: MemoryStorage,
+        user_id: str | None,
+        agent_name: str | None,
+        *,
+        shared: bool = False,
     ) -> MemoryDocument:
+        """The stored document; with ``shared``, the backend's own parse where it offers one
+        (:class:`SharedReads`): the caller only reads it, and never changes it."""
+        read = storage.view if shared and isinstance(storage, SharedReads) else storage.load
         if self._backoff.skipping():
             raise RedisUnavailable(
                 "memory read skipped: Redis did not answer a moment ago (backing off)"
             )
         try:
-            document = storage.load(DEFAULT_USER_ID if user_id is None else user_id, agent_name)
+            document = read(DEFAULT_USER_ID if user_id is None else user_id, agent_name)
         except RedisUnavailable as exc:
             if self._backoff.failed():
                 log.warning(
@@ -174,7 +182,8 @@ class MemoryInjector:
         settings, storage, counter = self._ready()
         if not (settings.enabled and settings.injection_enabled):
             return Injection("", ())
-        document = self._guarded_load(storage, user_id, agent_name)
+        # Rendering only reads the document: no private copy of it on every turn.
+        document = self._guarded_load(storage, user_id, agent_name, shared=True)
         meaning = None
         embedder = self._embedder
         if embedder is not None and query is not None and query.strip() and document.facts:

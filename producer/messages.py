@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from memq.core.errors import InvalidMessages
-from memq.core.models import Message
+from memq.core.models import Message, Role
 from memq.core.timestamps import timestamp_ms
 from memq.memory.blocks import strip_blocks
 
@@ -44,6 +44,15 @@ _NO_EXTRA: Mapping[str, Any] = {}
 # createdAt: ``_first_time``), then its metadata's.
 _METADATA = ("additional_kwargs", "response_metadata")
 _TIMED = frozenset(("created_at", "timestamp", "createdAt", *_METADATA))
+# Every key a rule below reads besides role (or type), content and id. A dict with none of them
+# (the common OpenAI message) needs no rule but the role's and the text's: one set check.
+_RULE_KEYS = frozenset(
+    ("tool_calls", "function_call", "hidden", "hide_from_ui", "human_input_response", *_TIMED)
+)
+
+# A filtered message as the hot path carries it: role, text, id, said-at (epoch ms). A tuple,
+# not a Message: building frozen dataclasses cost as much as the rest of the filtering.
+Row: TypeAlias = tuple[Role, str, str | None, int | None]
 
 
 @dataclass(slots=True)
@@ -156,6 +165,12 @@ def memory_text(content: object, max_chars: int | None = None) -> tuple[str, boo
 
     Cut to its last ``max_chars`` first, so no pattern ever runs over more than the cap; then the
     upload and recalled-memory blocks go."""
+    if (
+        type(content) is str
+        and "<" not in content
+        and (max_chars is None or len(content) <= max_chars)
+    ):
+        return content, False  # the common message: nothing to cut, no tag to strip
     text = content_text(content)
     head_cut = max_chars is not None and len(text) > max_chars
     if head_cut:
@@ -171,7 +186,14 @@ def filter_messages_for_memory(
 ) -> list[Message]:
     """User inputs and final assistant answers, in order, as plain-text :class:`Message` objects,
     each at most ``max_chars`` long (its tail), with the time each says it was said (unreadable
-    times counted in ``tally``).
+    times counted in ``tally``): :func:`memory_rows` as messages."""
+    return [Message(*row) for row in memory_rows(raw, max_chars=max_chars, tally=tally)]
+
+
+def memory_rows(
+    raw: Iterable[object], *, max_chars: int | None = None, tally: TimeTally | None = None
+) -> list[Row]:
+    """The messages memory keeps (:func:`filter_messages_for_memory`) as :data:`Row` tuples.
 
     One pass with one flag: the assistant's reply to a turn that was nothing but uploads or
     recalled memory is dropped with it; an answer that was nothing but echoed memory is dropped.
@@ -179,13 +201,16 @@ def filter_messages_for_memory(
     """
     if isinstance(raw, (str, bytes, Mapping)) or not isinstance(raw, Iterable):
         raise InvalidMessages(f"messages must be a list, got {type(raw).__name__}")
-    kept: list[Message] = []
+    kept: list[Row] = []
     skip_next_ai = False
     item: Any
     for item in raw:
         # Fields are read only when the rule at hand needs them: this runs on every agent turn,
-        # over the whole thread.
-        is_map = type(item) is dict or isinstance(item, Mapping)
+        # over the whole thread. A plain dict carries none of the fields the rules look at.
+        if type(item) is dict:
+            is_map, plain = True, _RULE_KEYS.isdisjoint(item)
+        else:
+            is_map, plain = isinstance(item, Mapping), False
         if is_map:
             role = item.get("role") or item.get("type")
         else:
@@ -208,7 +233,7 @@ def filter_messages_for_memory(
         if type(mid) is not str:
             mid = None
         if kind == _AI:
-            if _has_tool_calls(item, is_map):
+            if not plain and _has_tool_calls(item, is_map):
                 continue  # an intermediate tool-calling step, whatever text it has
             if skip_next_ai:
                 skip_next_ai = False
@@ -216,10 +241,12 @@ def filter_messages_for_memory(
             text, stripped = memory_text(content, max_chars)
             if stripped and not text:
                 continue  # nothing but an echo of recalled memory
-            kept.append(Message("assistant", text, mid, _said_at(item, is_map, tally)))
+            kept.append(("assistant", text, mid, None if plain else _said_at(item, is_map, tally)))
             continue
-        if _is_hidden(item, is_map) and not is_valid_human_input_response(
-            _human_input(item, is_map)
+        if (
+            not plain
+            and _is_hidden(item, is_map)
+            and not is_valid_human_input_response(_human_input(item, is_map))
         ):
             continue  # framework-injected; does not touch skip_next_ai
         text, stripped = memory_text(content, max_chars)
@@ -227,18 +254,19 @@ def filter_messages_for_memory(
             skip_next_ai = True  # upload-only turn: its reply says nothing about the user
             continue
         skip_next_ai = False
-        kept.append(Message("user", text, mid, _said_at(item, is_map, tally)))
+        kept.append(("user", text, mid, None if plain else _said_at(item, is_map, tally)))
     return kept
 
 
 def has_minimum_dialogue(messages: Iterable[Message]) -> bool:
     """At least one user and one assistant message: anything less teaches nothing about the user."""
-    seen_user = seen_assistant = False
-    for message in messages:
-        if message.role == "user":
-            seen_user = True
-        else:
-            seen_assistant = True
-        if seen_user and seen_assistant:
-            return True
-    return False
+    return _both_roles({message.role for message in messages})
+
+
+def rows_have_dialogue(rows: Iterable[Row]) -> bool:
+    """:func:`has_minimum_dialogue` of :func:`memory_rows`."""
+    return _both_roles({row[0] for row in rows})
+
+
+def _both_roles(roles: set[str]) -> bool:
+    return "user" in roles and "assistant" in roles

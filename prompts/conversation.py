@@ -169,7 +169,8 @@ def budget_conversation(
         original = usable[index]
         content = message_text(original)
         cut = truncate_middle(content, message_max_chars)
-        message = replace(original, content=cut)
+        # Most messages come through untouched: no copy for them.
+        message = original if cut == original.content else replace(original, content=cut)
         cost = count_tokens(render_line(message)) + 1  # +1: the blank line between messages
         # Exactly as rendered: the oldest message kept shows its day; the one before it (kept
         # so far as the oldest) no longer does when it is of the same day.

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from prompts.escaping import one_line
 from prompts.tokens import make_token_counter
 from storage.document import Fact, MemoryDocument, said_within
-from storage.search import Meaning, rank_by_relevance
+from storage.search import Meaning, rank_scored
 from storage.vocabulary import CORRECTION, DEFAULT_CATEGORY, category_set
 
 USER_LINES = (
@@ -193,6 +193,9 @@ def _cut(text: str, budget: int, count_tokens: Callable[[str], int]) -> str:
     return ""
 
 
+# A recall with a query ranks by this share of relevance, the rest confidence (the preview says so).
+RELEVANCE_WEIGHT = 0.7
+
 # Why a fact's line is not in the block: the regular budget was spent, or it is of a guaranteed
 # category whose own budget was.
 LeftOutReason = Literal["budget", "category"]
@@ -201,12 +204,15 @@ LeftOutReason = Literal["budget", "category"]
 @dataclass(frozen=True, slots=True)
 class LeftOut:
     """A fact the block does not carry, as the injector decided it: its place in the injector's
-    order (1: first), its line's token cost, and why."""
+    order (1: first), its line's token cost, why, and the score it was ranked by (its confidence
+    without a query; with one, :func:`storage.search.rank_scored`'s blend of relevance and
+    confidence). No threshold leaves a fact out: only a budget does."""
 
     fact: Fact
     rank: int
     tokens: int
     reason: LeftOutReason
+    score: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +242,7 @@ def format_memory_for_injection(
     guaranteed_token_budget: int = 500,
     count_tokens: Callable[[str], int] | None = None,
     query: str | None = None,
-    relevance_weight: float = 0.7,
+    relevance_weight: float = RELEVANCE_WEIGHT,
     since: datetime | None = None,
     until: datetime | None = None,
     meaning: Meaning | None = None,
@@ -302,10 +308,10 @@ def _render_body(
         if part
     )
     ranked = rank_facts(document.facts)
+    scores = [f.confidence for f in ranked]  # without a query, the facts rank by confidence
     if query is not None and query.strip():
-        ranked = rank_by_relevance(
-            ranked, query, relevance_weight=relevance_weight, meaning=meaning
-        )
+        scored = rank_scored(ranked, query, relevance_weight, meaning)
+        ranked, scores = [f for f, _ in scored], [v for _, v in scored]
     must = [(render_fact(f), said_day(f)) for f in ranked if f.category in guaranteed]
     regular = [(render_fact(f), said_day(f)) for f in ranked if f.category not in guaranteed]
 
@@ -321,11 +327,11 @@ def _render_body(
     lines = must_lines + regular_lines
     if left_out is not None:
         taken = set(lines)
-        for rank, fact in enumerate(ranked, start=1):
+        for rank, (fact, score) in enumerate(zip(ranked, scores, strict=True), start=1):
             line = render_fact(fact)
             if (line, said_day(fact)) not in taken:
                 reason: LeftOutReason = "category" if fact.category in guaranteed else "budget"
-                left_out.append(LeftOut(fact, rank, count("\n" + line), reason))
+                left_out.append(LeftOut(fact, rank, count("\n" + line), reason, score))
     dated = any(day is not None for _, day in lines)
     title = DATED_FACTS_HEADER if dated else FACTS_HEADER
     facts_block = title + render_facts(lines) if lines else ""

@@ -90,6 +90,16 @@ class Fence:
 
 
 @runtime_checkable
+class SharedReads(Protocol):
+    """A backend that can hand out the document it keeps parsed, without copying it: for a
+    reader that only looks (the injector renders the block from it on every agent turn, and a
+    private copy of 300 facts cost a third of that). The caller must not change what it gets:
+    the next reader of the unchanged document gets the same object."""
+
+    def view(self, user_id: str, agent_name: str | None = None) -> MemoryDocument: ...
+
+
+@runtime_checkable
 class MemoryStorage(Protocol):
     """Where the memory document of each (user, agent) lives.
 

@@ -119,6 +119,14 @@ class FileMemoryStorage:
 
     # --- the protocol
     def load(self, user_id: str | None, agent_name: str | None = None) -> MemoryDocument:
+        return self._load(user_id, agent_name, copy=True)
+
+    def view(self, user_id: str | None, agent_name: str | None = None) -> MemoryDocument:
+        """:meth:`load` without the private copy: never change what it returns
+        (:class:`storage.base.SharedReads`)."""
+        return self._load(user_id, agent_name, copy=False)
+
+    def _load(self, user_id: str | None, agent_name: str | None, *, copy: bool) -> MemoryDocument:
         path = self.path(user_id, agent_name)
         try:
             sig = _signature(os.stat(path))
@@ -132,9 +140,11 @@ class FileMemoryStorage:
             if hit is not None:
                 self._cache.move_to_end(path)
         if hit is not None and hit[0] == sig:
-            return copy_document(hit[2])
+            return copy_document(hit[2]) if copy else hit[2]
         document = self._read(path, locked=False)
-        return copy_document(document) if document is not None else empty_document()
+        if document is None:
+            return empty_document()
+        return copy_document(document) if copy else document
 
     def save(
         self,

@@ -97,6 +97,12 @@ class RedisMemoryStorage:
         user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
         return self._fetch(user, agent)[1]
 
+    def view(self, user_id: str | None, agent_name: str | None = None) -> MemoryDocument:
+        """:meth:`load` without the private copy: never change what it returns
+        (:class:`storage.base.SharedReads`)."""
+        user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
+        return self._fetch(user, agent, copy=False)[1]
+
     def save(
         self,
         user_id: str | None,
@@ -200,7 +206,9 @@ class RedisMemoryStorage:
         return bool(removed)
 
     # --- internals
-    def _fetch(self, user: str, agent: str | None) -> tuple[int, MemoryDocument]:
+    def _fetch(
+        self, user: str, agent: str | None, *, copy: bool = True
+    ) -> tuple[int, MemoryDocument]:
         key = self.keys.memory_document(user, agent)
         with _redis_errors("loading a memory document"):
             text, rev = self.redis.hmget(key, ["doc", "rev"])
@@ -213,7 +221,7 @@ class RedisMemoryStorage:
             if hit is not None and hit[0] == text:
                 self._parsed.move_to_end(key)
                 # Callers may change what they get (update's callback does): a private copy.
-                return int(rev or 0), copy_document(hit[1])
+                return int(rev or 0), copy_document(hit[1]) if copy else hit[1]
         try:
             document = parse_document(text)
         except (DocumentDecodeError, ValueError) as exc:
@@ -229,7 +237,7 @@ class RedisMemoryStorage:
                 self._parsed.move_to_end(key)
                 while len(self._parsed) > self._parsed_max:
                     self._parsed.popitem(last=False)
-            return int(rev or 0), copy_document(document)
+            return int(rev or 0), copy_document(document) if copy else document
         return int(rev or 0), document
 
     def _forget_parsed(self, key: str) -> None:

@@ -14,14 +14,21 @@ English words are reduced to their Snowball stem ("attended"/"attending" → "at
 it lifts BM25's evidence-in-the-top-5 from 66.6 % to 69.5 % (docs/benchmarks.md, RECALL).
 
 By meaning (:class:`Meaning`: the query's embedding and the memory's vectors of the same model,
-storage/vectors.py), the two signals are fused per query: each fact's cosine similarity and its
-BM25 score are turned into z-scores over the facts being ranked (so neither scale matters — BM25
-grows with the query's length and the memory's size, cosines crowd into a narrow band that differs
-by model), and added with equal weight (:data:`LEXICAL_WEIGHT`). Measured on LoCoMo's 1,308
-questions whose evidence is an observation, evidence in the top 5: BM25 69.5 %, all-MiniLM-L6-v2
-alone 73.1 %, reciprocal-rank fusion 74.6 %, min-max blend 78.1 %, this 78.8 % (weights from 0.5 to
-1.3 all give 78.6-79.2 %). A fact without a vector of that model counts as average by meaning,
-so a half-embedded memory still ranks by its words.
+storage/vectors.py), the two signals are fused per query: each fact's similarity by meaning and
+its BM25 score are turned into z-scores over the facts being ranked (so neither scale matters —
+BM25 grows with the query's length and the memory's size, cosines crowd into a narrow band that
+differs by model), and added with equal weight (:data:`LEXICAL_WEIGHT`). The similarity by meaning
+is not the raw cosine but one measured in the memory's own space: the query and the facts are
+centred on the mean of the memory's vectors before the cosine (every fact of one user shares
+that user's name, tone and topics, a common direction that makes facts alike without making them
+relevant), and each fact loses :data:`HUB_PENALTY` × its hubness, its mean centred similarity to
+its :data:`HUB_NEIGHBOURS` nearest fellow facts (a fact restated or close to many others is near
+every query; CSLS-style hubness reduction). Measured on LoCoMo's 1,308 questions whose evidence
+is an observation, evidence in the top 5: BM25 69.4 %, all-MiniLM-L6-v2 alone 73.1 %,
+reciprocal-rank fusion 74.6 %, min-max blend 78.1 %, z-scores of the raw cosine and BM25 78.8 %,
+of the centred cosine 80.0 %, with the hubness penalty 80.6 % (weights chosen on conversations
+0-4: 81.0 %; 80.2 % on 5-9; docs/benchmarks.md has every variant tried). A fact without a vector
+of that model counts as average by meaning, so a half-embedded memory still ranks by its words.
 
 Segmenting a fact costs ~40 µs, building the index over 200 facts ~0.4 ms: the words of each fact
 text and the index of each distinct list of facts are memoised (bounded LRUs), so a repeated
@@ -72,6 +79,10 @@ class Scored(NamedTuple):
 
 # BM25's weight beside meaning in the fused score (both as per-query z-scores); see above.
 LEXICAL_WEIGHT = 1.0
+# How much a fact's likeness to its nearest fellow facts (its hubness) is taken off its cosine,
+# and over how many neighbours that likeness is averaged; see above.
+HUB_PENALTY = 0.1
+HUB_NEIGHBOURS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,16 +160,60 @@ def warm() -> None:
     tokenize("预热中文分词")
 
 
+class _Index(NamedTuple):
+    """BM25+ over one list of fact texts, with what every query needs precomputed: each word's
+    postings (the facts holding it and how often) and the length-normalised ``k1`` per fact."""
+
+    bm25: Any  # rank_bm25.BM25Plus: its idf, k1 and delta
+    postings: dict[str, tuple[Any, Any]]  # word -> (fact positions, counts), numpy arrays
+    k1_norm: Any  # k1 × (1 − b + b × length / average length), per fact
+
+    def scores(self, words: Sequence[str]) -> Any:
+        """``BM25Plus.get_scores(words)``, float for float: the same expression summed in the same
+        order, but each word's counts scattered from its postings instead of looked up in every
+        fact's dictionary (a Python loop over all facts per word), and a word in no fact skipped
+        (its idf is 0, so it adds exactly 0)."""
+        import numpy as np
+
+        bm25 = self.bm25
+        score = np.zeros(bm25.corpus_size)
+        for word in words:
+            posting = self.postings.get(word)
+            if posting is None:
+                continue
+            q_freq = np.zeros(bm25.corpus_size, dtype=np.int64)
+            q_freq[posting[0]] = posting[1]
+            score += bm25.idf[word] * (
+                bm25.delta + (q_freq * (bm25.k1 + 1)) / (self.k1_norm + q_freq)
+            )
+        return score
+
+
 @functools.lru_cache(maxsize=_INDEX_CACHE_SIZE)
-def _index(contents: tuple[str, ...]) -> tuple[tuple[tuple[str, ...], ...], Any]:
-    """The words of each fact and the BM25+ index over them, per distinct list of fact texts:
-    a memory is searched far more often than it changes."""
+def _index(contents: tuple[str, ...]) -> _Index:
+    """The BM25+ index per distinct list of fact texts: a memory is searched far more often than
+    it changes."""
+    import numpy as np
     from rank_bm25 import BM25Plus
 
-    corpus = tuple(tokenize(text) for text in contents)
+    corpus = [list(tokenize(text)) or [""] for text in contents]
     # b=0: no length normalisation. A fact is one sentence; being a few words longer says
     # nothing about relevance, so facts matching the same words tie and confidence decides.
-    return corpus, BM25Plus([list(words) or [""] for words in corpus], b=0.0)
+    bm25 = BM25Plus(corpus, b=0.0)
+    found: dict[str, tuple[list[int], list[int]]] = {}
+    for position, frequencies in enumerate(bm25.doc_freqs):
+        for word, count in frequencies.items():
+            entry = found.setdefault(word, ([], []))
+            entry[0].append(position)
+            entry[1].append(count)
+    postings = {
+        word: (np.array(where, dtype=np.intp), np.array(counts, dtype=np.int64))
+        for word, (where, counts) in found.items()
+        if word  # the placeholder of a fact without words matches no query word
+    }
+    doc_len = np.array(bm25.doc_len)
+    k1_norm = bm25.k1 * (1 - bm25.b + bm25.b * doc_len / bm25.avgdl)
+    return _Index(bm25, postings, k1_norm)
 
 
 def score_facts(facts: Sequence[Fact], query: str, meaning: Meaning | None = None) -> list[Scored]:
@@ -185,11 +240,11 @@ def _fused(lexical: list[Scored], meaning: Meaning) -> list[Scored] | None:
     facts = [s.fact for s in lexical]
     stored = vector_set.vectors
     encoded = tuple(map(stored.get, _keys(tuple(f.content for f in facts))))
-    matrix, present = _matrix(encoded, vector_set.dimensions)
-    if not present:
+    space = _space(encoded, vector_set.dimensions)
+    if not space.present:
         return None
     semantic = np.zeros(len(facts), dtype=np.float64)
-    semantic[list(present)] = _z((matrix @ meaning.query).astype(np.float64))
+    semantic[list(space.present)] = _z(space.similarity(meaning.query))
     words = _z(np.array([s.score for s in lexical], dtype=np.float64))
     fused = (semantic + LEXICAL_WEIGHT * words).tolist()
     return [Scored(fact, score) for fact, score in zip(facts, fused, strict=True)]
@@ -200,17 +255,58 @@ def _keys(contents: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(content_key(text) for text in contents)
 
 
+class _Space(NamedTuple):
+    """A memory's vectors made ready for ranking: centred on their mean and re-normalised, with
+    each fact's hubness (its mean similarity to its nearest fellow facts; see above)."""
+
+    centre: Any  # (dimensions,) float32: the mean of the memory's vectors
+    centred: Any  # (facts with a vector, dimensions) float32, unit rows (0 where nothing is left)
+    hubness: Any  # (facts with a vector,) float64
+    present: tuple[int, ...]  # the positions of the facts that have a vector
+
+    def similarity(self, query: Vector) -> Any:
+        """Each fact's centred cosine with the centred query, less its hubness penalty."""
+        import numpy as np
+
+        shifted = query - self.centre
+        norm = float(np.linalg.norm(shifted))
+        if norm == 0.0:  # the query is the memory's average: meaning cannot tell facts apart
+            return np.zeros(len(self.present), dtype=np.float64)
+        cosines = (self.centred @ (shifted / norm)).astype(np.float64)
+        return cosines - HUB_PENALTY * self.hubness
+
+
 @functools.lru_cache(maxsize=_INDEX_CACHE_SIZE)
-def _matrix(encoded: tuple[str | None, ...], dimensions: int) -> tuple[Any, tuple[int, ...]]:
-    """The decoded vectors stacked (one row per fact that has one) and those facts' positions,
-    per distinct list of stored vectors: a memory is ranked far more often than it changes."""
+def _space(encoded: tuple[str | None, ...], dimensions: int) -> _Space:
+    """The decoded vectors, centred, and their hubness, per distinct list of stored vectors: a
+    memory is ranked far more often than it changes (300 facts: ~2 ms once, then cached)."""
     import numpy as np
 
     rows = [(i, decode_vector(text, dimensions)) for i, text in enumerate(encoded) if text]
     kept = [(i, v) for i, v in rows if v is not None]
     if not kept:
-        return np.zeros((0, dimensions), dtype=np.float32), ()
-    return np.stack([v for _, v in kept]), tuple(i for i, _ in kept)
+        empty = np.zeros((0, dimensions), dtype=np.float32)
+        return _Space(np.zeros(dimensions, dtype=np.float32), empty, np.zeros(0), ())
+    matrix = np.stack([v for _, v in kept])
+    centre = matrix.mean(axis=0)
+    centred = matrix - centre
+    norms = np.linalg.norm(centred, axis=1, keepdims=True)
+    centred = np.divide(centred, norms, out=np.zeros_like(centred), where=norms > 0)
+    return _Space(centre, centred, _hubness(centred), tuple(i for i, _ in kept))
+
+
+def _hubness(centred: Any) -> Any:
+    """Each row's mean similarity to its :data:`HUB_NEIGHBOURS` most similar other rows."""
+    import numpy as np
+
+    count = centred.shape[0]
+    neighbours = min(HUB_NEIGHBOURS, count - 1)
+    if neighbours <= 0:
+        return np.zeros(count, dtype=np.float64)
+    similar = (centred @ centred.T).astype(np.float64)
+    np.fill_diagonal(similar, -np.inf)
+    nearest = np.partition(similar, count - neighbours, axis=1)[:, count - neighbours :]
+    return nearest.mean(axis=1)
 
 
 def _z(values: Any) -> Any:
@@ -223,20 +319,23 @@ def _bm25(facts: Sequence[Fact], query: str) -> list[Scored]:
     query_words = tokenize(query)
     if not facts or not query_words:
         return [Scored(fact, 0.0) for fact in facts]
-    corpus, index = _index(tuple(fact.content for fact in facts))
-    wanted = set(query_words)
-    if not any(wanted.intersection(words) for words in corpus):
-        return [Scored(fact, 0.0) for fact in facts]
-    # BM25Plus gives every document a floor (delta) per query word; a fact with no shared word
-    # is not a match, so its score is set to 0 here rather than trusted.
+    import numpy as np
+
+    index = _index(tuple(fact.content for fact in facts))
     # Each distinct word once: a long query (a conversation, for the update prompt's slice)
     # repeats common words by chance, and counted each time they would outweigh the one rare
     # word that names what the message is about.
-    raw = index.get_scores(list(dict.fromkeys(query_words)))
-    return [
-        Scored(fact, float(score) if wanted.intersection(words) else 0.0)
-        for fact, words, score in zip(facts, corpus, raw, strict=True)
-    ]
+    words = list(dict.fromkeys(query_words))
+    shared = [index.postings[word][0] for word in words if word in index.postings]
+    if not shared:
+        return [Scored(fact, 0.0) for fact in facts]
+    # BM25Plus gives every document a floor (delta) per query word; a fact with no shared word
+    # is not a match, so its score is set to 0 here rather than trusted.
+    matched = np.zeros(len(facts), dtype=bool)
+    for where in shared:
+        matched[where] = True
+    scores = np.where(matched, index.scores(words), 0.0).tolist()
+    return [Scored(fact, score) for fact, score in zip(facts, scores, strict=True)]
 
 
 def search_facts(
@@ -280,15 +379,31 @@ def rank_by_relevance(
     """All facts, best first, by ``relevance_weight × relevance + (1 − weight) × confidence``,
     relevance being the score (:func:`score_facts`) scaled to [0, 1] between the worst and the
     best. Without any shared word (and no ``meaning``) this is the confidence order."""
+    return [fact for fact, _ in rank_scored(facts, query, relevance_weight, meaning)]
+
+
+def rank_scored(
+    facts: Sequence[Fact],
+    query: str,
+    relevance_weight: float = 0.7,
+    meaning: Meaning | None = None,
+) -> list[tuple[Fact, float]]:
+    """:func:`rank_by_relevance`'s order with each fact's blended value, the score it was ranked
+    by (in [0, 1]; what the inspector's preview shows beside a fact it left out)."""
+    import numpy as np
+
     scored = score_facts(facts, query, meaning)
-    worst = min((s.score for s in scored), default=0.0)
-    best = max((s.score for s in scored), default=0.0) - min(worst, 0.0)
+    if not scored:
+        return []
+    # Vectorised, float for float what a sort by (-value, -confidence, position) computes per
+    # fact in Python: the same operations in the same order, and a stable total order.
+    score = np.array([s.score for s in scored], dtype=np.float64)
+    confidence = np.array([s.fact.confidence for s in scored], dtype=np.float64)
+    floor = min(float(score.min()), 0.0)
+    best = float(score.max()) - floor
     weight = min(1.0, max(0.0, relevance_weight))
-
-    def blended(item: tuple[int, Scored]) -> tuple[float, float, int]:
-        index, s = item
-        relevance = (s.score - min(worst, 0.0)) / best if best > 0 else 0.0
-        value = weight * relevance + (1.0 - weight) * s.fact.confidence
-        return (-value, -s.fact.confidence, index)
-
-    return [s.fact for _, s in sorted(enumerate(scored), key=blended)]
+    relevance = (score - floor) / best if best > 0 else np.zeros(len(scored))
+    value = weight * relevance + (1.0 - weight) * confidence
+    order = np.lexsort((np.arange(len(scored)), -confidence, -value))
+    values = value.tolist()
+    return [(scored[i].fact, values[i]) for i in order.tolist()]

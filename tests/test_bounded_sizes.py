@@ -20,7 +20,8 @@ from memq.core.models import Message
 from memq.core.settings import MemqSettings
 from producer import MemoryProducer
 from producer.bounds import MAX_MESSAGE_ID_CHARS, bound_hand_off
-from producer.enqueue import Enqueuer, EnqueueRequest
+from producer.enqueue import Enqueuer, EnqueueRequest, build_request
+from producer.messages import filter_messages_for_memory, has_minimum_dialogue
 from worker.queue import Claim, CompleteResult, QueueClient
 from worker.tick import run_tick
 
@@ -381,3 +382,42 @@ def test_a_hand_off_is_the_newest_messages_within_every_cap(
         assert len(stored.get("id", "")) <= MAX_MESSAGE_ID_CHARS + 4
         tail = original.content.encode("utf-8", "replace").decode("utf-8")
         assert tail.endswith(stored["content"])  # a message is only ever cut to its tail
+
+
+# Raw messages as agents send them: plain dicts, and dicts with every field a filtering rule reads.
+_RAW_MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["user", "assistant", "human", "ai", "tool", "system"]),
+        "content": _TEXT | st.lists(_TEXT | st.fixed_dictionaries({"text": _TEXT}), max_size=3),
+    },
+    optional={
+        "id": st.text(max_size=3) | st.just("auth0|" + "z" * 200),
+        "tool_calls": st.sampled_from([[], [{"id": "c"}]]),
+        "hidden": st.booleans(),
+        "created_at": st.sampled_from(["2023-05-08T13:56:00Z", "not a time", 1_683_554_160_000]),
+        "additional_kwargs": st.sampled_from(
+            [{}, {"hide_from_ui": True}, {"created_at": "2023-05-08T13:56:00Z"}]
+        ),
+    },
+)
+
+
+@given(
+    raw=st.lists(_RAW_MESSAGE, max_size=30),
+    max_chars=st.integers(min_value=600, max_value=4000),
+    max_messages=st.integers(min_value=2, max_value=20),
+)
+def test_the_hand_off_is_the_filtered_messages_within_the_caps_byte_for_byte(
+    raw: list[dict[str, Any]], max_chars: int, max_messages: int
+) -> None:
+    # The producer's path takes shortcuts (plain dicts, turns within every cap); it must send
+    # exactly what the general filter and bound write, so enqueue.lua finds stored lists again.
+    request = build_request(
+        ContextKey.create("t", "alice", None), raw, max_chars=max_chars, max_messages=max_messages
+    )
+    messages = filter_messages_for_memory(raw, max_chars=max_chars)
+    if not has_minimum_dialogue(messages):
+        assert request is None
+        return
+    assert request is not None
+    assert request.messages_json == bound_hand_off(messages, max_chars, max_messages).messages_json

@@ -6,6 +6,7 @@ Budgets are checked with ``count_tokens=len`` (one token per character) so the a
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,30 @@ def test_injector_wraps_the_latest_memory_every_call(file_settings: MemqSettings
     storage.save("alice", "coder", doc(fact("Uses uv", 0.9), fact("Likes tea", 0.8)))
     assert "Likes tea" in injector.block("alice", "coder")  # not frozen per thread
     assert injector.block("bob", "coder") == ""  # another user sees nothing of alice
+
+
+def test_rendering_the_block_leaves_the_shared_document_as_it_was_stored(
+    file_settings: MemqSettings,
+) -> None:
+    # The injector renders from the storage's own parse (no copy per turn): no ranking, time
+    # window or budget may change it in place, or the next turn would see another memory.
+    storage = FileMemoryStorage(file_settings)
+    storage.save(
+        "alice",
+        None,
+        doc(
+            fact("Uses uv for Python", 0.9),
+            fact("Avoid pip", 0.95, category="correction", source_error="used pip"),
+            *(fact(f"Fact number {i} about tea", 0.5 + i / 100) for i in range(30)),
+            work_context="Billing in Go",
+        ),
+    )
+    stored = storage.view("alice").model_dump()
+    injector = MemoryInjector(file_settings, storage)
+    assert "Uses uv" in injector.block("alice", query="which python tool?")
+    injector.block("alice", query="tea", since=datetime(2000, 1, 1, tzinfo=UTC))
+    injector.plan("alice", query="tea", explain=True)
+    assert storage.view("alice").model_dump() == stored
 
 
 def test_injector_builds_its_storage_from_settings(file_settings: MemqSettings) -> None:

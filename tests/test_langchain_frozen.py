@@ -66,6 +66,10 @@ class CountedReads:
         self.loads += 1
         return self.storage.load(user_id, agent_name)
 
+    def view(self, user_id: str, agent_name: str | None) -> MemoryDocument:
+        self.loads += 1  # the injector's read that shares the storage's parse: a read too
+        return self.storage.view(user_id, agent_name)  # type: ignore[no-any-return]
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.storage, name)
 

@@ -342,3 +342,44 @@ def test_unreadable_vectors_are_dropped_never_the_document() -> None:
     assert [f.content for f in document.facts] == [PHOTO]
     assert set(document.embeddings) == {MODEL, "odd"}
     assert list(document.embeddings["odd"].vectors) == [content_key(PHOTO)]
+
+
+def axis(index: int, dimensions: int = 8) -> list[float]:
+    return [1.0 if i == index else 0.0 for i in range(dimensions)]
+
+
+def mix(*parts: tuple[float, list[float]]) -> list[float]:
+    return [sum(weight * vector[i] for weight, vector in parts) for i in range(len(parts[0][1]))]
+
+
+def meaning_over(texts: list[str], vectors: list[list[float]], query: list[float]) -> Any:
+    stored = with_vectors({}, MODEL, dict(zip(texts, vectors, strict=True)))
+    return meaning_for(stored, MODEL, unit(query))
+
+
+def test_what_every_fact_of_the_memory_shares_does_not_decide_by_meaning() -> None:
+    # Every fact of one user leans the same way (the user's name, their tone: axis 0); the query
+    # names the user too and asks about a dog (axis 1). The raw cosine prefers the facts that
+    # lean furthest the common way (0.83 against 0.69 for the dog); measured from the memory's
+    # own mean, the fact about the dog is the one the question is about.
+    dog = "Has a dog called Rex"
+    others = ["Lives in Berlin", "Works as a nurse", "Plays the cello", "Speaks Dutch"]
+    vectors = [mix((0.3, axis(0)), (1.0, axis(1)))]
+    vectors += [mix((1.0, axis(0)), (0.4, axis(2 + i))) for i in range(len(others))]
+    meaning = meaning_over([dog, *others], vectors, mix((1.0, axis(0)), (0.5, axis(1))))
+    facts = document_of([dog, *others]).facts
+    # No word in common with any fact: meaning alone ranks.
+    found = search_facts(facts, "pets at home?", top_k=1, meaning=meaning)
+    assert [f.content for f in found] == [dog]
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_a_memory_whose_vectors_are_all_alike_ranks_by_its_words(count: int) -> None:
+    # One fact, or facts with the same vector: nothing is left after centring, and the query is
+    # the memory's mean. Meaning then says nothing (no NaN, no crash) and BM25 decides.
+    texts = ["Prefers tea over coffee", "Has a dog called Rex", "Works in Berlin"][:count]
+    meaning = meaning_over(texts, [axis(0)] * count, axis(0))
+    facts = document_of(texts).facts
+    found = [f.content for f in search_facts(facts, "is she in Berlin", top_k=3, meaning=meaning)]
+    assert len(found) == count  # with meaning every fact is ranked
+    assert found[0] == ("Works in Berlin" if count == 3 else texts[0])

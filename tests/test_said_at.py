@@ -4,6 +4,7 @@ block's day groups, time windows, staleness by when a fact was said, and old doc
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from datetime import UTC, date, datetime, timedelta
@@ -30,6 +31,7 @@ from prompts.update_prompt import SYSTEM_PROMPT
 from storage.document import Fact, MemoryDocument, said_within
 from storage.provenance import RunInfo, RunMessage
 from storage.vocabulary import parse_event_date
+from tests.support.openai_server import ScriptedOpenAI
 
 DATA = Path(__file__).parent / "data"
 MAY_8 = datetime(2023, 5, 8, 13, 56, tzinfo=UTC)  # a Monday
@@ -445,6 +447,35 @@ def test_ideal_recall_counts_the_evidence_and_the_days_the_block_states(tmp_path
     text = "".join(written)
     assert "temporal: day stated — 2 of 2 temporal questions" in text
     assert (out / "report.md").read_text() == text
+
+
+def test_ideal_recall_with_an_embedding_model_embeds_the_facts_and_ranks_by_meaning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, openai_server: ScriptedOpenAI
+) -> None:
+    from memq.evaluation.evaluate import EvalRequest, run_eval
+
+    monkeypatch.setenv("MEMQ_EMBEDDING_MODEL", "scripted-embedding")
+    monkeypatch.setenv("MEMQ_EMBEDDING_BASE_URL", openai_server.base_url)
+    out = tmp_path / "ideal"
+    request = EvalRequest(
+        benchmark="locomo", path=DATA / "eval" / "locomo_small.json", out_dir=out, ideal=True
+    )
+    assert run_eval(request, out=io.StringIO()) == 0
+    raw = json.loads((DATA / "eval" / "locomo_small.json").read_text())
+    observations = {
+        item[0]
+        for conversation in raw
+        for by_speaker in conversation["observation"].values()
+        for items in by_speaker.values()
+        for item in items
+    }
+    embedded = [text for batch in openai_server.embeddings.requests for text in batch]
+    # Every seeded fact got its vector (as extraction would store it), and the questions were
+    # embedded at recall: the blocks were ranked by memq's hybrid ranking, not by words alone.
+    assert observations <= set(embedded)
+    questions = {q["question"] for conversation in raw for q in conversation["qa"]}
+    assert questions & set(embedded)
+    assert json.loads((out / "ideal.json").read_text())["overall"]["any"] == 7
 
 
 def test_a_block_without_days_states_none() -> None:

@@ -6,6 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rank_bm25 import BM25Plus
 
 from memq.cli import main
 from memq.core.settings import MemqSettings
@@ -14,7 +17,7 @@ from prompts.injection import FRAME_LINE, format_memory_for_injection
 from storage import get_storage
 from storage.document import Fact, MemoryDocument
 from storage.management import MemoryManager
-from storage.search import rank_by_relevance, search_facts, tokenize
+from storage.search import rank_by_relevance, rank_scored, score_facts, search_facts, tokenize
 
 FACTS = [
     Fact(id="f_uv", content="Prefers uv over pip for Python projects", confidence=0.8,
@@ -177,3 +180,75 @@ def test_cli_facts_search_ranks(make_settings: Any, capsys: pytest.CaptureFixtur
         assert "f_zh_job" in out and "f_uv" not in out
         assert main(["facts", "search", "bob", "kubernetes"]) == 1
         assert "no fact of user bob matches" in capsys.readouterr().out
+
+
+# --- the ranking's speed-ups compute what the plain computation did, float for float ----------
+
+_WORDS = [
+    "uv",
+    "pip",
+    "python",
+    "go",
+    "billing",
+    "tea",
+    "coffee",
+    "deploys",
+    "用户",
+    "喜欢",
+    "杭州",
+]
+_FACT_TEXT = st.lists(st.sampled_from([*_WORDS, "the", "and", "Tea", "teas"]), max_size=8).map(
+    " ".join
+)
+
+
+def _plain_scores(facts: list[Fact], query: str) -> list[float]:
+    """BM25+ through rank_bm25's own get_scores, 0 for a fact sharing no word (the scoring
+    before the postings)."""
+    words = tokenize(query)
+    corpus = [tokenize(fact.content) for fact in facts]
+    wanted = set(words)
+    if not facts or not words or not any(wanted.intersection(c) for c in corpus):
+        return [0.0] * len(facts)
+    raw = BM25Plus([list(c) or [""] for c in corpus], b=0.0).get_scores(list(dict.fromkeys(words)))
+    return [float(r) if wanted.intersection(c) else 0.0 for r, c in zip(raw, corpus, strict=True)]
+
+
+def _plain_rank(facts: list[Fact], query: str, weight: float) -> list[tuple[Fact, float]]:
+    """The blend sorted per fact in Python (the ranking before it was vectorised), with each
+    fact's blended value."""
+    scored = score_facts(facts, query)
+    worst = min((s.score for s in scored), default=0.0)
+    best = max((s.score for s in scored), default=0.0) - min(worst, 0.0)
+
+    def value(s: Any) -> float:
+        relevance = (s.score - min(worst, 0.0)) / best if best > 0 else 0.0
+        return float(weight * relevance + (1.0 - weight) * s.fact.confidence)
+
+    def blended(item: tuple[int, Any]) -> tuple[float, float, int]:
+        index, s = item
+        return (-value(s), -s.fact.confidence, index)
+
+    return [(s.fact, value(s)) for _, s in sorted(enumerate(scored), key=blended)]
+
+
+@given(
+    texts=st.lists(_FACT_TEXT, max_size=40),
+    confidences=st.lists(st.sampled_from([0.5, 0.7, 0.7, 0.9, 1.0]), min_size=40, max_size=40),
+    query=_FACT_TEXT,
+    weight=st.sampled_from([0.0, 0.3, 0.7, 1.0]),
+)
+def test_the_ranking_gives_the_plain_computations_scores_and_order(
+    texts: list[str], confidences: list[float], query: str, weight: float
+) -> None:
+    facts = [
+        Fact(id=f"f{i}", content=text or "x", confidence=confidence)
+        for i, (text, confidence) in enumerate(zip(texts, confidences, strict=False))
+    ]
+    assert [s.score for s in score_facts(facts, query)] == _plain_scores(facts, query)
+    plain = _plain_rank(facts, query, weight)
+    assert ids(rank_by_relevance(facts, query, relevance_weight=weight)) == ids(
+        [fact for fact, _ in plain]
+    )
+    ranked = rank_scored(facts, query, weight)
+    assert [(f.id, v) for f, v in ranked] == [(f.id, v) for f, v in plain]

@@ -13,6 +13,7 @@ import pytest
 
 from memq.core.settings import MemqSettings
 from memq.local.redis_server import RedisServer
+from memq.operations.caps import MAX_DEAD_IDS
 from memq.testing.serve_proc import ServeProcess
 from storage import get_storage
 from tests.support.serve import Keys, bearer, module_server
@@ -101,6 +102,22 @@ def test_too_many_messages_is_413(
         == f"{MAX_MESSAGES + 1} messages; at most {MAX_MESSAGES} per request"
     )
     assert nothing_written(settings, redis_client)
+
+
+def test_too_many_dead_letter_ids_is_413_and_nothing_retried(
+    served: tuple[ServeProcess, MemqSettings, httpx.Client],
+) -> None:
+    # The cap is the operation's own (memq.operations.caps), not the hand-off's message cap.
+    _, _, http = served
+    ids = [f"ctx-{n}" for n in range(MAX_DEAD_IDS + 1)]
+    for verb in ("retry", "purge"):
+        answer = http.post(f"/v1/dead-letters/{verb}", json={"ids": ids})
+        assert answer.status_code == 413, verb
+        assert answer.json()["detail"] == (
+            f"{MAX_DEAD_IDS + 1} ids; at most {MAX_DEAD_IDS} per request"
+        )
+    # At the cap the call is taken (none of these ids is a dead letter: 0 moved).
+    assert http.post("/v1/dead-letters/retry", json={"ids": ids[:-1]}).json() == {"count": 0}
 
 
 MALFORMED: list[tuple[str, bytes]] = [

@@ -23,7 +23,7 @@ from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import get_storage
 from storage.backends import BACKENDS, backend_for
-from storage.base import Change, Fence, MemoryStorage, UpdateResult
+from storage.base import Change, Fence, MemoryStorage, SharedReads, UpdateResult
 from storage.document import Fact, MemoryDocument
 from tests.support.documents import contents, doc_with
 from tests.support.memory_storage import InMemoryStorage
@@ -141,6 +141,24 @@ def test_neither_save_nor_load_shares_the_callers_objects(store: MemoryStorage) 
     first.user.work_context.summary = "mutated"
     again = store.load("alice")
     assert contents(again) == ["Likes tea"] and again.user.work_context.summary == ""
+
+
+def test_a_view_is_the_stored_document_itself_and_never_a_stale_one(
+    backend_store: MemoryStorage,
+) -> None:
+    # What a reader that only looks gets (the injector, every turn): the backend's own parse of
+    # the stored document, not a copy, and never an older one than a load would give.
+    assert isinstance(backend_store, SharedReads)
+    backend_store.save("alice", None, doc_with("Likes tea"))
+    view = backend_store.view("alice")
+    assert contents(view) == ["Likes tea"] and backend_store.view("alice") is view
+    loaded = backend_store.load("alice")
+    assert loaded is not view and loaded.model_dump() == view.model_dump()
+    loaded.facts.clear()  # a load's private copy never reaches a view
+    assert contents(backend_store.view("alice")) == ["Likes tea"]
+    backend_store.save("alice", None, doc_with("Likes coffee"))
+    assert contents(backend_store.view("alice")) == ["Likes coffee"]
+    assert backend_store.view("alice", "coder").facts == []
 
 
 def test_update_applies_to_the_latest_document_and_records_history_newest_first(

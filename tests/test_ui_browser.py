@@ -5,16 +5,11 @@ click by click, and what a hostile fact can do to the page (nothing)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
-from selenium.webdriver.support.wait import WebDriverWait
 
 from memq.core.settings import MemqSettings
 from memq.server.ui.render import path_segment
@@ -26,7 +21,15 @@ from storage.base import UpdateResult
 from storage.document import MemoryDocument, SupersededFact
 from storage.management import MemoryManager
 from tests.support.celery_procs import CeleryProcs, memq_env
-from tests.support.inspector import HOSTILE_FACTS
+from tests.support.inspector import (
+    HOSTILE_FACTS,
+    by_id,
+    console_errors,
+    log_in,
+    navigate,
+    no_alert,
+    text_of,
+)
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import conversation_of, fact_for, stack_settings, turn
 from tests.support.serve import Keys
@@ -51,46 +54,6 @@ class PoisonModel:
         if POISON in conversation_of(request) and not self.healthy.is_set():
             return Reply(content="I think the user likes cats, probably.")
         return self.citing(request)
-
-
-def by_id(driver: WebDriver, element_id: str) -> WebElement:
-    return driver.find_element(By.ID, element_id)
-
-
-def text_of(element: WebElement) -> str:
-    """What the DOM holds (``textContent``), not Selenium's whitespace-normalised rendering."""
-    return str(element.get_property("textContent"))
-
-
-def no_alert(driver: WebDriver) -> bool:
-    try:
-        driver.switch_to.alert  # noqa: B018 (the lookup itself is the check)
-    except NoAlertPresentException:
-        return True
-    return False
-
-
-def navigate(driver: WebDriver, action: Callable[[], object], *, alert: bool = False) -> None:
-    """Do what loads a new page (a click, a submit) and wait until the old page is gone, so
-    the next lookup never finds an element of the page being left."""
-    old = driver.find_element(By.TAG_NAME, "html")
-    action()
-    if alert:
-        WebDriverWait(driver, 10).until(expected_conditions.alert_is_present()).accept()
-    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(old))
-
-
-def log_in(driver: WebDriver, url: str, key: str) -> None:
-    driver.get(url + "/ui/users")
-    wait_for(lambda: driver.current_url.endswith("/ui/login"), what="the login page")
-    by_id(driver, "key").send_keys(key)
-    navigate(driver, by_id(driver, "login").click)
-    wait_for(lambda: driver.current_url.endswith("/ui/users"), what="the users page")
-
-
-def console_errors(driver: WebDriver) -> list[str]:
-    """Errors the page logged: a CSP violation or a script error shows up here."""
-    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
 
 
 def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browser(
@@ -201,8 +164,11 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     navigate(browser, browser.find_element(By.LINK_TEXT, "Queue").click)
     dead = browser.find_elements(By.CSS_SELECTOR, "#dead tbody tr[data-context]")
     assert len(dead) == 1
-    cells = dead[0].find_elements(By.TAG_NAME, "td")
-    assert [cells[0].text, cells[1].text] == [GUS, "poison-1"]
+    user_cell = dead[0].find_element(By.CLASS_NAME, "user-cell")
+    assert [user_cell.text, dead[0].find_element(By.CLASS_NAME, "thread-cell").text] == [
+        GUS,
+        "poison-1",
+    ]
     assert dead[0].find_element(By.CLASS_NAME, "reason").text.strip()
     wait_for(
         lambda: by_id(browser, "live").text.startswith("(live"),
@@ -210,7 +176,7 @@ def test_an_operator_finds_questions_corrects_previews_and_repairs_in_the_browse
     )
     model.healthy.set()
     navigate(browser, dead[0].find_element(By.CLASS_NAME, "retry").click)
-    assert "1 dead letter(s) retried" in by_id(browser, "notice").text
+    assert "1 dead letter retried" in by_id(browser, "notice").text
     wait_for(
         lambda: fact_for(POISON) in [f.content for f in manager.list_facts(GUS)],
         what="the retried thread extracted",

@@ -324,6 +324,10 @@ def test_logins_scopes_and_prefixes_are_the_api_keys(
     edit = agent.post(f"/users/app1-bob/facts/{fact.id}/edit", {"content": "The user hates tea"})
     assert edit.status_code == 403
     assert agent.get("/queue").status_code == 403
+    # Export and import are the API's admin operations: an agent key sees no tab and gets neither.
+    assert 'id="tab-transfer"' not in agent.get("/users/app1-bob/memory").text
+    assert agent.get("/users/app1-bob/export").status_code == 403
+    assert agent.post("/users/app1-bob/import", {}).status_code == 403
     preview = agent.post("/users/app1-bob/preview", {"query": "tea", "budget": "500"})
     assert preview.status_code == 200 and "The user likes tea" in preview.text
 
@@ -333,6 +337,9 @@ def test_logins_scopes_and_prefixes_are_the_api_keys(
     assert "app1-bob" in listing and "app2-carol" not in listing
     assert bound.get("/users/app2-carol/memory").status_code == 403
     assert bound.get("/queue").status_code == 403
+    assert bound.get("/users/app2-carol/export").status_code == 403
+    assert bound.get("/users/app2-carol/all").status_code == 403
+    assert bound.get("/users/app1-bob/export").json()["facts"][0]["content"] == "The user likes tea"
     assert bound.post("/users/app2-carol/forget", {"confirm": "app2-carol"}).status_code == 403
     assert manager.list_facts("app2-carol") != []
 
@@ -444,3 +451,52 @@ def test_forgetting_a_user_needs_the_user_id_typed_back(
     assert answer.status_code == 200 and "Forgotten" in answer.text
     assert manager.list_facts("app1-fay") == []
     assert "app1-fay" not in manager.list_users()
+
+
+def test_the_server_warms_the_segmenter_and_every_page_before_its_first_request() -> None:
+    """The first preview after start costs what later ones do: `memq serve`'s start (its
+    lifespan, before a request is accepted) loads jieba's dictionary and compiles every template
+    in every language. The time itself is the INSPECTOR benchmark's first-preview figure."""
+    import jieba
+    from fastapi.testclient import TestClient
+
+    from memq.server.ui.i18n import CODES
+    from memq.server.ui.render import environment
+
+    environment.cache_clear()
+    app = create_app(MemqSettings(), mcp=False)
+    assert environment.cache_info().currsize == 0  # building the app warms nothing yet
+    with TestClient(app):
+        assert jieba.dt.initialized
+        assert environment.cache_info().currsize == len(CODES)
+        for code in CODES:
+            env = environment(code)
+            assert env.cache is not None
+            assert len(env.cache) == len(env.list_templates(extensions=["html"]))
+
+
+def test_an_unexpected_failure_under_ui_is_a_page_and_its_text_is_kept_out_of_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A crash in an inspector page answers the layout's 500 page (the HTTP API answers
+    problem+json); what the exception said, which may quote stored memory, is neither shown nor
+    logged."""
+    from fastapi.testclient import TestClient
+
+    app = create_app(MemqSettings(), mcp=False)
+    (mount,) = [r for r in app.routes if isinstance(r, Mount) and r.path == "/ui"]
+    assert isinstance(mount.app, FastAPI)
+
+    def crash() -> None:
+        raise RuntimeError("secret stored text")
+
+    mount.app.add_api_route("/crash", crash)
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as client:
+        answer = client.get("/ui/crash")
+        api = client.get("/v1/no/such/route")
+    assert answer.status_code == 500
+    assert answer.headers["content-type"].startswith("text/html")
+    assert "internal error; see the server log" in answer.text
+    assert 'href="/ui/static/inspector.css"' in answer.text  # inside the layout
+    assert "secret stored text" not in answer.text + caplog.text
+    assert api.headers["content-type"].startswith("application/problem+json")

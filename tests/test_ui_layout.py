@@ -94,7 +94,7 @@ def garbage(_request: dict[str, Any]) -> Reply:
     return Reply(content="I think the user likes cats, probably.")
 
 
-@pytest.mark.timeout(420)  # 36 pages, each laid out and checked by axe, on a shared machine
+@pytest.mark.timeout(600)  # 48 pages, each laid out and checked by axe, on a shared machine
 def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(
     make_settings: Any,
     openai_server: ScriptedOpenAI,
@@ -128,8 +128,12 @@ def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(
         "fact": f"{user}/facts/{fact_id}?{agent}",
         "retired fact": f"{user}/facts/{retired_id}?{agent}",
         "preview": f"{user}/preview?{agent}",
+        "every memory": f"{user}/all",
+        "every memory searched": f"{user}/all?text=%E6%9D%AD%E5%B7%9E%20Berlin",
+        "export and import": f"{user}/memory?{agent}&tab=transfer",
         "queue": f"{ui}/queue",
         "not found": f"{user}/facts/no-such-fact?{agent}",
+        "no such page": f"{ui}/no/such/page",
     }
     failures: list[str] = []
 

@@ -232,6 +232,8 @@ def test_the_chinese_catalogue_translates_every_template_string() -> None:
     zh = translations("zh-Hans")
     for english in ("Users", "Forget and don't learn again", *views.NOTICES.values()):
         assert zh.gettext(english) != english, english
+    purged = ("%(num)s dead letter purged", "%(num)s dead letters purged")
+    assert zh.ngettext(*purged, 2) % {"num": 2} == "已清除 2 条死信"
 
 
 def test_the_queue_shows_its_depths_and_only_the_totals_that_are_not_zero() -> None:

@@ -4,6 +4,8 @@ No model is called. Each subject's memory is seeded with the data set's own obse
 ``session_N_observation``) as facts — each said at its session's time (``session_N_date_time``),
 citing the turns the observation names — and every question is recalled exactly as a run recalls
 it (:class:`producer.injector.MemoryInjector` on a real storage backend, one block per subject).
+With an embedding model configured (``MEMQ_EMBEDDING_MODEL``), the seeded facts are embedded by the
+workers' client first, as extraction would have, so the block is ranked by memq's hybrid ranking.
 The ideal reader answers right whenever the evidence reaches it, so what is measured is recall:
 of the questions whose evidence is an observation, how many get one (``any``) or every (``all``)
 evidence observation into the block; and, for the temporal questions whose evidence reaches the
@@ -32,6 +34,7 @@ from memq.evaluation.dataset import (
     user_id_for,
 )
 from prompts.injection import day_header, render_fact, said_day
+from storage.base import MemoryStorage
 from storage.document import Fact, MemoryDocument
 from storage.sources import MAX_SOURCE_MESSAGES, Source
 from worker.watermark import message_identity
@@ -195,6 +198,8 @@ def run_ideal(evalset: EvalSet, settings: MemqSettings, out_dir: Path) -> IdealR
         facts_of: dict[int, Fact] = {}
         for (conv_id, subject), document in documents.items():
             storage.save(user_id_for(evalset.benchmark, conv_id, subject), None, document)
+        if private.embedding_model:
+            _embed_facts(storage, private, [user_id_for(evalset.benchmark, *k) for k in documents])
         for key, document in documents.items():
             mine = [o for o in evalset.observations if (o.conversation_id, o.subject) == key]
             facts_of.update({id(o): f for o, f in zip(mine, document.facts, strict=True)})
@@ -220,6 +225,18 @@ def run_ideal(evalset: EvalSet, settings: MemqSettings, out_dir: Path) -> IdealR
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / IDEAL_FILE).write_text(json.dumps(result.to_json(), indent=2) + "\n")
     return result
+
+
+def _embed_facts(storage: MemoryStorage, settings: MemqSettings, users: Sequence[str]) -> None:
+    """Each seeded memory's fact vectors, as the workers store them after an extraction."""
+    from worker.embeddings import OpenAIEmbedder, embed_missing
+
+    embedder = OpenAIEmbedder(settings)
+    try:
+        for user in users:
+            embed_missing(storage, user, None, embedder)
+    finally:
+        embedder.close()
 
 
 def ideal_markdown(result: IdealResult) -> str:

@@ -14,9 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from memq.core.errors import InvalidMemoryData
 from memq.core.settings import MemqSettings
 from memq.memory.deerflow_format import deerflow_document
 from memq.operations.access import Principal
+from memq.operations.caps import MAX_DEAD_IDS, check_count
 from memq.operations.table import authorize
 from producer.injector import MemoryInjector
 from producer.producer import MemoryProducer, Offered
@@ -115,6 +117,7 @@ class MemqService:
         """Queue a conversation; when Redis does not answer, the producer's spool keeps it and
         replays it once Redis is back. Bad input raises (InvalidIdentifier, InvalidMessages)."""
         authorize(who, "hand_off", user_id)
+        check_count(messages, self.settings.producer_max_messages, "messages")
         return self.producer.offer(
             thread_id,
             user_id,
@@ -387,11 +390,11 @@ class MemqService:
 
     def retry_dead(self, who: Principal, ids: Iterable[str] | Literal["all"]) -> int:
         authorize(who, "retry_dead")
-        return self.queue.dead_retry(ids)
+        return self.queue.dead_retry(_dead_ids(ids))
 
     def purge_dead(self, who: Principal, ids: Iterable[str] | Literal["all"]) -> int:
         authorize(who, "purge_dead")
-        return self.queue.dead_purge(ids)
+        return self.queue.dead_purge(_dead_ids(ids))
 
     def close(self) -> None:
         self.producer.close()
@@ -400,3 +403,13 @@ class MemqService:
         self._read_redis.close()
         if self._owns_redis:
             self.redis.close()
+
+
+def _dead_ids(ids: Iterable[str] | Literal["all"]) -> list[str] | Literal["all"]:
+    if ids == "all":
+        return "all"
+    chosen = list(ids)
+    if not chosen:
+        raise InvalidMemoryData("no dead letter chosen")
+    check_count(chosen, MAX_DEAD_IDS, "ids")
+    return chosen

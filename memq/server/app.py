@@ -45,6 +45,7 @@ def create_app(
     settings (closed at shutdown only when built here).
     """
     from memq.server import routes_admin, routes_agent, routes_ops
+    from memq.server.ui import build_inspector, guard_pages, warm_pages
 
     keys = keyring if keyring is not None else Keyring.from_settings(settings)
     owned = service is None
@@ -57,8 +58,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        # The tokenizer and the segmenter, before the first recall needs them (~0.7 s).
+        # The tokenizer and the segmenter, before the first recall needs them (~0.7 s), and the
+        # inspector's templates: before the server accepts its first request.
         handles.injector(None).warm()
+        warm_pages()
         async with AsyncExitStack() as stack:
             if mcp_app is not None:
                 await stack.enter_async_context(mcp_app.lifespan())
@@ -92,10 +95,13 @@ def create_app(
     if mcp_app is not None:
         app.router.routes.append(mcp_app.route(keys))
     # The inspector: its own small app (HTML errors, session login), swept by its own tests.
-    from memq.server.ui import build_inspector
-
-    app.mount("/ui", build_inspector(settings, keys, handles), name="ui")
-    app.add_middleware(RequestGuard, max_body_bytes=settings.serve_max_body_bytes)
+    inspector = build_inspector(settings, keys, handles)
+    app.mount("/ui", inspector, name="ui")
+    app.add_middleware(
+        RequestGuard,
+        max_body_bytes=settings.serve_max_body_bytes,
+        page_for=guard_pages(inspector),  # its refusals under /ui as the inspector's pages
+    )
     # Routing on the raw path: an id with an encoded `/` reaches its own route (ids.py).
     app.add_middleware(RawPathRouting)
     hosts = allowed_hosts(settings)

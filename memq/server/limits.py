@@ -6,34 +6,36 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sized
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from memq.core.errors import PayloadTooLarge
 from memq.server.problems import PROBLEM_JSON, problem_body
 
 log = logging.getLogger("memq.server")
 access_log = logging.getLogger("memq.server.access")
 
 
-def check_count(items: Sized, cap: int, what: str) -> None:
-    """A list the caller sent (messages, ids) longer than ``cap``: 413."""
-    if len(items) > cap:
-        raise PayloadTooLarge(f"{len(items)} {what}; at most {cap} per request")
-
-
 def _problem_bytes(status: int, detail: str) -> bytes:
     return json.dumps(problem_body(status, detail)).encode("utf-8")
 
 
-class RequestGuard:
-    """Outermost middleware of the app (inside Starlette's own error middleware)."""
+# A refusal as an HTML page and its own headers (its security policy) for the requests that want
+# one (the inspector's), else None.
+PageFor = Callable[[Scope, int, str], tuple[bytes, list[tuple[bytes, bytes]]] | None]
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+
+class RequestGuard:
+    """Outermost middleware of the app (inside Starlette's own error middleware). ``page_for``
+    answers its refusals of inspector requests as pages; every other request gets problem+json."""
+
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, page_for: PageFor | None = None
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.page_for = page_for
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -49,7 +51,7 @@ class RequestGuard:
                 except ValueError:
                     declared = -1
                 if declared > cap:
-                    await self._send_problem(send, 413, self._too_large())
+                    await self._send_problem(scope, send, 413, self._too_large())
                     self._log(scope, 413, started)
                     return
         received = [0]
@@ -72,7 +74,7 @@ class RequestGuard:
             if over[0]:
                 if message["type"] == "http.response.start" and not status[0]:
                     status[0] = 413
-                    await self._send_problem(send, 413, self._too_large())
+                    await self._send_problem(scope, send, 413, self._too_large())
                 return
             if message["type"] == "http.response.start":
                 status[0] = int(message["status"])
@@ -86,26 +88,28 @@ class RequestGuard:
             if not status[0]:
                 status[0] = 413 if over[0] else 500
                 detail = self._too_large() if over[0] else "internal error; see the server log"
-                await self._send_problem(send, status[0], detail)
+                await self._send_problem(scope, send, status[0], detail)
         if over[0] and not status[0]:
             status[0] = 413
-            await self._send_problem(send, 413, self._too_large())
+            await self._send_problem(scope, send, 413, self._too_large())
         self._log(scope, status[0], started)
 
     def _too_large(self) -> str:
         return f"request body above {self.max_body_bytes} bytes (MEMQ_SERVE_MAX_BODY_BYTES)"
 
-    @staticmethod
-    async def _send_problem(send: Send, status: int, detail: str) -> None:
-        body = _problem_bytes(status, detail)
+    async def _send_problem(self, scope: Scope, send: Send, status: int, detail: str) -> None:
+        page = self.page_for(scope, status, detail) if self.page_for is not None else None
+        body, extra = page if page is not None else (_problem_bytes(status, detail), [])
+        kind = "text/html; charset=utf-8" if page is not None else PROBLEM_JSON
         await send(
             {
                 "type": "http.response.start",
                 "status": status,
                 "headers": [
-                    (b"content-type", PROBLEM_JSON.encode()),
+                    (b"content-type", kind.encode()),
                     (b"content-length", str(len(body)).encode()),
                     (b"connection", b"close"),
+                    *extra,
                 ],
             }
         )

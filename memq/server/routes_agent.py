@@ -11,14 +11,12 @@ import functools
 from enum import Enum
 from typing import Annotated, Any
 
-from fastapi import Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from memq.operations.access import Principal
 from memq.operations.paging import DEFAULT_LIMIT, needed, page
 from memq.server.ids import ID
-from memq.server.limits import check_count
 from memq.server.models import (
     TOKEN_BUDGET,
     ContextBlock,
@@ -63,13 +61,11 @@ async def hand_off(
     who: Annotated[Principal, caller("hand_off")],
     user_id: str,
     body: HandOff,
-    request: Request,
     svc: Service,
 ) -> HandOffAccepted:
     """Hand a conversation over for extraction: 202 once Redis took it (`queued`), or once the
     server spooled it while Redis is unreachable (`spooled`, sent when Redis is back)."""
-    # The producer's own message cap: over HTTP a longer list is refused (413), not cut.
-    check_count(body.messages, request.app.state.settings.producer_max_messages, "messages")
+    # Over the producer's message cap the service refuses the whole list (413), never cuts it.
     # The hot path: one explicit hop to a thread for the (blocking) Redis round trip, and the
     # answer serialised here; a sync handler costs a second hop for the serialisation.
     outcome = await run_in_threadpool(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, Request
+from fastapi import Depends
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,7 +13,6 @@ from memq.core.connection import REDIS_ERRORS
 from memq.operations.access import Principal
 from memq.operations.paging import DEFAULT_LIMIT, needed, page
 from memq.server.auth import PUBLIC
-from memq.server.limits import check_count
 from memq.server.problems import problem
 from memq.server.routing import Cursor, Limit, Service, caller, new_router
 
@@ -115,12 +114,9 @@ class DeadActionDone(BaseModel):
 def retry_dead_letters(
     who: Annotated[Principal, caller("retry_dead")],
     body: DeadAction,
-    request: Request,
     svc: Service,
 ) -> DeadActionDone:
     """Put dead letters back in the queue, due now (`memq dead retry`)."""
-    if body.ids != "all":
-        check_count(body.ids, request.app.state.settings.producer_max_messages, "ids")
     return DeadActionDone(count=svc.retry_dead(who, body.ids))
 
 
@@ -132,10 +128,7 @@ def retry_dead_letters(
 def purge_dead_letters(
     who: Annotated[Principal, caller("purge_dead")],
     body: DeadAction,
-    request: Request,
     svc: Service,
 ) -> DeadActionDone:
     """Delete dead letters for good (`memq dead purge`)."""
-    if body.ids != "all":
-        check_count(body.ids, request.app.state.settings.producer_max_messages, "ids")
     return DeadActionDone(count=svc.purge_dead(who, body.ids))

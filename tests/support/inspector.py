@@ -12,12 +12,18 @@ import html
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import httpx
 import pytest
+
+from memq.testing.waiting import wait_for
+
+if TYPE_CHECKING:
+    from selenium.webdriver.remote.webdriver import WebDriver
+    from selenium.webdriver.remote.webelement import WebElement
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 DRIVER_NAMES = ("chromedriver",)
@@ -196,3 +202,49 @@ def narrowest_px(driver: Any, selector: str) -> int | None:
         selector,
     )
     return None if found is None else int(found)
+
+
+# Page helpers of the browser tests (Selenium imported inside: a machine without it skips).
+def by_id(driver: WebDriver, element_id: str) -> WebElement:
+    return driver.find_element("id", element_id)
+
+
+def text_of(element: WebElement) -> str:
+    """What the DOM holds (``textContent``), not Selenium's whitespace-normalised rendering."""
+    return str(element.get_property("textContent"))
+
+
+def no_alert(driver: WebDriver) -> bool:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        driver.switch_to.alert  # noqa: B018 (the lookup itself is the check)
+    except NoAlertPresentException:
+        return True
+    return False
+
+
+def navigate(driver: WebDriver, action: Callable[[], object], *, alert: bool = False) -> None:
+    """Do what loads a new page (a click, a submit) and wait until the old page is gone, so
+    the next lookup never finds an element of the page being left."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    old = driver.find_element("tag name", "html")
+    action()
+    if alert:
+        WebDriverWait(driver, 10).until(expected_conditions.alert_is_present()).accept()
+    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(old))
+
+
+def log_in(driver: WebDriver, url: str, key: str) -> None:
+    driver.get(url + "/ui/users")
+    wait_for(lambda: driver.current_url.endswith("/ui/login"), what="the login page")
+    by_id(driver, "key").send_keys(key)
+    navigate(driver, by_id(driver, "login").click)
+    wait_for(lambda: driver.current_url.endswith("/ui/users"), what="the users page")
+
+
+def console_errors(driver: WebDriver) -> list[str]:
+    """Errors the page logged: a CSP violation or a script error shows up here."""
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]

@@ -89,7 +89,12 @@ def seed(settings: MemqSettings, redis_client: Any) -> None:
         producer.enqueue(POISON_THREAD, USER, None, turn("Import my spreadsheet."), flush=True)
     queue = QueueClient(settings, redis_client)
     wait_for(
-        lambda: len(manager.list_facts(USER)) == 3 and queue.dead_list(),
+        # Every fact the threads teach (not a count: the imported fact is there too).
+        lambda: (
+            {content for content, _, _ in LEARNT.values()}
+            <= {f.content for f in manager.list_facts(USER)}
+            and queue.dead_list()
+        ),
         what="the sample memory learnt and one dead letter",
     )
     manager.add_fact(USER, "Does not eat meat", category="preference", confidence=0.8)
@@ -102,6 +107,9 @@ def seed(settings: MemqSettings, redis_client: Any) -> None:
     manager.edit_fact(USER, goal.id, confidence=0.7)
     for n in range(1, 4):
         manager.add_fact(f"acme-user-{n:03d}", "Uses memq", confidence=0.5)
+    # An agent's own memory beside the user-global one (the all-memories view).
+    for text in ("Books the team's Berlin office for Thursdays", "Prefers short stand-ups"):
+        manager.add_fact(USER, text, agent_name="planner", category="preference", confidence=0.7)
 
 
 def shoot(url: str, out: Path) -> list[Path]:
@@ -152,6 +160,10 @@ def shoot(url: str, out: Path) -> list[Path]:
         budget.send_keys("110")
         driver.find_element(By.ID, "preview-button").click()
         save("preview")
+        driver.get(f"{url}/ui/users/{USER}/all?text=Berlin")
+        save("every-memory")
+        driver.get(f"{url}/ui/users/{USER}/memory?tab=transfer")
+        save("export-import")
         driver.get(url + "/ui/queue")
         wait_for(
             lambda: driver.find_element(By.ID, "live").text.startswith("(live"),

@@ -10,6 +10,6 @@ are grouped by area: ``routes_session``, ``routes_memory``, ``routes_correct``, 
 
 from __future__ import annotations
 
-from memq.server.ui.app import build_inspector
+from memq.server.ui.app import build_inspector, guard_pages, warm_pages
 
-__all__ = ["build_inspector"]
+__all__ = ["build_inspector", "guard_pages", "warm_pages"]

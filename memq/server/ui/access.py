@@ -123,6 +123,8 @@ class Access:
 
 
 VIEW = Access("agent")
+# A page only an admin key may see (an export holds the whole memory, as the API's export).
+ADMIN_VIEW = Access("admin")
 # A POST that changes nothing (the preview's query travels in a body, not the URL; logging out).
 READ_FORM = Access("agent", form=True)
 CHANGE = Access("admin", form=True)
@@ -130,6 +132,7 @@ QUEUE = Access("admin", all_users=True)
 QUEUE_CHANGE = Access("admin", form=True, all_users=True)
 
 Viewer = Annotated[Page, Depends(VIEW)]
+AdminViewer = Annotated[Page, Depends(ADMIN_VIEW)]
 Changer = Annotated[Page, Depends(CHANGE)]
 QueueViewer = Annotated[Page, Depends(QUEUE)]
 QueueChanger = Annotated[Page, Depends(QUEUE_CHANGE)]

@@ -14,6 +14,7 @@ from memq.server.models import TOKEN_BUDGET
 from memq.server.ui import views
 from memq.server.ui.access import Page, Reader, Viewer
 from producer.injector import wrapped
+from prompts.injection import RELEVANCE_WEIGHT
 from prompts.tokens import make_token_counter
 from storage.base import Change
 from storage.document import DO_NOT_LEARN_MAX, Fact, MemoryDocument
@@ -22,7 +23,7 @@ router = APIRouter()
 # `:path`: a user id may hold `/` (sent as `%2F`, which the server decodes before routing). So the
 # user's own page, whose pattern matches every longer path too, is declared last.
 USER = f"/users/{{user_id:{ID}}}"  # one percent-encoded segment: memq/server/ids.py
-TABS = ("facts", "summaries", "superseded", "history", "do-not-learn")
+TABS = ("facts", "summaries", "superseded", "history", "do-not-learn", "transfer")
 # The history is bounded by history_max_entries: read all of it, page it here.
 WHOLE_HISTORY = 1_000_000
 # The agent name is checked by the storage, as everywhere in memq (an invalid one is a 422 page).
@@ -134,6 +135,11 @@ def memory(
         superseded_total=len(superseded),
         history=history,
         do_not_learn_max=DO_NOT_LEARN_MAX,
+        caps={
+            "facts": svc.settings.max_facts,
+            "chars": svc.settings.fact_max_chars,
+            "bytes": svc.settings.serve_max_body_bytes,
+        },
         notice=views.NOTICES.get(done, ""),
     )
 
@@ -217,6 +223,7 @@ def preview(
             "block": block,
             "tokens": count(block) if block else 0,
             "left_out": plan.left_out,
+            "weight": RELEVANCE_WEIGHT,
             "total": len(svc.document(who, user_id, agent_name).facts),
         },
     )
@@ -248,6 +255,24 @@ def thread(
             removed += [e.fact for e in document.superseded if e.fact.id in gone]
             effects.append((agent, removed, result.trimmed, result.sections_cleared))
     return page.html("thread.html", user_id=user_id, thread_id=thread_id, effects=effects)
+
+
+@router.get(USER + "/all", name="ui_user_all")
+def every_memory(
+    user_id: str, page: Viewer, text: Annotated[str, Query(max_length=500)] = ""
+) -> HTMLResponse:
+    """Every memory of the user side by side (the user-global one first): each one's best facts,
+    or, given a search, each one's best matches by the API's own search (the service's
+    ``search``, as ``POST /v1/users/{id}/facts/search`` answers it per memory)."""
+    svc, who = page.svc, page.principal
+    columns = []
+    for agent, document in _documents(page, user_id):
+        if text.strip():
+            shown = svc.search(who, user_id, agent, text, limit=views.PER_MEMORY)
+        else:
+            shown = views.fact_table(document.facts, limit=views.PER_MEMORY).rows
+        columns.append(views.MemoryColumn(agent, shown, len(document.facts)))
+    return page.html("all.html", user_id=user_id, columns=columns, text=text)
 
 
 @router.get(USER, name="ui_user")

@@ -8,14 +8,14 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Form, Query
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from memq.core.errors import InvalidMemoryData
 from memq.server.ui.access import Page, QueueChanger, QueueViewer
 from memq.server.ui.render import query
 
 router = APIRouter()
 # Dead letters shown on the page; `memq dead list` and the API list more.
 MAX_LISTED_DEAD = 500
-DONE = {"retried": "retried (due now)", "purged": "purged"}
+# What the page may say was done (the template words it, in the page's language).
+DONE = ("retried", "purged")
 
 
 # The first rows of `memq stats` are the queue's depths, shown even at zero; of the totals that
@@ -64,8 +64,9 @@ def queue(
         except ValueError:
             key = None
         dead.append((entry, key))
-    notice = f"{count} dead letter(s) {DONE[done]}" if done in DONE else ""
-    return page.html("queue.html", stats=_stats(page), dead=dead, notice=notice)
+    return page.html(
+        "queue.html", stats=_stats(page), dead=dead, done=done if done in DONE else "", count=count
+    )
 
 
 @router.get("/queue/stats.json", name="ui_queue_stats")
@@ -74,21 +75,35 @@ def queue_stats(page: QueueViewer) -> dict[str, Any]:
     return _stats(page)
 
 
-def _ids(context_id: str) -> list[str] | Literal["all"]:
-    if context_id == "all":
+def chosen(
+    ticked: list[str] | None, only: str | None = None, every: bool = False
+) -> list[str] | Literal["all"]:
+    """The dead letters one submit of the queue's form acts on: all of them (a bulk button's
+    ``every``), the one row whose own button was pressed (``only``), else the ticked rows (the
+    service refuses none, or more than its cap, in one line)."""
+    if every:
         return "all"
-    if not context_id:
-        raise InvalidMemoryData("no dead letter chosen")
-    return [context_id]
+    if only:
+        return [only]
+    return list(dict.fromkeys(t for t in ticked or () if t))
+
+
+Ticked = Annotated[list[str] | None, Form(alias="context_id")]
+Only = Annotated[str, Form()]
+Every = Annotated[str, Form()]
 
 
 @router.post("/queue/dead/retry", name="ui_dead_retry")
-def retry(page: QueueChanger, context_id: Annotated[str, Form()]) -> RedirectResponse:
-    count = page.svc.queue.dead_retry(_ids(context_id))
+def retry(
+    page: QueueChanger, context_id: Ticked = None, only: Only = "", every: Every = ""
+) -> RedirectResponse:
+    count = page.svc.retry_dead(page.principal, chosen(context_id, only, bool(every)))
     return RedirectResponse(page.base + "/queue" + query({"done": "retried", "count": count}), 303)
 
 
 @router.post("/queue/dead/purge", name="ui_dead_purge")
-def purge(page: QueueChanger, context_id: Annotated[str, Form()]) -> RedirectResponse:
-    count = page.svc.queue.dead_purge(_ids(context_id))
+def purge(
+    page: QueueChanger, context_id: Ticked = None, only: Only = "", every: Every = ""
+) -> RedirectResponse:
+    count = page.svc.purge_dead(page.principal, chosen(context_id, only, bool(every)))
     return RedirectResponse(page.base + "/queue" + query({"done": "purged", "count": count}), 303)

@@ -21,18 +21,29 @@ from storage.base import Change
 from storage.document import Fact, MemoryDocument
 from storage.sources import Source
 
+
+def N_(message: str) -> str:
+    """Marks a string for the message catalogue (``make i18n`` extracts it from this module);
+    the page translates it where it is shown."""
+    return message
+
+
 # What a redirect after a change may say it did (a fixed vocabulary: nothing from the URL is shown).
 NOTICES = {
-    "added": "Fact added.",
-    "edited": "Fact edited; the change is in its history.",
-    "deleted": "Fact deleted; the deletion is in the memory's history.",
-    "thread-forgotten": "Thread forgotten: what it taught is gone.",
-    "thread-unknown": "Unknown thread: memq held nothing from it, so nothing was forgotten.",
-    "forgotten": "Fact deleted and put on the do-not-learn list: it will not be learnt again.",
-    "blocked": "Added to the do-not-learn list.",
-    "unblocked": "Taken off the do-not-learn list: it may be learnt again.",
-    "summary-edited": "Summary edited; the change is in the history.",
-    "restored": "Fact restored; it is current again and the restore is in its history.",
+    "added": N_("Fact added."),
+    "edited": N_("Fact edited; the change is in its history."),
+    "deleted": N_("Fact deleted; the deletion is in the memory's history."),
+    "thread-forgotten": N_("Thread forgotten: what it taught is gone."),
+    "thread-unknown": N_("Unknown thread: memq held nothing from it, so nothing was forgotten."),
+    "forgotten": N_("Fact deleted and put on the do-not-learn list: it will not be learnt again."),
+    "blocked": N_("Added to the do-not-learn list."),
+    "unblocked": N_("Taken off the do-not-learn list: it may be learnt again."),
+    "summary-edited": N_("Summary edited; the change is in the history."),
+    "restored": N_("Fact restored; it is current again and the restore is in its history."),
+    "imported": N_("Memory replaced by the imported file; the import is in the history."),
+    "imported-cut": N_(
+        "Memory replaced by the imported file; facts over the length limit were cut to it."
+    ),
 }
 
 T = TypeVar("T")
@@ -255,6 +266,22 @@ def threads(documents: Sequence[tuple[str | None, MemoryDocument]]) -> list[Thre
     return sorted(
         rows.values(), key=lambda r: ((r.last or _EPOCH).isoformat(), r.thread_id), reverse=True
     )
+
+
+# Facts each memory shows in the all-memories view: the best few, side by side; a memory's own page
+# has the rest.
+PER_MEMORY = 20
+
+
+@dataclass(frozen=True)
+class MemoryColumn:
+    """One memory of a user in the all-memories view: its agent (None: the user-global memory),
+    the facts shown (the best by confidence, or the search's best matches) and how many it
+    holds."""
+
+    agent: str | None
+    facts: list[Fact]
+    total: int
 
 
 def categories(facts: Iterable[Fact]) -> list[str]:
