@@ -310,7 +310,11 @@ def test_memq_starts_its_own_workers_and_a_ctrl_c_stops_it_to_be_resumed(
         return reply
 
     openai_server.responder = responder
-    settings: MemqSettings = stack_settings(make_settings, openai_server)
+    # A held call must outlast the wait for the signal: with the usual 10 s client timeout a
+    # slow run's held calls failed, were given up on, and the run ended by itself (exit 0).
+    settings: MemqSettings = stack_settings(
+        make_settings, openai_server, llm_timeout_seconds=DEADLINE_SECONDS
+    )
     out = tmp_path / "own"
     command = [
         c for c in eval_command("longmemeval", LONGMEMEVAL, out, "--no-progress", "--workers", "2")

@@ -227,14 +227,29 @@ def no_alert(driver: WebDriver) -> bool:
 def navigate(driver: WebDriver, action: Callable[[], object], *, alert: bool = False) -> None:
     """Do what loads a new page (a click, a submit) and wait until the old page is gone, so
     the next lookup never finds an element of the page being left."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.wait import WebDriverWait
 
     old = driver.find_element("tag name", "html")
+
+    def left(_: WebDriver) -> bool:
+        # Chromium answers a look at an element of the page being left either "stale" or, in
+        # the middle of the navigation, "does not belong to the document": both mean it is gone.
+        try:
+            old.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
+
     action()
     if alert:
         WebDriverWait(driver, 10).until(expected_conditions.alert_is_present()).accept()
-    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(old))
+    WebDriverWait(driver, 10).until(left)
 
 
 def log_in(driver: WebDriver, url: str, key: str) -> None:
