@@ -292,8 +292,9 @@ def test_memq_starts_its_own_workers_and_a_ctrl_c_stops_it_to_be_resumed(
     make_settings: Any, openai_server: ScriptedOpenAI, tmp_path: Path
 ) -> None:
     """No --external-workers: memq eval runs its own worker and ticker on the eval prefix."""
-    # Once two extractions were asked for, every later call (extraction, answer, judge) waits
-    # until the Ctrl-C is sent: on a fast machine the whole run could otherwise finish first.
+    # Every answer and judge call, and every extraction after the second, waits until the
+    # Ctrl-C is sent: on a fast machine one extraction can take every session (they are handed
+    # over before the first is claimed), and a run whose answers did not wait finished first.
     interrupted = threading.Event()
     extractions = itertools.count(1)
     asked = [0]
@@ -305,7 +306,7 @@ def test_memq_starts_its_own_workers_and_a_ctrl_c_stops_it_to_be_resumed(
             asked[0] = next(extractions)
             if asked[0] > 2:
                 reply.release = interrupted
-        elif asked[0] >= 2:
+        else:
             reply.release = interrupted
         return reply
 
