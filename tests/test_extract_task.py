@@ -386,3 +386,39 @@ def test_a_run_longer_than_its_lease_keeps_the_claim(
     assert result["outcome"] == "updated" and result["queue"] == "done"
     assert reaped and all(r.requeued == 0 and r.dead == 0 for r in reaped)
     assert h.queue.load(cid) == {} and len(h.pipeline.seen) == 1
+
+
+def test_a_run_settles_and_counts_in_one_round_trip(
+    make_settings: Any, redis_server: Any, redis_client: redis.Redis
+) -> None:
+    """complete.lua and the run's metrics (its extraction and the held LLM figures) go to Redis
+    in one pipeline: counted on the wire, through a proxy in front of the test's Redis."""
+    from bench.round_trips import CountingProxy, script_names
+    from memq.core.scripts import assemble
+
+    source = assemble("worker", "complete")
+    redis_client.script_load(source)  # a warm worker: the script is loaded
+    names = script_names([("complete", source)])
+    with CountingProxy(redis_server.port, names) as proxy:
+        settings = make_settings(redis_url=proxy.url, debounce_seconds=1.0, lease_seconds=60.0)
+        h = Harness(settings, redis_client)
+        h.runtime.metrics.llm_request("ok", 0.2)  # held until the run's own write
+        h.enqueue(T0)
+        h.run(h.claim(T0), T0 + 10)
+        _, counts = proxy.snapshot()
+    assert counts["HINCRBY + script complete"] == 1, counts
+    assert not any(label in counts for label in ("script complete", "HINCRBY"))
+    assert h.metrics()["extractions:updated"] == "1"
+    assert h.metrics()["llm_requests:ok"] == "1"
+
+
+def test_a_settlement_after_a_script_flush_counts_its_run_once(h: Harness) -> None:
+    """A restarted Redis forgot the scripts: complete.lua is loaded and run again, the metrics
+    sent beside its first attempt are not sent twice."""
+    cid = h.enqueue(T0)
+    claim = h.claim(T0)
+    h.client.script_flush()
+    assert h.run(claim, T0 + 10)["queue"] == "done"
+    assert h.queue.load(cid) == {}
+    assert h.metrics()["extractions:updated"] == "1"
+    assert h.metrics()["prompt_tokens"] == "120"

@@ -362,7 +362,9 @@ class BatchLane:
         if applied.outcome != "stale":
             applied = replace(applied, messages_sent=_turns_sent(data))
         settled = self.settlement.settle(
-            run, applied, lambda: self.batches.complete(request, batch_id, covered, self.clock())
+            run,
+            applied,
+            lambda also: self.batches.complete(request, batch_id, covered, self.clock(), also),
         )
         if settled["outcome"] == "stale":
             report.stale += 1

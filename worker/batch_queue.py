@@ -18,7 +18,7 @@ from typing import Any
 from memq.core.connection import RedisClient
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.metrics import BATCH_DEPTHS
-from memq.core.scripts import LuaScripts
+from memq.core.scripts import AlsoQueue, LuaScripts, call_then
 from memq.core.settings import MemqSettings
 from worker.queue import CompleteResult, QueueClient
 
@@ -184,11 +184,19 @@ class BatchQueue:
 
     # --- settling
     def complete(
-        self, request: OutRequest, batch_id: str, watermark: str | None, now: int
+        self,
+        request: OutRequest,
+        batch_id: str,
+        watermark: str | None,
+        now: int,
+        also: AlsoQueue | None = None,
     ) -> CompleteResult:
+        """``also``: commands sent after the script in its round trip (:func:`call_then`)."""
         q = self.keys.for_context(request.context_id)
-        raw = self._scripts["batch_complete"](
-            keys=[
+        raw = call_then(
+            self.redis,
+            self._scripts["batch_complete"],
+            [
                 q.context(request.context_id),
                 q.batched,
                 q.due,
@@ -198,13 +206,14 @@ class BatchQueue:
                 QueueClient.user_inflight_key(q, request.context_id),
                 q.batch_pending,
             ],
-            args=[
+            [
                 request.context_id,
                 request.token,
                 now,
                 watermark or "",
                 self.settings.watermark_ttl_ms,
             ],
+            also,
         )
         return CompleteResult(int(raw))
 

@@ -24,7 +24,7 @@ from memq.core.errors import InvalidIdentifier
 from memq.core.identity import decode_user, encode_user, user_id_of
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.metrics import MetricsRecorder, read_snapshot, summarise
-from memq.core.scripts import LuaScripts
+from memq.core.scripts import AlsoQueue, LuaScripts, call_then
 from memq.core.settings import MemqSettings
 from worker.shard_reads import dead_batches, due_members
 
@@ -292,21 +292,25 @@ class QueueClient:
         *,
         watermark: str | None = None,
         more: bool = False,
+        also: AlsoQueue | None = None,
     ) -> CompleteResult:
         """Settle a successful run; ``watermark`` (None: leave it) is stored with the settlement,
         so only the run that still holds the claim can advance it. ``more``: the run extracted
-        only part of the messages, so the context is rescheduled due now rather than deleted."""
+        only part of the messages, so the context is rescheduled due now rather than deleted.
+        ``also``: commands sent after the script in its round trip (:func:`call_then`)."""
         q = self._q(context_id)
         now = now_ms() if now is None else now
-        raw = self._scripts["complete"](
-            keys=[
+        raw = call_then(
+            self.redis,
+            self._scripts["complete"],
+            [
                 q.context(context_id),
                 q.inflight,
                 q.due,
                 q.watermark(context_id),
                 self.user_inflight_key(q, context_id),
             ],
-            args=[
+            [
                 context_id,
                 token,
                 now,
@@ -314,6 +318,7 @@ class QueueClient:
                 self.settings.watermark_ttl_ms,
                 "1" if more else "0",
             ],
+            also,
         )
         return CompleteResult(int(raw))
 

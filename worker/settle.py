@@ -19,6 +19,7 @@ from typing import Any, Literal
 from memq.core.errors import MemqError
 from memq.core.identity import ContextKey
 from memq.core.metrics import MetricsRecorder
+from memq.core.scripts import AlsoQueue
 from worker.budget import TokenBudget
 from worker.cost import CallUsage, PriceTable, bill_fields
 from worker.report import ExtractionReport, answer_counts
@@ -95,10 +96,14 @@ class Settlement:
         self.clock = clock
 
     def settle(
-        self, run: AnsweredRun, report: ExtractionReport, complete: Callable[[], Enum]
+        self,
+        run: AnsweredRun,
+        report: ExtractionReport,
+        complete: Callable[[AlsoQueue], Enum],
     ) -> dict[str, Any]:
         """Spend, settle (``complete``: the lane's queue step, called unless the answer was
-        fenced off), count and log one answered run; a small summary for the task result."""
+        fenced off, with the run's metrics writes to send in its round trip), count and log one
+        answered run; a small summary for the task result."""
         user = run.user_id
         if self.budget is not None and user is not None:
             # A discarded answer's tokens were spent all the same.
@@ -106,15 +111,21 @@ class Settlement:
         if report.outcome == "stale":
             return self._discarded(run, report)
         # Counted under its outcome even when the claim went stale after the save: what it
-        # saved stays.
-        settled = complete().name.lower()
-        self.metrics.extraction(
-            report.outcome,
-            {
-                **usage_fields(self.prices, run.lane, report, report.messages_sent),
-                **answer_counts(report),
-            },
-        )
+        # saved stays. So the figures do not wait for the settlement's answer: they go in its
+        # round trip, or after it when they could not (a cluster, another Redis).
+        usage = {
+            **usage_fields(self.prices, run.lane, report, report.messages_sent),
+            **answer_counts(report),
+        }
+        sent: list[bool] = []
+
+        def with_metrics(pipe: Any) -> bool:
+            sent.append(self.metrics.queue_extraction(pipe, report.outcome, usage))
+            return sent[-1]
+
+        settled = complete(with_metrics).name.lower()
+        if not any(sent):
+            self.metrics.extraction(report.outcome, usage)
         log.info(
             "extraction key=%s version=%d outcome=%s lane=%s facts_added=%d facts_removed=%d "
             "facts_invalid=%d facts_refused=%d prompt_tokens=%d cached_tokens=%d "

@@ -100,8 +100,13 @@ def extract(
     return runtime.settlement(clock).settle(
         run.answered(context),
         report,
-        lambda: run.queue.complete(
-            run.context_id, run.token, run.clock(), watermark=report.watermark, more=report.more
+        lambda also: run.queue.complete(
+            run.context_id,
+            run.token,
+            run.clock(),
+            watermark=report.watermark,
+            more=report.more,
+            also=also,
         ),
     )
 

@@ -225,6 +225,48 @@ class MetricsRecorder:
             latest={LAST_TICK_MS: now_ms},
         )
 
+    def queue_extraction(
+        self, pipe: Any, outcome: str, usage: Mapping[str, int] | None = None
+    ) -> bool:
+        """:meth:`extraction`'s writes (and the held LLM figures) queued on ``pipe``, a plain
+        pipeline another caller executes: a run's settlement and its figures then share one round
+        trip. False, with nothing queued, when ``pipe`` is not on this recorder's own Redis (the
+        caller then records with :meth:`extraction`). Their replies are the caller's to ignore:
+        a figure that cannot be written is lost, never raised."""
+        if getattr(pipe, "connection_pool", None) is not getattr(
+            self._client, "connection_pool", 0
+        ):
+            return False
+        try:
+            self._queue(pipe, {f"{EXTRACTIONS}{outcome}": 1}, usage)
+        except Exception as exc:
+            log.debug("metrics not recorded: %s", exc)
+        return True
+
+    def _queue(
+        self,
+        pipe: Any,
+        fields: Mapping[str, int],
+        counters: Mapping[str, int] | None = None,
+        latest: Mapping[str, int] | None = None,
+    ) -> None:
+        """The writes of ``fields``, ``counters`` and the held figures, queued on ``pipe``."""
+        with self._held_lock:
+            held, self._held = self._held, {}
+        amounts = dict(fields)
+        for name, amount in held.items():
+            amounts[name] = amounts.get(name, 0) + amount
+        for name, amount in (counters or {}).items():
+            if name in COUNTER_FIELDS:
+                amounts[name] = amounts.get(name, 0) + int(amount)
+            else:
+                log.warning("metrics: %r is not a counter of COUNTERS; not recorded", name)
+        for name, amount in amounts.items():
+            if amount:
+                pipe.hincrby(self._key, name, amount)
+        for name, value in (latest or {}).items():
+            pipe.hset(self._key, name, value)
+
     def _add(
         self,
         fields: Mapping[str, int],
@@ -232,23 +274,9 @@ class MetricsRecorder:
         latest: Mapping[str, int] | None = None,
     ) -> None:
         # The one guard: whatever goes wrong here (Redis, a bad figure) is logged, never raised.
-        with self._held_lock:
-            held, self._held = self._held, {}
         try:
-            amounts = dict(fields)
-            for name, amount in held.items():
-                amounts[name] = amounts.get(name, 0) + amount
-            for name, amount in (counters or {}).items():
-                if name in COUNTER_FIELDS:
-                    amounts[name] = amounts.get(name, 0) + int(amount)
-                else:
-                    log.warning("metrics: %r is not a counter of COUNTERS; not recorded", name)
             pipe = self._client.pipeline(transaction=False)
-            for name, amount in amounts.items():
-                if amount:
-                    pipe.hincrby(self._key, name, amount)
-            for name, value in (latest or {}).items():
-                pipe.hset(self._key, name, value)
+            self._queue(pipe, fields, counters, latest)
             pipe.execute()
         except Exception as exc:
             log.debug("metrics not recorded: %s", exc)

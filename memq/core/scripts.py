@@ -19,11 +19,15 @@ assembled text. A missing fragment or an include cycle is a packaging bug, raise
 from __future__ import annotations
 
 import functools
+import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.exceptions import NoScriptError
 
 from memq.core.errors import MemqError
 
@@ -31,6 +35,8 @@ if TYPE_CHECKING:
     from redis.commands.core import Script
 
     from memq.core.connection import RedisClient
+
+log = logging.getLogger("memq.scripts")
 
 SHARED_FRAGMENTS = "memq.core"  # the package whose ``includes/`` every script may pull from
 
@@ -101,3 +107,40 @@ class LuaScripts:
 def register(client: RedisClient, package: str, name: str) -> Script:
     """The one script ``<name>.lua`` of ``package``, registered on ``client``."""
     return LuaScripts(client, package, (name,))[name]
+
+
+# Queues more commands on a pipeline; False when it queued none (the caller then sends its own).
+AlsoQueue = Callable[[Any], bool]
+
+
+def call_then(
+    client: RedisClient,
+    script: Script,
+    keys: Sequence[Any],
+    args: Sequence[Any],
+    also: AlsoQueue | None,
+) -> Any:
+    """``script(keys, args)``'s reply, with the commands ``also`` queues sent after it in the same
+    round trip (a plain pipeline, no MULTI: the script's writes never wait on theirs, nor fail
+    with them). Their replies are dropped: what ``also`` sends is a best effort (metrics), the
+    script's reply is the answer, raised when it is an error. A Redis that forgot the script
+    (restarted) runs it through the wrapper, which loads it; ``also``'s commands, already run,
+    are not sent again. On a cluster client ``also`` is not called: its keys may sit on another
+    node, and the caller sends them itself."""
+    if also is None or not isinstance(client, redis.Redis):
+        return script(keys=keys, args=args)
+    pipe = client.pipeline(transaction=False)
+    # EVALSHA itself: redis-py's Script in a pipeline asks SCRIPT EXISTS first, a round trip.
+    pipe.evalsha(script.sha, len(keys), *keys, *args)
+    if not also(pipe):
+        pipe.reset()
+        return script(keys=keys, args=args)
+    reply, *rest = pipe.execute(raise_on_error=False)
+    for extra in rest:
+        if isinstance(extra, Exception):
+            log.debug("a command sent with a script failed: %s", extra)
+    if isinstance(reply, NoScriptError):
+        return script(keys=keys, args=args)
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
