@@ -61,7 +61,9 @@ def fill(client: redis.Redis, q: QueueKeys, count: int, due_at_ms: int) -> None:
     for start in range(0, count, FILL_CHUNK):
         ids = [f"t{i}:u{i % USERS}:a" for i in range(start, min(count, start + FILL_CHUNK))]
         pipe = client.pipeline(transaction=False)
-        pipe.zadd(q.due, {cid: due_at_ms - i for i, cid in enumerate(ids)})
+        # Distinct scores across chunks: equal scores would sort by id, and the oldest 100 would
+        # then all be one user's (every 1,000th id), hiding the per-user cap checks.
+        pipe.zadd(q.due, {cid: due_at_ms - start - i for i, cid in enumerate(ids)})
         for cid in ids:
             pipe.hset(q.context(cid), "version", "1")
         pipe.execute()

@@ -35,7 +35,10 @@
 --
 -- Calls per claimed candidate: HMGET, HSET, HDEL. The rest is per call or per user: one INCRBY
 -- reserves every token the call hands out, one ZCOUNT reads a user's live leases and one ZADD
--- adds the user's new ones (however many of the candidates are that user's).
+-- adds the user's new ones (however many of the candidates are that user's). A claim of 100 due
+-- contexts of 100 users is 500 calls (bench P2 measures them with INFO commandstats): each costs
+-- ~1.5 µs of the script's time, about half of it the call itself (arguments and reply converted
+-- between Lua and Redis), so the calls, not the zset lookups, are the script's cost.
 --
 -- Fairness: a capped candidate only moves back in `due`, so the next batch reaches other users'
 -- due keys instead of the same wall of one user's. Its hash keeps deadline_ms: that is its real
@@ -113,10 +116,12 @@ end
 local deadlines = scores(due)
 local leases = scores(inflight)
 local count = redis.call('ZCARD', inflight)
+local count_before = count
+local SMALL_ZSET = 128
 local held = {}  -- per-user key -> live leases, counted once per user per call
 local added = {}  -- per-user key -> {lease, id, ...} of its new leases, one ZADD per user
 local claimed = {}  -- {ctx, id, version, fields} of each candidate claimed, in order
-local drop, lease_args, defer_args = {}, {}, {}
+local drop, new_ids, lease_args, defer_args = {}, {}, {}, {}
 
 for i = 1, n do
   local ctx, users, id = KEYS[4 + 2 * i], KEYS[5 + 2 * i], ids[i]
@@ -155,8 +160,7 @@ for i = 1, n do
         horizon[users] = at + defer_step
       else
         drop[#drop + 1] = id
-        lease_args[#lease_args + 1] = lease_until
-        lease_args[#lease_args + 1] = id
+        new_ids[#new_ids + 1] = id
         count = count + 1
         user_held = user_held + 1
         local mine = added[users]
@@ -199,6 +203,17 @@ if #claimed > 0 then
     out[#out + 1] = token
     out[#out + 1] = version
   end
+end
+if count_before <= SMALL_ZSET then
+  -- A zset of up to 128 members (Redis's zset-max-ziplist-entries) is one packed list: each
+  -- ZADD member is found and placed by walking it. The new leases share one score, so added in
+  -- descending member order each lands at the front of its score's run instead of its end (half
+  -- the walk; 100 leases into an empty `inflight`: ~180 µs instead of ~350 µs of ZADD).
+  table.sort(new_ids)  -- ascending, without a Lua comparator (cheaper); read backwards below
+end
+for k = 1, #new_ids do
+  lease_args[2 * k - 1] = lease_until
+  lease_args[2 * k] = new_ids[#new_ids + 1 - k]
 end
 bulk('ZADD', inflight, lease_args, 2)
 bulk('ZREM', due, drop, 1)
