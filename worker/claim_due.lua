@@ -22,10 +22,12 @@
 --                           earliest (ms; one tick), see "Bulk skip" below
 -- ARGV[5+i]  context id of candidate i
 --
--- Returns {status, deferred, id_1, token_1, version_1, id_2, ...} for every context claimed, where
+-- Returns {status, deferred, first_token, id_1, version_1, id_2, version_2, ...}, where
 --   status   1  every candidate was examined
 --            2  stopped early: `inflight` is full (backpressure)
 --   deferred    how many due candidates were left in `due` because their user was at user_cap
+--   first_token the claim token of id_1; id_k's is first_token + k - 1 (one INCRBY reserved them
+--               in order), so the tokens are not repeated in the reply; 0 when none was claimed
 -- A candidate whose hash vanished is removed from `due` (celery-redbeat's cleanup); one already in
 -- flight is removed from `due` too (its complete reschedules it from deadline_ms), and so is one
 -- parked for or out in a batch job (`batch_token` set) unless it is `urgent` (a flush).
@@ -87,7 +89,7 @@ local defer_until = math.max(defer_from, now + tonumber(ARGV[2]))
 local defer_step = tonumber(ARGV[5]) / (2 * user_cap)
 local DEFER = '~defer'
 local horizon = {}  -- per-user key -> where its next capped candidate goes in `due`
-local out = {1, 0}
+local out = {1, 0, 0}
 local n = (#KEYS - 5) / 2
 if n == 0 then return out end
 
@@ -184,6 +186,7 @@ if #claimed > 0 then
   -- token is unique and a newer claim of a context always has a larger one: the storage
   -- fences saves with it (a run from an earlier claim can never match, nor outrank).
   local first = reserve_tokens(#claimed)
+  out[3] = string.format('%d', first)
   for k = 1, #claimed do
     local ctx, id, fields = claimed[k][1], claimed[k][2], claimed[k][3]
     local token = string.format('%d', first + k - 1)
@@ -200,7 +203,6 @@ if #claimed > 0 then
       leave_batch_lane(ctx, pending, batched, id)  -- superseded by this claim
     end
     out[#out + 1] = id
-    out[#out + 1] = token
     out[#out + 1] = version
   end
 end

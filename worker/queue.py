@@ -149,8 +149,9 @@ class QueueClient:
             examined += len(ids)
             full = full or int(raw[0]) == 2
             deferred += int(raw[1])
-            for pos in range(2, len(raw), 3):
-                claims.append(Claim(str(raw[pos]), str(raw[pos + 1]), int(raw[pos + 2])))
+            first = int(raw[2])  # the tokens are consecutive, in claim order (claim_due.lua)
+            for k, pos in enumerate(range(3, len(raw), 2)):
+                claims.append(Claim(str(raw[pos]), str(first + k), int(raw[pos + 1])))
         return ClaimBatch(claims=claims, examined=examined, full=full, deferred=deferred)
 
     def reap(self, now: int | None = None, limit: int = 1000) -> ReapResult:
