@@ -209,8 +209,8 @@ end
 if count_before <= SMALL_ZSET then
   -- A zset of up to 128 members (Redis's zset-max-ziplist-entries) is one packed list: each
   -- ZADD member is found and placed by walking it. The new leases share one score, so added in
-  -- descending member order each lands at the front of its score's run instead of its end (half
-  -- the walk; 100 leases into an empty `inflight`: ~180 µs instead of ~350 µs of ZADD).
+  -- descending member order each lands at the front of its score's run instead of its end (a
+  -- claim of 100 into an empty `inflight`: ~1.7 ms of script time instead of ~1.9 ms).
   table.sort(new_ids)  -- ascending, without a Lua comparator (cheaper); read backwards below
 end
 for k = 1, #new_ids do
