@@ -102,6 +102,26 @@ def test_claim_takes_only_due_keys_and_leases_them(
     assert queue.claim(T0 + 10).claims == []  # never claimed twice while in flight
 
 
+def test_each_claim_of_one_call_holds_the_token_its_hash_was_given(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    """The script returns the first token once; each claim's token must still be the one its
+    context's hash holds, distinct, and each settles only its own context."""
+    ids = [enqueue(f"t-{n}/x%y.z", T0, flush=True) for n in range(5)]
+    batch = queue.claim(T0)
+    assert sorted(c.context_id for c in batch.claims) == sorted(ids)
+    tokens = {c.context_id: c.token for c in batch.claims}
+    assert len(set(tokens.values())) == 5
+    for context_id, token in tokens.items():
+        assert queue.load(context_id)["claim_token"] == token
+    other = batch.claims[0]
+    for claim in batch.claims[1:]:
+        assert queue.complete(other.context_id, claim.token, T0 + 5) is CompleteResult.STALE
+    assert all(
+        queue.complete(c.context_id, c.token, T0 + 5) is CompleteResult.DONE for c in batch.claims
+    )
+
+
 def test_complete_deletes_the_context_when_its_version_did_not_move(
     queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
 ) -> None:
