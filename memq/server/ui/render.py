@@ -86,7 +86,10 @@ def when(value: datetime | None) -> str:
     return "—" if value is None else value.strftime("%Y-%m-%d %H:%M UTC")
 
 
+@functools.lru_cache(maxsize=4096)
 def when_ms(epoch_ms: int | None) -> str:
+    """An epoch-ms time as the pages show it. Kept: a page of dead letters formats two times a
+    row, and each is a ``datetime`` built and formatted (a pure function of the number)."""
     from datetime import UTC
 
     if not epoch_ms:
