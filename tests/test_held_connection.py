@@ -48,6 +48,9 @@ def test_only_a_client_that_makes_one_plain_try_gets_a_held_connection(
     assert held_connection(redis.Redis.from_url(url, retry=Retry(NoBackoff(), 2))) is None
     assert held_connection(redis.Redis.from_url(url, single_connection_client=True)) is None
     assert held_connection(redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))) is not None
+    # Behind Sentinels the client follows a failover with retries (built without connecting).
+    behind = settings.model_copy(update={"redis_url": "redis+sentinel://127.0.0.1:1/mymaster"})
+    assert held_connection(redis_client(behind, socket_timeout=0.5)) is None
 
 
 def test_a_second_thread_is_told_busy_while_the_first_waits_on_the_connection(
