@@ -3,7 +3,8 @@ memq's hybrid ranking, on LoCoMo-shaped data; and what ranking by meaning adds t
 
 Data: ``--locomo PATH`` (LoCoMo's ``locomo10.json``, which the user provides: it is not shipped),
 else the small LoCoMo-shaped sample of :mod:`bench.recall_sample`. As in the issue's measurement,
-each speaker's facts are LoCoMo's own observations (an ideal extraction) and a question counts when
+each speaker's facts are LoCoMo's own observations (an ideal extraction, each fact learnt in the
+thread of the session it was said in) and a question counts when
 it is not adversarial and at least one of its evidence turns is cited by an observation; ANY: some
 evidence fact is retrieved, ALL: every such evidence turn is.
 
@@ -35,6 +36,7 @@ from typing import Any
 
 from bench.common import BenchEnv, Result, fmt_ms, percentile
 from bench.recall_sample import sample
+from memq.evaluation.dataset import thread_id_for
 from memq.evaluation.locomo import ADVERSARIAL, read_locomo
 from memq.testing.hung_server import HungServer
 from memq.testing.openai_server import ScriptedOpenAI
@@ -161,7 +163,10 @@ def run(env: BenchEnv) -> Result:
             per_speaker: dict[str, list[Fact]] = collections.defaultdict(list)
             for o in observations:
                 if o.text not in mine:
-                    per_speaker[o.subject].append(Fact(content=o.text, confidence=0.9))
+                    # Learnt in its session's thread, as an extraction of that session records.
+                    thread = thread_id_for(conv_id, o.session_id)
+                    fact = Fact(content=o.text, confidence=0.9, source_thread_id=thread)
+                    per_speaker[o.subject].append(fact)
                 mine[o.text] |= set(o.evidence)
             cited[conv_id] = mine
             speakers[conv_id] = sorted(per_speaker)

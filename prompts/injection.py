@@ -9,11 +9,14 @@ never hides the facts ranked below it); facts of the guaranteed categories (corr
 draw from their own budget first, and are never cut: when the text overflows, only the leading
 sections are shortened.
 
-Facts that know when they were said are grouped under one ``8 May 2023:`` line per day (oldest
-day first, the title saying what the days are; facts from before memq knew time come first, as
-they always looked), so the day costs its tokens once, not on every line; the day of an event,
-where the model gave one, is in the fact's bracket: ``- [context | 0.95 | event 2023-05-06] …``.
-The budget counts each header once, with the first fact of its day that is taken.
+Facts that know when they were said are grouped under one line per day, oldest day first (the
+title saying what the days are; facts from before memq knew time come first, as they always
+looked), so the day costs its tokens once, not on every line. A day's line states its year only
+when it is the block's first or its year is not the previous day's — ``8 May 2023:``, then
+``25 May:`` — as a diary does: the year is 3 of a header's 7 tokens (cl100k), and a block's facts
+mostly share one. The day of an event, where the model gave one, is in the fact's bracket:
+``- [context | 0.95 | event 2023-05-06] …``. The budget counts each header once, with the first
+fact of its day that is taken, and the year once per year.
 
 Every slot that came from a conversation (summaries, content, category, the corrected mistake) goes
 through :func:`prompts.escaping.one_line`, the update prompt's own rule: nothing can close the
@@ -24,6 +27,7 @@ through :func:`prompts.escaping.one_line`, the update prompt's own rule: nothing
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -56,10 +60,30 @@ CUT_MARKER = "\n..."
 RENDERED_FACTS_KEPT = 4096
 
 
-def day_header(day: date) -> str:
-    """The line over the facts said on ``day``: ``8 May 2023:`` (fewer tokens than ISO 8601, and
-    unambiguous)."""
-    return f"{day.day} {day:%B %Y}:"
+def day_header(day: date, *, with_year: bool = True) -> str:
+    """The line over the facts said on ``day``: ``8 May 2023:``, or ``8 May:`` under an earlier
+    header of the same year (both fewer tokens than ISO 8601's ``2023-05-08``, and unambiguous)."""
+    return f"{day.day} {day:%B %Y}:" if with_year else f"{day.day} {day:%B}:"
+
+
+_DAY_LINE = re.compile(r"(\d{1,2}) ([A-Z][a-z]+)(?: (\d{4}))?:")
+_MONTHS = {f"{date(2000, m, 1):%B}": m for m in range(1, 13)}
+
+
+def read_day_header(line: str, previous: date | None) -> date | None:
+    """The day a :func:`day_header` line names (a header without a year is in ``previous``'s
+    year); None when the line is no day header. The one reader of the format, for measuring."""
+    found = _DAY_LINE.fullmatch(line)
+    month = _MONTHS.get(found.group(2)) if found else None
+    if found is None or month is None:
+        return None
+    year = int(found.group(3)) if found.group(3) else previous.year if previous else None
+    if year is None:
+        return None
+    try:
+        return date(year, month, int(found.group(1)))
+    except ValueError:
+        return None
 
 
 def said_day(fact: Fact) -> date | None:
@@ -129,34 +153,42 @@ def select_dated(
     items: Sequence[Dated], budget: int, count_tokens: Callable[[str], int], opened: set[date]
 ) -> tuple[list[Dated], int]:
     """:func:`select_lines` for fact lines grouped by the day they were said: a fact whose day
-    has no group yet also pays for that day's header (and opens it, in ``opened``)."""
+    has no group yet also pays for that day's header (and opens it, in ``opened``) — with its
+    year when no open day has that year yet, so each year is paid once, as it is rendered."""
     taken: list[Dated] = []
     used = 0
+    years = {d.year for d in opened}
     for line, day in items:
         if used >= budget:
             break
         cost = count_tokens(line if not taken else "\n" + line)
         if day is not None and day not in opened:
-            cost += count_tokens("\n" + day_header(day))
+            cost += count_tokens("\n" + day_header(day, with_year=day.year not in years))
         if used + cost > budget:
             continue
         taken.append((line, day))
         used += cost
         if day is not None:
             opened.add(day)
+            years.add(day.year)
     return taken, used
 
 
 def render_facts(items: Sequence[Dated]) -> str:
     """The fact lines: those that know no day first, then one group per day, oldest day first,
-    each under its :func:`day_header` — the day once, not on every line, to save tokens. Within a
-    group the lines keep their order (guaranteed first, then by rank)."""
+    each under its :func:`day_header` — the day once, not on every line, and its year only where
+    it changes, to save tokens. Within a group the lines keep their order (guaranteed first, then
+    by rank)."""
     undated = [line for line, day in items if day is None]
     by_day: dict[date, list[str]] = {}
     for line, day in items:
         if day is not None:
             by_day.setdefault(day, []).append(line)
-    groups = ["\n".join([day_header(day), *by_day[day]]) for day in sorted(by_day)]
+    groups: list[str] = []
+    year: int | None = None
+    for day in sorted(by_day):
+        groups.append("\n".join([day_header(day, with_year=day.year != year), *by_day[day]]))
+        year = day.year
     return "\n".join([*undated, *groups])
 
 

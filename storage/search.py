@@ -23,12 +23,18 @@ centred on the mean of the memory's vectors before the cosine (every fact of one
 that user's name, tone and topics, a common direction that makes facts alike without making them
 relevant), and each fact loses :data:`HUB_PENALTY` × its hubness, its mean centred similarity to
 its :data:`HUB_NEIGHBOURS` nearest fellow facts (a fact restated or close to many others is near
-every query; CSLS-style hubness reduction). Measured on LoCoMo's 1,308 questions whose evidence
+every query; CSLS-style hubness reduction). A third, smaller term is the conversation a fact was
+learnt in (its ``source_thread_id``): BM25 of that thread's facts' words together, as a z-score over
+the memory's threads, × :data:`THREAD_WEIGHT`. A fact often says what the question asks in other
+words ("Joanna tried her newest dairy-free recipe" for "When did Joanna make a chocolate tart?"),
+while a fact said beside it in the same conversation names the tart; with one thread, or facts
+from none, the term is 0 and nothing changes. Measured on LoCoMo's 1,308 questions whose evidence
 is an observation, evidence in the top 5: BM25 69.4 %, all-MiniLM-L6-v2 alone 73.1 %,
 reciprocal-rank fusion 74.6 %, min-max blend 78.1 %, z-scores of the raw cosine and BM25 78.8 %,
-of the centred cosine 80.0 %, with the hubness penalty 80.6 % (weights chosen on conversations
-0-4: 81.0 %; 80.2 % on 5-9; docs/benchmarks.md has every variant tried). A fact without a vector
-of that model counts as average by meaning, so a half-embedded memory still ranks by its words.
+of the centred cosine 80.0 %, with the hubness penalty 80.6 %, with the thread's words 81.7 %
+(weights chosen on conversations 0-4: 82.3 %; 81.1 % on 5-9; docs/benchmarks.md has every variant
+tried). A fact without a vector of that model counts as average by meaning, so a half-embedded
+memory still ranks by its words.
 
 Segmenting a fact costs ~40 µs, building the index over 200 facts ~0.4 ms: the words of each fact
 text and the index of each distinct list of facts are memoised (bounded LRUs), so a repeated
@@ -83,6 +89,9 @@ LEXICAL_WEIGHT = 1.0
 # and over how many neighbours that likeness is averaged; see above.
 HUB_PENALTY = 0.1
 HUB_NEIGHBOURS = 5
+# The weight, beside meaning and words, of the BM25 score of the conversation (thread) a fact was
+# learnt in, all its facts' words together; see above.
+THREAD_WEIGHT = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,10 +202,42 @@ class _Index(NamedTuple):
 def _index(contents: tuple[str, ...]) -> _Index:
     """The BM25+ index per distinct list of fact texts: a memory is searched far more often than
     it changes."""
+    return _build_index([list(tokenize(text)) or [""] for text in contents])
+
+
+class _Threads(NamedTuple):
+    """The conversations a memory's facts were learnt in, as documents for ranking: each
+    fact's thread (its position in ``lexical``; -1 for a fact from no thread) and BM25+ over each
+    thread's facts' words together."""
+
+    of_fact: Any  # (facts,) intp
+    lexical: _Index
+
+
+@functools.lru_cache(maxsize=_INDEX_CACHE_SIZE)
+def _threads(contents: tuple[str, ...], threads: tuple[str | None, ...]) -> _Threads | None:
+    """The thread documents per distinct list of facts and threads; None when fewer than two
+    threads hold facts (one thread says nothing about which facts are relevant)."""
+    import numpy as np
+
+    position: dict[str, int] = {}
+    for thread in threads:
+        if thread is not None:
+            position.setdefault(thread, len(position))
+    if len(position) < 2:
+        return None
+    words: list[list[str]] = [[] for _ in position]
+    for text, thread in zip(contents, threads, strict=True):
+        if thread is not None:
+            words[position[thread]].extend(tokenize(text))
+    of_fact = np.array([-1 if t is None else position[t] for t in threads], dtype=np.intp)
+    return _Threads(of_fact, _build_index([w or [""] for w in words]))
+
+
+def _build_index(corpus: list[list[str]]) -> _Index:
     import numpy as np
     from rank_bm25 import BM25Plus
 
-    corpus = [list(tokenize(text)) or [""] for text in contents]
     # b=0: no length normalisation. A fact is one sentence; being a few words longer says
     # nothing about relevance, so facts matching the same words tie and confidence decides.
     bm25 = BM25Plus(corpus, b=0.0)
@@ -227,11 +268,11 @@ def _scores(
 ) -> tuple[list[Scored], bool]:
     """The scores, and whether meaning took part (the memory had vectors of the query's model)."""
     lexical = _bm25(facts, query)
-    fused = _fused(lexical, meaning) if meaning is not None and facts else None
+    fused = _fused(lexical, query, meaning) if meaning is not None and facts else None
     return (lexical, False) if fused is None else (fused, True)
 
 
-def _fused(lexical: list[Scored], meaning: Meaning) -> list[Scored] | None:
+def _fused(lexical: list[Scored], query: str, meaning: Meaning) -> list[Scored] | None:
     import numpy as np
 
     vector_set = meaning.vectors
@@ -246,8 +287,22 @@ def _fused(lexical: list[Scored], meaning: Meaning) -> list[Scored] | None:
     semantic = np.zeros(len(facts), dtype=np.float64)
     semantic[list(space.present)] = _z(space.similarity(meaning.query))
     words = _z(np.array([s.score for s in lexical], dtype=np.float64))
-    fused = (semantic + LEXICAL_WEIGHT * words).tolist()
-    return [Scored(fact, score) for fact, score in zip(facts, fused, strict=True)]
+    fused = semantic + LEXICAL_WEIGHT * words + THREAD_WEIGHT * _thread_words(facts, query)
+    return [Scored(fact, score) for fact, score in zip(facts, fused.tolist(), strict=True)]
+
+
+def _thread_words(facts: Sequence[Fact], query: str) -> Any:
+    """Each fact's thread's BM25 score as a z-score over the memory's threads (0 for a fact from
+    no thread, or when the memory's facts come from fewer than two threads); see above."""
+    import numpy as np
+
+    nothing = np.zeros(len(facts), dtype=np.float64)
+    threads = _threads(tuple(f.content for f in facts), tuple(f.source_thread_id for f in facts))
+    words = list(dict.fromkeys(tokenize(query)))
+    if threads is None or not words:
+        return nothing
+    by_thread = np.append(_z(_matched_scores(threads.lexical, words)), 0.0)
+    return by_thread[threads.of_fact]  # -1 (no thread) reads the appended 0
 
 
 @functools.lru_cache(maxsize=_INDEX_CACHE_SIZE)
@@ -319,23 +374,29 @@ def _bm25(facts: Sequence[Fact], query: str) -> list[Scored]:
     query_words = tokenize(query)
     if not facts or not query_words:
         return [Scored(fact, 0.0) for fact in facts]
-    import numpy as np
-
     index = _index(tuple(fact.content for fact in facts))
     # Each distinct word once: a long query (a conversation, for the update prompt's slice)
     # repeats common words by chance, and counted each time they would outweigh the one rare
     # word that names what the message is about.
     words = list(dict.fromkeys(query_words))
+    scores = _matched_scores(index, words).tolist()
+    return [Scored(fact, score) for fact, score in zip(facts, scores, strict=True)]
+
+
+def _matched_scores(index: _Index, words: Sequence[str]) -> Any:
+    """BM25+ of each document for ``words`` (distinct), 0 for a document sharing none."""
+    import numpy as np
+
+    size = index.bm25.corpus_size
     shared = [index.postings[word][0] for word in words if word in index.postings]
     if not shared:
-        return [Scored(fact, 0.0) for fact in facts]
-    # BM25Plus gives every document a floor (delta) per query word; a fact with no shared word
-    # is not a match, so its score is set to 0 here rather than trusted.
-    matched = np.zeros(len(facts), dtype=bool)
+        return np.zeros(size, dtype=np.float64)
+    # BM25Plus gives every document a floor (delta) per query word; a document with no shared
+    # word is not a match, so its score is set to 0 here rather than trusted.
+    matched = np.zeros(size, dtype=bool)
     for where in shared:
         matched[where] = True
-    scores = np.where(matched, index.scores(words), 0.0).tolist()
-    return [Scored(fact, score) for fact, score in zip(facts, scores, strict=True)]
+    return np.where(matched, index.scores(words), 0.0)
 
 
 def search_facts(

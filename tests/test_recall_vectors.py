@@ -21,10 +21,11 @@ from memq.testing.hung_server import HungServer
 from memq.testing.waiting import wait_for
 from producer.injector import MemoryInjector
 from producer.query_embedding import QueryEmbedder, query_embedder
+from prompts.injection import format_memory_for_injection
 from storage import get_storage
 from storage.document import Fact, MemoryDocument
 from storage.management import MemoryManager
-from storage.search import meaning_for, search_facts
+from storage.search import meaning_for, score_facts, search_facts
 from storage.vectors import content_key, unit, with_vectors
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from worker.embeddings import OpenAIEmbedder, embed_missing
@@ -383,3 +384,48 @@ def test_a_memory_whose_vectors_are_all_alike_ranks_by_its_words(count: int) -> 
     found = [f.content for f in search_facts(facts, "is she in Berlin", top_k=3, meaning=meaning)]
     assert len(found) == count  # with meaning every fact is ranked
     assert found[0] == ("Works in Berlin" if count == 3 else texts[0])
+
+
+def learnt_in(thread: str | None, *texts: str) -> list[Fact]:
+    return [Fact(content=text, confidence=0.9, source_thread_id=thread) for text in texts]
+
+
+def test_a_fact_from_the_conversation_the_question_is_about_comes_before_others() -> None:
+    # LoCoMo's "When did Joanna make a chocolate tart with raspberries?": its evidence says
+    # "Joanna tried her newest dairy-free recipe", sharing only the name with the question, as do
+    # the facts of other conversations. What sets it apart is the conversation it was said in,
+    # whose other fact names the tart. Meaning is made blind here (every vector alike) so the
+    # conversation alone decides between the facts that share only the name.
+    tart = "Joanna baked a chocolate raspberry tart for the party"
+    recipe = "Joanna tried her newest dairy-free recipe"
+    facts = [
+        *learnt_in("thread/2", "Joanna adopted a puppy", "Joanna went hiking"),
+        *learnt_in("thread/3", "Joanna read a novel"),
+        *learnt_in("thread/1", tart, recipe),
+    ]
+    texts = [f.content for f in facts]
+    meaning = meaning_over(texts, [axis(0)] * len(facts), axis(1))
+    question = "When did Joanna make a chocolate tart with raspberries?"
+    found = search_facts(facts, question, top_k=2, meaning=meaning)
+    assert [f.content for f in found] == [tart, recipe]
+    # The block ranks through the same scores: the recipe is the second line of a tight block.
+    block = format_memory_for_injection(
+        MemoryDocument(facts=facts),
+        55,
+        count_tokens=lambda s: len(s) // 4,
+        query=question,
+        meaning=meaning,
+    )
+    assert recipe in block and "puppy" not in block
+
+
+def test_facts_from_one_conversation_or_none_rank_as_by_meaning_and_words_alone() -> None:
+    texts = ["Prefers tea over coffee", "Has a dog called Rex", "Works in Berlin"]
+    vectors = [axis(0), axis(1), axis(2)]
+    meaning = meaning_over(texts, vectors, mix((1.0, axis(1)), (0.2, axis(2))))
+    query = "does she work with dogs"
+    scores = {
+        thread: [s.score for s in score_facts(learnt_in(thread, *texts), query, meaning)]
+        for thread in (None, "only-thread")
+    }
+    assert scores[None] == scores["only-thread"]

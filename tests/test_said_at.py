@@ -329,10 +329,48 @@ def test_the_block_groups_facts_under_the_day_they_were_said() -> None:
         "8 May 2023:\n"
         "- [context | 0.90 | event 2023-05-06] Ran a charity race\n"
         "- [context | 0.90] Likes tea\n"
-        "25 May 2023:\n"
+        "25 May:\n"
         "- [context | 0.90] Paints sunsets"
     )
     assert render_fact(doc.facts[0]) == "- [context | 0.90 | event 2023-05-06] Ran a charity race"
+
+
+def test_a_day_states_its_year_only_where_the_year_changes() -> None:
+    from prompts.injection import read_day_header
+
+    new_year = datetime(2024, 1, 2, 9, tzinfo=UTC)
+    doc = MemoryDocument(
+        facts=[
+            fact("Ran a charity race", MAY_8),
+            fact("Paints sunsets", MAY_8 + timedelta(days=17)),
+            fact("Went skiing", new_year),
+            fact("Bought skis", new_year + timedelta(days=40)),
+        ]
+    )
+    block = format_memory_for_injection(doc, 2000, count_tokens=chars)
+    headers = [line for line in block.split("\n") if not line.startswith(("- [", "Notes", "Facts"))]
+    assert headers == ["8 May 2023:", "25 May:", "2 January 2024:", "11 February:"]
+    # The one reader of the format gives back each day, the year carried from the header before.
+    days: list[date] = []
+    for line in headers:
+        read = read_day_header(line, days[-1] if days else None)
+        assert read is not None
+        days.append(read)
+    assert days == [date(2023, 5, 8), date(2023, 5, 25), date(2024, 1, 2), date(2024, 2, 11)]
+    assert read_day_header("25 May:", None) is None  # no year to carry: not a day it can name
+    assert read_day_header("- [context | 0.90] 8 May:", date(2023, 1, 1)) is None
+    assert read_day_header("31 February:", date(2023, 1, 1)) is None
+
+
+def test_the_year_is_paid_once_per_year_so_more_facts_fit_the_budget() -> None:
+    # 20 days of one year, one fact each: the 19 headers after the first carry no year, and the
+    # budget the selection spends is what the block costs.
+    facts = [fact(f"Fact {i:02}", MAY_8 + timedelta(days=i)) for i in range(20)]
+    block = format_memory_for_injection(MemoryDocument(facts=facts), 160, count_tokens=chars)
+    assert block.count("2023") == 1
+    assert chars(block) <= 160 + 2
+    taken = [line for line in block.split("\n") if line.startswith("- [")]
+    assert len(taken) >= 5  # with the year on every header (7 tokens by this count): 4
 
 
 def test_the_block_pays_each_day_once_within_its_budget() -> None:
@@ -340,7 +378,7 @@ def test_the_block_pays_each_day_once_within_its_budget() -> None:
     for budget in (60, 200, 500):
         block = format_memory_for_injection(MemoryDocument(facts=facts), budget, count_tokens=chars)
         assert chars(block) <= budget + 2  # the join, as before
-        assert block.count("May 2023:") <= 3
+        assert block.count("May 2023:") <= 1 and block.count(" May:") <= 2
 
 
 def test_a_time_window_keeps_the_facts_said_within_it() -> None:

@@ -15,11 +15,10 @@ block, how many blocks state the day that evidence was said (``temporal: day sta
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 from memq.core.models import Message
@@ -33,15 +32,13 @@ from memq.evaluation.dataset import (
     thread_id_for,
     user_id_for,
 )
-from prompts.injection import day_header, render_fact, said_day
+from prompts.injection import read_day_header, render_fact, said_day
 from storage.base import MemoryStorage
 from storage.document import Fact, MemoryDocument
 from storage.sources import MAX_SOURCE_MESSAGES, Source
 from worker.watermark import message_identity
 
 IDEAL_FILE = "ideal.json"
-# A day's header in the block (prompts.injection.day_header): "8 May 2023:".
-_DAY_HEADER = re.compile(r"(\d{1,2} [A-Z][a-z]+ \d{4}):")
 TEMPORAL = "temporal"  # LoCoMo's category 2 (and the prefix of LongMemEval's temporal-reasoning)
 IDEAL_CONFIDENCE = 0.9  # every observation is something its subject stated
 
@@ -149,7 +146,7 @@ def score_question(
 ) -> None:
     """Count one question: which of its evidence facts' lines are in their subject's block, and
     — temporal questions — whether each line that is states the day its fact was said."""
-    reached: list[tuple[Fact, str | None]] = []
+    reached: list[tuple[Fact, date | None]] = []
     days = {subject: stated_days(block) for subject, block in blocks.items()}
     for observation, fact in evidence:
         line = render_fact(fact)
@@ -160,20 +157,21 @@ def score_question(
     if reached and question.category.startswith(TEMPORAL):
         result.temporal_reached += 1
         result.temporal_day_stated += all(
-            (said := said_day(f)) is not None and day_header(said) == f"{day}:"
-            for f, day in reached
+            (said := said_day(f)) is not None and said == day for f, day in reached
         )
 
 
-def stated_days(block: str) -> dict[str, str | None]:
+def stated_days(block: str) -> dict[str, date | None]:
     """Each fact line of a block and the day the block says it was said (the header it is
-    under), None for a line under no day."""
-    found: dict[str, str | None] = {}
-    day: str | None = None
+    under, its year carried from the header before when it states none), None for a line under
+    no day."""
+    found: dict[str, date | None] = {}
+    day: date | None = None
+    previous: date | None = None
     for line in block.split("\n"):
-        header = _DAY_HEADER.fullmatch(line)
+        header = read_day_header(line, previous)
         if header is not None:
-            day = header.group(1)
+            day = previous = header
         elif line.startswith("- ["):
             found.setdefault(line, day)
         elif not line.strip() or line.endswith(":"):
