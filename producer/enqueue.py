@@ -20,10 +20,11 @@ import enum
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from memq.core.connection import REDIS_ERRORS, RedisClient, unavailable
+from memq.core.connection import BUSY, REDIS_ERRORS, RedisClient, held_connection, unavailable
 from memq.core.errors import InvalidIdentifier
 from memq.core.identity import ContextKey
 from memq.core.keys import KeySchema
@@ -188,6 +189,7 @@ class Enqueuer:
         retention_ms: int = 30 * 86_400_000,
         pending_max_bytes: int | None = None,
         context_max_bytes: int | None = None,
+        hold_connection: bool = False,
     ):
         self._script = register(client, "producer", "enqueue")
         self._keys = keys
@@ -197,9 +199,38 @@ class Enqueuer:
         self._pending_max = "" if pending_max_bytes is None else str(pending_max_bytes)
         self._context_max = "" if context_max_bytes is None else str(context_max_bytes)
         self._client = client
+        # With ``hold_connection`` (a client of the caller's own: its pool is not shared), one
+        # connection held for the calls (None where the client must route or retry): a call per
+        # agent turn skips the pool and redis-py's dispatch.
+        self._held = held_connection(client) if hold_connection else None
         # Per context: its five keys and its identifying arguments, formatted once. An agent
         # hands the same thread over on every turn; bounded, so it never grows with traffic.
         self._routes: dict[str, tuple[str, ...]] = {}
+
+    def close(self) -> None:
+        """Give the held connection back to the client's pool."""
+        if self._held is not None:
+            self._held.close()
+
+    def _evalsha(self, keys: tuple[str, ...], args: tuple[str | int, ...]) -> Any:
+        """The script's reply: on the held connection, else (none, or another thread on it)
+        through the client. A Redis that lost the script (restarted, flushed) gets it loaded on
+        the connection that was told so, and the call is made again."""
+        sha = self._script.sha
+        held = self._held
+        if held is not None:
+            command = ("EVALSHA", sha, len(keys), *keys, *args)  # one flat tuple, packed as is
+            try:
+                reply = held.execute(command)
+            except NoScriptError:
+                load = ("SCRIPT", "LOAD", str(self._script.script))
+                reply = BUSY if held.execute(load) is BUSY else held.execute(command)
+            if reply is not BUSY:
+                return reply
+        try:
+            return self._client.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:  # the wrapper loads it and calls again
+            return self._script(keys=keys, args=args)
 
     def _route(self, key: ContextKey) -> tuple[str, ...]:
         # By the id, a string: its hash is kept, a ContextKey's is computed on every lookup.
@@ -227,14 +258,9 @@ class Enqueuer:
         """One round trip. Raises :class:`RedisUnavailable` when Redis does not take it."""
         key = request.key
         ctx, due, inflight, dead, users, thread_id, user_id, agent, context_id = self._route(key)
-        # The script's KEYS then ARGV (its header), flat: EVALSHA directly rather than through
-        # redis-py's Script wrapper, which copies both lists into a new tuple on every call.
-        command = (
-            ctx,
-            due,
-            inflight,
-            dead,
-            users,
+        keys = (ctx, due, inflight, dead, users)
+        # The script's ARGV (its header).
+        args = (
             now_ms,
             self._debounce,
             self._max_delay,
@@ -251,10 +277,7 @@ class Enqueuer:
             self._context_max,
         )
         try:
-            try:
-                reply = self._client.evalsha(self._script.sha, 5, *command)
-            except NoScriptError:  # a restarted or new Redis: the wrapper loads it and retries
-                reply = self._script(keys=command[:5], args=command[5:])
+            reply = self._evalsha(keys, args)
         except REDIS_ERRORS as exc:
             # Connection loss, timeout, but also OOM or READONLY: either way the context did not
             # get in, and the caller (the fail-open producer) spools it.

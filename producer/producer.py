@@ -108,6 +108,8 @@ class MemoryProducer:
             retention_ms=s.context_retention_ms,
             pending_max_bytes=s.pending_max_bytes,
             context_max_bytes=s.context_max_bytes,
+            # Only on a client the producer built: a caller's pool may be shared and small.
+            hold_connection=self._owns_client,
         )
         self._clock_ms = clock_ms or now_ms
         self._spool = open_spool(s)
@@ -275,6 +277,7 @@ class MemoryProducer:
         elif left:
             log.warning("memq: closing with %d contexts still spooled; they are lost", left)
         self._spool.close()
+        self._enqueue.close()
         if self._owns_client:
             self._redis.close()
 

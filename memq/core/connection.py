@@ -11,8 +11,11 @@ Three URL forms reach three kinds of deployment, behind one client type:
 
 from __future__ import annotations
 
-from typing import Any, TypeAlias
+import os
+import threading
+from typing import Any, Final, TypeAlias
 
+import hiredis
 import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
@@ -184,3 +187,80 @@ def _sentinel_master(
         **common,
     )
     return master
+
+
+# What :meth:`HeldConnection.execute` answers when another thread holds the connection.
+BUSY: Final = object()
+
+
+class HeldConnection:
+    """A connection borrowed once from a plain client's pool, for a path that sends one command
+    per call on every agent turn (the producer's enqueue).
+
+    Through the client, each call also takes a connection from the pool and gives it back (a
+    lock, a liveness poll, redis-py's metrics bookkeeping) and goes through the dispatch's retry
+    and observability wrappers: as much Python as the round trip's own. Here a call packs the
+    command, sends it and reads the reply on the borrowed connection. Only for a client whose
+    connections retry nothing (:func:`held_connection`), where the dispatch does the same: one
+    try, the socket closed on a socket error (the connection does that itself, and reconnects on
+    the next call). One thread at a time: :meth:`execute` answers :data:`BUSY` to a second one,
+    which then goes through the client. Borrowed lazily (building a producer never connects),
+    again in a forked child (the parent's socket is not the child's), and given back by
+    :meth:`close`.
+    """
+
+    def __init__(self, pool: redis.ConnectionPool) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._connection: Any = None
+        self._pid = 0
+
+    def execute(self, args: tuple[str | int, ...]) -> Any:
+        """The reply to the command ``args`` (its name first), or :data:`BUSY`. Raises what
+        redis-py raises for the command (a ``ResponseError`` leaves the connection usable)."""
+        if not self._lock.acquire(blocking=False):
+            return BUSY
+        try:
+            connection = self._connection
+            if connection is None or self._pid != os.getpid():
+                connection = self._borrow()
+            # hiredis's stub types the argument as a 1-tuple; it takes any length.
+            packed = hiredis.pack_command(args)  # type: ignore[arg-type]
+            connection.send_packed_command((packed,))
+            reply = connection.read_response()
+            if connection.should_reconnect():  # a maintenance notification (RESP3) asked so
+                connection.disconnect()
+            return reply
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """Give the connection back to the pool (in the process that borrowed it)."""
+        with self._lock:
+            connection, self._connection = self._connection, None
+            if connection is not None and self._pid == os.getpid():
+                self._pool.release(connection)
+
+    def _borrow(self) -> Any:
+        self._connection = None  # a forked child drops the parent's, never closes it
+        connection = self._pool.get_connection()
+        self._connection, self._pid = connection, os.getpid()
+        return connection
+
+
+def held_connection(client: RedisClient) -> HeldConnection | None:
+    """A :class:`HeldConnection` on ``client``'s pool, or None where the client's own dispatch
+    does more than one plain try (a cluster: routing; Sentinels: failover retries; connections
+    that retry; a client-side cache), a client of one connection, and a pool of one (holding it
+    would leave the others nothing)."""
+    if type(client) is not redis.Redis or client.connection is not None:
+        return None
+    pool = client.connection_pool
+    if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool):
+        return None
+    if pool.max_connections < 2:
+        return None
+    retry = pool.connection_kwargs.get("retry")  # absent: the connection's default, which retries
+    if getattr(pool, "cache", None) is not None or retry is None or retry.get_retries():
+        return None
+    return HeldConnection(pool)
