@@ -148,3 +148,20 @@ def test_a_turn_is_enqueued_after_redis_lost_its_scripts(
     context_id = ContextKey.create("t-2", "alice", None).id
     due = KeySchema(settings.key_prefix, settings.shards).for_context(context_id).due
     assert redis_client.zscore(due, context_id) is not None
+
+
+def test_a_turn_is_enqueued_on_a_new_connection_after_redis_closed_the_held_one(
+    settings: MemqSettings, redis_client: redis.Redis
+) -> None:
+    """What a Redis restart does to an idle producer: its socket is closed by the server. The
+    pool's checkout noticed (a readable socket is a closed or dirty one); the held connection
+    must notice too, or the first turn after every restart is lost to the fail-open path."""
+    with MemoryProducer(settings) as producer:
+        assert producer.after_agent("t-1", "alice", None, TURN)
+        killed = redis_client.client_kill_filter(_type="normal", skipme=True)
+        assert killed >= 1
+        assert producer.after_agent("t-2", "alice", None, TURN)
+        assert producer.stats.enqueued == 2 and producer.stats.spooled == 0
+    context_id = ContextKey.create("t-2", "alice", None).id
+    due = KeySchema(settings.key_prefix, settings.shards).for_context(context_id).due
+    assert redis_client.zscore(due, context_id) is not None

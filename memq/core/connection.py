@@ -204,7 +204,9 @@ class HeldConnection:
     connections retry nothing (:func:`held_connection`), where the dispatch does the same: one
     try, the socket closed on a socket error (the connection does that itself, and reconnects on
     the next call). One thread at a time: :meth:`execute` answers :data:`BUSY` to a second one,
-    which then goes through the client. Borrowed lazily (building a producer never connects),
+    which then goes through the client. A socket the server closed while the connection sat
+    idle (a Redis restart) is noticed before the send, as the pool's checkout notices it, and
+    replaced. Borrowed lazily (building a producer never connects),
     again in a forked child (the parent's socket is not the child's), and given back by
     :meth:`close`.
     """
@@ -224,6 +226,8 @@ class HeldConnection:
             connection = self._connection
             if connection is None or self._pid != os.getpid():
                 connection = self._borrow()
+            else:
+                _drop_if_stale(connection)
             # hiredis's stub types the argument as a 1-tuple; it takes any length.
             packed = hiredis.pack_command(args)  # type: ignore[arg-type]
             connection.send_packed_command((packed,))
@@ -246,6 +250,21 @@ class HeldConnection:
         connection = self._pool.get_connection()
         self._connection, self._pid = connection, os.getpid()
         return connection
+
+
+def _drop_if_stale(connection: Any) -> None:
+    """Disconnect an idle connection whose socket is readable before anything was sent on it:
+    the server closed it (a restart, ``CLIENT KILL``, its idle timeout) or left stray bytes. The
+    pool makes this check at every checkout, so a held connection makes it before every call;
+    the send then opens a fresh socket. One poll of the socket, no round trip."""
+    if connection._sock is None:
+        return
+    try:
+        stale = connection.can_read()
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        stale = True
+    if stale:
+        connection.disconnect()
 
 
 def held_connection(client: RedisClient) -> HeldConnection | None:
