@@ -12,7 +12,7 @@ from typing import Literal
 
 from storage.base import Change
 from storage.document import Fact, MemoryDocument, SupersededFact, SupersededKind, copy_document
-from storage.search import tokenize
+from storage.search import tokenize, words
 from storage.sources import (
     MAX_EXCERPT_CHARS,
     MAX_SOURCE_EXCERPTS,
@@ -100,8 +100,8 @@ def repaired_citation(run: RunInfo, content: str, cites: Sequence[str]) -> str |
     Small models often cite the reply next to the user's message ("our CI runs on GitLab", then
     "Understood: .gitlab-ci.yml"), which would lose a fact the user did say. The repair holds
     when one user message of the run holds every content word the fact shares with the cited
-    text (at least one such word; :func:`storage.search.tokenize`'s words, so stop words and
-    "user" do not count), the nearest user message before the cited one tried first. A claim
+    text (at least one such word; recall's words, :func:`storage.search.words`, so stop words
+    and "user" do not count), the nearest user message before the cited one tried first. A claim
     only the assistant made ("since you are a Neovim power user") shares a word no user message
     says, so it stays refused."""
     by_label = {m.label: (i, m) for i, m in enumerate(run.messages)}
@@ -111,7 +111,7 @@ def repaired_citation(run: RunInfo, content: str, cites: Sequence[str]) -> str |
     cited = [by_label[label] for label in wanted]
     if any(m.role == "user" for _, m in cited):
         return None
-    shared = set(tokenize(content)) & {w for _, m in cited for w in tokenize(m.text)}
+    shared = set(tokenize(content)) & {w for _, m in cited for w in words(m.text)}
     if not shared:
         return None
     first = min(i for i, _ in cited)
@@ -120,7 +120,7 @@ def repaired_citation(run: RunInfo, content: str, cites: Sequence[str]) -> str |
         ((i, m) for i, m in enumerate(run.messages) if m.role == "user"),
         key=lambda item: (abs(item[0] - first), item[0] > first),
     )
-    return next((m.label for _, m in users if shared <= set(tokenize(m.text))), None)
+    return next((m.label for _, m in users if shared <= set(words(m.text))), None)
 
 
 def add_source(fact: Fact, source: Source, max_sources: int) -> bool:
