@@ -15,6 +15,7 @@ Example (illustration only: the people and projects in it are not the user's).
 Memory before: a fact {"id": "f1", "content": "Uses Python 3.10 for the billing service", \
 "category": "context", "confidence": 0.9}.
 Conversation:
+Date: 2023-05-08 (Monday)
 [m1] User: How do I profile a slow endpoint?
 [m2] Assistant: Run py-spy top against the worker's pid.
 [m3] User: Thanks. We moved billing to Python 3.12 last week, by the way. Also, your last answer \
