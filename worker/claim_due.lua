@@ -120,9 +120,12 @@ local leases = scores(inflight)
 local count = redis.call('ZCARD', inflight)
 local count_before = count
 local SMALL_ZSET = 128
+local live = '(' .. ARGV[1]  -- ZCOUNT's lower bound: leases that end after now
 local held = {}  -- per-user key -> live leases, counted once per user per call
 local added = {}  -- per-user key -> {lease, id, ...} of its new leases, one ZADD per user
-local claimed = {}  -- {ctx, id, version, fields} of each candidate claimed, in order
+-- Each claimed candidate's hash and its HMGET reply, in claim order (two flat lists, not a
+-- table per claim).
+local claimed_ctx, claimed_fields = {}, {}
 local drop, new_ids, lease_args, defer_args = {}, {}, {}, {}
 
 for i = 1, n do
@@ -148,7 +151,7 @@ for i = 1, n do
       if not user_held then
         -- Only live leases count, so a member left behind by a lost worker can never starve its
         -- user; the reaper removes such members when it requeues their contexts.
-        user_held = redis.call('ZCOUNT', users, '(' .. ARGV[1], '+inf')
+        user_held = redis.call('ZCOUNT', users, live, '+inf')
       end
       if user_held >= user_cap then
         local at = horizon[users]
@@ -172,7 +175,8 @@ for i = 1, n do
         end
         mine[#mine + 1] = lease_until
         mine[#mine + 1] = id
-        claimed[#claimed + 1] = {ctx, id, fields}
+        claimed_ctx[#claimed_ctx + 1] = ctx
+        claimed_fields[#claimed_fields + 1] = fields
       end
       held[users] = user_held
     end
@@ -181,24 +185,28 @@ end
 for users, mine in pairs(added) do
   bulk('ZADD', users, mine, 2)
 end
-if #claimed > 0 then
+if #claimed_ctx > 0 then
   -- The shard's counter never goes back, even when a hash is deleted and re-created, so a
   -- token is unique and a newer claim of a context always has a larger one: the storage
   -- fences saves with it (a run from an earlier claim can never match, nor outrank).
-  local first = reserve_tokens(#claimed)
+  local first = reserve_tokens(#claimed_ctx)
   out[3] = string.format('%d', first)
-  for k = 1, #claimed do
-    local ctx, id, fields = claimed[k][1], claimed[k][2], claimed[k][3]
-    local token = string.format('%d', first + k - 1)
+  for k = 1, #claimed_ctx do
+    local ctx, fields, id = claimed_ctx[k], claimed_fields[k], new_ids[k]
     local version = fields[1]
     -- claimed_sync: this run calls the model itself, never through the batch lane (a flush or
     -- an over-size context, or a batch that failed it).
-    local sync = (fields[3] or fields[4]) and '1' or '0'
-    redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
-      'claimed_at_ms', ARGV[1], 'claimed_sync', sync)
-    -- The next enqueue starts a fresh debounce window: it must not inherit this run's past
-    -- deadline (which would make it due at once) nor its max-delay start.
-    redis.call('HDEL', ctx, 'pending_since_ms', 'deadline_ms', 'urgent', 'batch_fallback')
+    local flagged = fields[3] or fields[4]
+    -- One write: the claim's fields, and the window the claim takes cleared in place (''
+    -- reads as absent: every reader takes the two as numbers), so the next enqueue starts a
+    -- fresh debounce window: it must not inherit this run's past deadline (which would make
+    -- it due at once) nor its max-delay start.
+    redis.call('HSET', ctx, 'claim_token', string.format('%d', first + k - 1),
+      'claimed_version', version, 'claimed_at_ms', ARGV[1], 'claimed_sync', flagged and '1' or '0',
+      'pending_since_ms', '', 'deadline_ms', '')
+    if flagged then
+      redis.call('HDEL', ctx, 'urgent', 'batch_fallback')  -- handed to this run
+    end
     if fields[2] then
       leave_batch_lane(ctx, pending, batched, id)  -- superseded by this claim
     end
