@@ -33,14 +33,21 @@
 -- parked for or out in a batch job (`batch_token` set) unless it is `urgent` (a flush).
 -- A claim sets `claimed_sync` ("1": urgent, or sent back by a failed batch) and clears `urgent`
 -- and `batch_fallback`; a claim of a context in the batch lane takes it out of the
--- lane (includes/leave_batch_lane.lua), so the batch's answer is fenced off.
+-- lane (includes/leave_batch_lane.lua), so the batch's answer is fenced off. It also closes the
+-- debounce window: `pending_since_ms` and `deadline_ms` are set to '' in the same HSET as the
+-- claim's own fields (one write, not a write and a delete). Every reader takes both as numbers
+-- (enqueue, complete, fail, release, batch_complete), so '' reads as absent: the next enqueue
+-- opens a fresh window.
 --
--- Calls per claimed candidate: HMGET, HSET, HDEL. The rest is per call or per user: one INCRBY
--- reserves every token the call hands out, one ZCOUNT reads a user's live leases and one ZADD
--- adds the user's new ones (however many of the candidates are that user's). A claim of 100 due
--- contexts of 100 users is 500 calls (bench P2 measures them with INFO commandstats): each costs
--- ~1.5 µs of the script's time, about half of it the call itself (arguments and reply converted
--- between Lua and Redis), so the calls, not the zset lookups, are the script's cost.
+-- Calls per claimed candidate: HMGET and HSET (plus an HDEL of `urgent`/`batch_fallback` when
+-- one of them is set, and the lane's three calls for a context in the batch lane). The rest is
+-- per call or per user: one INCRBY reserves every token the call hands out, one ZCOUNT reads a
+-- user's live leases and one ZADD adds the user's new ones (however many of the candidates are
+-- that user's). A claim of 100 due contexts of 100 users is 406 calls (bench P2 counts them with
+-- INFO commandstats): each costs ~1.5 µs of the script's time, about half of it the call itself
+-- (arguments and reply converted between Lua and Redis), so the calls, not the zset lookups,
+-- are the script's cost; four per candidate is the floor of this layout (two keys of its own,
+-- two of its user's).
 --
 -- Fairness: a capped candidate only moves back in `due`, so the next batch reaches other users'
 -- due keys instead of the same wall of one user's. Its hash keeps deadline_ms: that is its real
@@ -192,15 +199,14 @@ if #claimed_ctx > 0 then
   local first = reserve_tokens(#claimed_ctx)
   out[3] = string.format('%d', first)
   for k = 1, #claimed_ctx do
-    local ctx, fields, id = claimed_ctx[k], claimed_fields[k], new_ids[k]
+    local ctx, fields, id = claimed_ctx[k], claimed_fields[k], new_ids[k]  -- not sorted yet
     local version = fields[1]
     -- claimed_sync: this run calls the model itself, never through the batch lane (a flush or
     -- an over-size context, or a batch that failed it).
     local flagged = fields[3] or fields[4]
-    -- One write: the claim's fields, and the window the claim takes cleared in place (''
-    -- reads as absent: every reader takes the two as numbers), so the next enqueue starts a
-    -- fresh debounce window: it must not inherit this run's past deadline (which would make
-    -- it due at once) nor its max-delay start.
+    -- One write: the claim's fields, and the window it takes cleared in place ('' reads as
+    -- absent), so the next enqueue starts a fresh debounce window: it must not inherit this
+    -- run's past deadline (which would make it due at once) nor its max-delay start.
     redis.call('HSET', ctx, 'claim_token', string.format('%d', first + k - 1),
       'claimed_version', version, 'claimed_at_ms', ARGV[1], 'claimed_sync', flagged and '1' or '0',
       'pending_since_ms', '', 'deadline_ms', '')
