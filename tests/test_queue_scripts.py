@@ -532,6 +532,23 @@ def test_a_user_at_the_cap_is_not_claimed_but_another_user_is(
     assert [c.context_id for c in queue.claim(T0 + 11, limit=4).claims] == [bob]
 
 
+def test_each_users_lease_set_holds_every_lease_one_claim_gave_it(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    """One claim of one, two and three contexts of three users: each user's set counts them all
+    (the per-user cap reads it on the next claim)."""
+    users = {"bob": 1, "carol": 2, "a/l%i.ce@x": 3}
+    ids = {
+        user: [enqueue(f"t{n}", T0 + n, flush=True, user=user) for n in range(count)]
+        for user, count in users.items()
+    }
+    batch = queue.claim(T0 + 10)
+    assert len(batch.claims) == 6
+    q = queue.keys.shard(0)
+    for user, mine in ids.items():
+        assert members(redis_client, q.user_inflight(user)) == dict.fromkeys(mine, T0 + 10 + 60_000)
+
+
 def test_a_capped_key_is_claimed_once_a_slot_frees(
     capped: tuple[QueueClient, Enqueuer], redis_client: redis.Redis
 ) -> None:
