@@ -44,10 +44,11 @@
 -- per call or per user: one INCRBY reserves every token the call hands out, one ZCOUNT reads a
 -- user's live leases and one ZADD adds the user's new ones (however many of the candidates are
 -- that user's). A claim of 100 due contexts of 100 users is 406 calls (bench P2 counts them with
--- INFO commandstats): each costs ~1.5 µs of the script's time, about half of it the call itself
--- (arguments and reply converted between Lua and Redis), so the calls, not the zset lookups,
--- are the script's cost; four per candidate is the floor of this layout (two keys of its own,
--- two of its user's).
+-- INFO commandstats); their own work is about half the script's time, the other half the calls'
+-- glue (arguments and reply converted between Lua and Redis) and this file's Lua, where a table
+-- per candidate is measurable (so a user's one new lease is kept without one). Four calls per
+-- candidate is the floor of this layout: two keys of its own, one of its user's, read and
+-- written (docs/benchmarks.md, "Issue 33's P2 again").
 --
 -- Fairness: a capped candidate only moves back in `due`, so the next batch reaches other users'
 -- due keys instead of the same wall of one user's. Its hash keeps deadline_ms: that is its real
