@@ -47,7 +47,7 @@
 -- INFO commandstats); their own work is about half the script's time, the other half the calls'
 -- glue (arguments and reply converted between Lua and Redis) and this file's Lua, where a table
 -- per candidate is measurable (so a user's one new lease is kept without one). Four calls per
--- candidate is the floor of this layout: two keys of its own, one of its user's, read and
+-- candidate is the floor of this layout: its hash and its user's lease set, each read and
 -- written (docs/benchmarks.md, "Issue 33's P2 again").
 --
 -- Fairness: a capped candidate only moves back in `due`, so the next batch reaches other users'
