@@ -78,6 +78,7 @@ class _Read:
 
 
 _UNCONDITIONAL = _Version(-1)  # a save that replaces whatever is stored
+_UNSENT = object()  # a pending read's reply before it came (or when it was never queued)
 
 
 @contextlib.contextmanager
@@ -137,6 +138,12 @@ class RedisMemoryStorage:
     ) -> None:
         user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
         self._store(user, agent, _UNCONDITIONAL, stamp_for_save(document), changes or [])
+
+    def pending_read(self, user_id: str | None, agent_name: str | None) -> _PendingRead:
+        """A :meth:`load` to send in another caller's pipeline on this store's Redis
+        (:class:`storage.base.PendingRead`)."""
+        user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
+        return _PendingRead(self, user, agent)
 
     def fence_run(self, user_id: str | None, agent_name: str | None, fence: Fence) -> None:
         """Nothing to record: the save script checks the context's claim token itself."""
@@ -384,3 +391,39 @@ class RedisMemoryStorage:
                 pipe.exists(self.keys.memory_document(owner, agent_name))
             exists = pipe.execute()
         return [pair for pair, found in zip(pairs, exists, strict=True) if found]
+
+
+class _PendingRead:
+    """One document's read, queued on a plain pipeline of the store's own client, or made by
+    :meth:`document` when it was not (another client, a cluster: its keys would need their own
+    round trip anyway)."""
+
+    def __init__(self, store: RedisMemoryStorage, user_id: str, agent_name: str | None) -> None:
+        self.user_id, self.agent_name = user_id, agent_name
+        self._store = store
+        self._key = store.keys.memory_document(user_id, agent_name)
+        self._reply: Any = _UNSENT
+
+    def queue(self, pipe: Any) -> bool:
+        client = self._store.redis
+        if not isinstance(client, redis.Redis) or not isinstance(pipe, redis.client.Pipeline):
+            return False
+        if pipe.connection_pool is not client.connection_pool:
+            return False
+        pipe.hmget(self._key, ["doc", "rev", "gen"])
+        return True
+
+    def take(self, reply: Any) -> None:
+        self._reply = reply
+
+    def document(self) -> MemoryDocument:
+        """What :meth:`RedisMemoryStorage.load` gives (a private copy, kept as this process's
+        last read), raising as it would."""
+        reply, self._reply = self._reply, _UNSENT
+        if reply is _UNSENT:
+            return self._store.load(self.user_id, self.agent_name)
+        if isinstance(reply, Exception):
+            with _redis_errors("loading a memory document"):
+                raise reply
+        text, rev, gen = reply
+        return copy_document(self._store._decoded(self._key, text, rev, gen).document)
