@@ -429,7 +429,8 @@ def test_one_extraction_is_three_redis_round_trips(
     server), counted on the wire through a proxy: its start (the context, its watermark, the
     lease renewal and the memory it extracts into), its save (the index, the fenced
     compare-and-set and the watermark) and its settlement (complete.lua and its metrics) —
-    for the run that creates the memory and for one that updates it."""
+    for the run that creates the memory and for one that updates it. (A process's first run
+    reads the memory apart: it renews its lease before the pipeline is built.)"""
     from bench.round_trips import CountingProxy, script_names
     from memq.core.scripts import assemble
 
@@ -451,6 +452,7 @@ def test_one_extraction_is_three_redis_round_trips(
             lease_seconds=60.0,
         )
         runtime = WorkerRuntime(settings)
+        assert runtime.pipeline is not None  # built by the process's first run, after its start
         enqueue = Enqueuer(redis_client, runtime.queue.keys, debounce_ms=1000, max_delay_ms=60_000)
         key = ContextKey.create("thread/1", "alice@example.com", "coder")
         for turn in range(2):

@@ -73,7 +73,8 @@ def extract(
 ) -> dict[str, Any]:
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
     run = _Run(runtime.queue, runtime.metrics, context_id, token, version, clock(), clock)
-    memory = _pending_memory(runtime, context_id)
+    # The memory the run extracts into is read in the same round trip as its context.
+    memory = runtime.pending_memory(context_id)
     data, watermark, renewed = run.queue.start_run(context_id, token, run.started, also=memory)
     if not _start(run, data, renewed):
         return {"outcome": "stale"}
@@ -112,16 +113,6 @@ def extract(
             also=also,
         ),
     )
-
-
-def _pending_memory(runtime: WorkerRuntime, context_id: str) -> PendingRead | None:
-    """The read of the memory the run extracts into, sent in the same round trip as its
-    context (None: the storage reads it itself, later)."""
-    try:
-        return runtime.pipeline.pending_memory(context_id)
-    except Exception:  # the pipeline cannot be built: the run meets that in its own try, below
-        log.debug("no pipeline for key=%s yet", context_id, exc_info=True)
-        return None
 
 
 def _start(run: _Run, data: dict[str, Any], renewed: bool) -> bool:
