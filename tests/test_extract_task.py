@@ -419,6 +419,38 @@ def test_a_run_settles_and_counts_in_one_round_trip(
     assert h.metrics()["llm_requests:ok"] == "1"
 
 
+def test_a_run_spends_its_budget_in_its_settlement_s_round_trip(
+    make_settings: Any, redis_server: Any, redis_client: redis.Redis
+) -> None:
+    """With a token budget set, the run's tokens are counted against it in the same pipeline
+    as complete.lua and the run's metrics, not in a round trip of their own."""
+    from bench.round_trips import CountingProxy, script_names
+    from memq.core.scripts import assemble
+
+    source = assemble("worker", "complete")
+    redis_client.script_load(source)
+    with CountingProxy(redis_server.port, script_names([("complete", source)])) as proxy:
+        settings = make_settings(
+            redis_url=proxy.url,
+            debounce_seconds=1.0,
+            lease_seconds=60.0,
+            llm_budget_tokens_per_user=10_000,
+        )
+        h = Harness(settings, redis_client)
+        h.enqueue(T0)
+        claim = h.claim(T0)
+        _, before = proxy.snapshot()
+        assert h.run(claim, T0 + 10)["queue"] == "done"
+        _, after = proxy.snapshot()
+        budget = h.runtime.gates.budget
+        assert budget is not None
+        spent = budget.spent("alice")
+    settled = after - before
+    assert settled["HINCRBY + INCRBY + PEXPIRE + script complete"] == 1, settled
+    assert not any("INCRBY" in label and "complete" not in label for label in settled), settled
+    assert spent == (120 + 30, 120 + 30)  # the scripted run's prompt and completion tokens
+
+
 def test_one_extraction_is_three_redis_round_trips(
     make_settings: Any,
     redis_server: Any,
