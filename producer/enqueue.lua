@@ -224,6 +224,7 @@ if messages ~= stored[5] then
   n = n + 2
 end
 
+-- Read as numbers: a claim leaves both fields '' (no window open), which reads as absent.
 local pending_since = tonumber(stored[1])
 if not pending_since then
   pending_since = now

@@ -113,6 +113,12 @@ def make_settings(redis_server: RedisServer, key_prefix: str, tmp_path: Path) ->
             "storage_dir": tmp_path / "memory",
             "data_dir": tmp_path / "data",
             "llm_provider": "rules",
+            # The production defaults (0.25 s, 0.5 s) are what an agent may wait; on a loaded
+            # 2-core CI machine a live redis-server can take longer than that to answer, and a
+            # test that is not about timeouts would then fail open at random. Tests of the
+            # timeouts set their own.
+            "producer_timeout_seconds": 5.0,
+            "injector_timeout_seconds": 5.0,
         }
         values.update(overrides)
         return MemqSettings(**values)

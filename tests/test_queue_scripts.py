@@ -98,7 +98,6 @@ def test_claim_takes_only_due_keys_and_leases_them(
     stored = queue.load(due_id)
     assert stored["claim_token"] == claim.token
     assert stored["claimed_version"] == "1"
-    assert "pending_since_ms" not in stored
     assert queue.claim(T0 + 10).claims == []  # never claimed twice while in flight
 
 
@@ -157,6 +156,33 @@ def test_enqueue_during_a_run_is_rescheduled_and_run_again(
     assert contents[-1] == "second"
     assert queue.complete(cid, second.token, T0 + 1_200) is CompleteResult.DONE
     assert queue.load(cid) == {}
+
+
+def test_the_first_turn_after_a_claim_starts_the_next_max_delay_window(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    """A thread that talks through a run: the cap counts from the first turn after the claim,
+    not from the first turn of the window the claim took (debounce 1 s, max delay 10 s)."""
+    cid = enqueue("t1", T0, text="before")
+    claim = queue.claim(T0 + 1_000).claims[0]
+    for n, at in enumerate(range(T0 + 1_050, T0 + 11_000, 900)):  # never quiet for 1 s
+        enqueue("t1", at, text=f"during {n}")
+    assert queue.complete(cid, claim.token, T0 + 11_000) is CompleteResult.RESCHEDULED
+    q = queue.keys.for_context(cid)
+    assert members(redis_client, q.due) == {cid: T0 + 1_050 + 10_000}
+
+
+def test_a_partial_run_with_no_new_turn_is_due_again_at_once(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    """``more``: the run extracted part of the messages; nothing arrived during it, so no
+    deadline is stored since the claim, and the rest is due at the settlement's time."""
+    cid = enqueue("t1", T0)
+    claim = queue.claim(T0 + 1_000).claims[0]
+    assert queue.complete(cid, claim.token, T0 + 1_500, more=True) is CompleteResult.RESCHEDULED
+    q = queue.keys.for_context(cid)
+    assert members(redis_client, q.due) == {cid: T0 + 1_500}
+    assert queue.claim(T0 + 1_500).claims[0].version == 1
 
 
 def test_a_stale_token_cannot_complete_fail_or_renew(
@@ -504,6 +530,23 @@ def test_a_user_at_the_cap_is_not_claimed_but_another_user_is(
     }
 
     assert [c.context_id for c in queue.claim(T0 + 11, limit=4).claims] == [bob]
+
+
+def test_each_users_lease_set_holds_every_lease_one_claim_gave_it(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    """One claim of one, two and three contexts of three users: each user's set counts them all
+    (the per-user cap reads it on the next claim)."""
+    users = {"bob": 1, "carol": 2, "a/l%i.ce@x": 3}
+    ids = {
+        user: [enqueue(f"t{n}", T0 + n, flush=True, user=user) for n in range(count)]
+        for user, count in users.items()
+    }
+    batch = queue.claim(T0 + 10)
+    assert len(batch.claims) == 6
+    q = queue.keys.shard(0)
+    for user, mine in ids.items():
+        assert members(redis_client, q.user_inflight(user)) == dict.fromkeys(mine, T0 + 10 + 60_000)
 
 
 def test_a_capped_key_is_claimed_once_a_slot_frees(

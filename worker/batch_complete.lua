@@ -52,7 +52,7 @@ if f[3] == f[4] then
 end
 redis.call('HSET', ctx, 'attempts', '0')
 redis.call('HDEL', ctx, 'last_error')
-requeue(ctx, due, id, f[5] or ARGV[3])
+requeue(ctx, due, id, tonumber(f[5]) and f[5] or ARGV[3])  -- '' (left by the claim): none
 leave_batch_lane(ctx, pending, out, id)
 release_claim(ctx, inflight, users, id)
 return 2

@@ -33,14 +33,22 @@
 -- parked for or out in a batch job (`batch_token` set) unless it is `urgent` (a flush).
 -- A claim sets `claimed_sync` ("1": urgent, or sent back by a failed batch) and clears `urgent`
 -- and `batch_fallback`; a claim of a context in the batch lane takes it out of the
--- lane (includes/leave_batch_lane.lua), so the batch's answer is fenced off.
+-- lane (includes/leave_batch_lane.lua), so the batch's answer is fenced off. It also closes the
+-- debounce window: `pending_since_ms` and `deadline_ms` are set to '' in the same HSET as the
+-- claim's own fields (one write, not a write and a delete). Every reader takes both as numbers
+-- (enqueue, complete, fail, release, batch_complete), so '' reads as absent: the next enqueue
+-- opens a fresh window.
 --
--- Calls per claimed candidate: HMGET, HSET, HDEL. The rest is per call or per user: one INCRBY
--- reserves every token the call hands out, one ZCOUNT reads a user's live leases and one ZADD
--- adds the user's new ones (however many of the candidates are that user's). A claim of 100 due
--- contexts of 100 users is 500 calls (bench P2 measures them with INFO commandstats): each costs
--- ~1.5 µs of the script's time, about half of it the call itself (arguments and reply converted
--- between Lua and Redis), so the calls, not the zset lookups, are the script's cost.
+-- Calls per claimed candidate: HMGET and HSET (plus an HDEL of `urgent`/`batch_fallback` when
+-- one of them is set, and the lane's three calls for a context in the batch lane). The rest is
+-- per call or per user: one INCRBY reserves every token the call hands out, one ZCOUNT reads a
+-- user's live leases and one ZADD adds the user's new ones (however many of the candidates are
+-- that user's). A claim of 100 due contexts of 100 users is 406 calls (bench P2 counts them with
+-- INFO commandstats); their own work is about half the script's time, the other half the calls'
+-- glue (arguments and reply converted between Lua and Redis) and this file's Lua, where a table
+-- per candidate is measurable (so a user's one new lease is kept without one). Four calls per
+-- candidate is the floor of this layout: its hash and its user's lease set, each read and
+-- written (docs/benchmarks.md, "Issue 33's P2 again").
 --
 -- Fairness: a capped candidate only moves back in `due`, so the next batch reaches other users'
 -- due keys instead of the same wall of one user's. Its hash keeps deadline_ms: that is its real
@@ -108,6 +116,7 @@ end
 local ids = {}
 for i = 1, n do ids[i] = ARGV[5 + i] end
 local function scores(key)
+  if n <= CHUNK then return redis.call('ZMSCORE', key, unpack(ids)) end  -- no copy
   local result = {}
   for from = 1, n, CHUNK do
     local reply = redis.call('ZMSCORE', key, unpack(ids, from, math.min(from + CHUNK - 1, n)))
@@ -120,9 +129,15 @@ local leases = scores(inflight)
 local count = redis.call('ZCARD', inflight)
 local count_before = count
 local SMALL_ZSET = 128
+local live = '(' .. ARGV[1]  -- ZCOUNT's lower bound: leases that end after now
 local held = {}  -- per-user key -> live leases, counted once per user per call
-local added = {}  -- per-user key -> {lease, id, ...} of its new leases, one ZADD per user
-local claimed = {}  -- {ctx, id, version, fields} of each candidate claimed, in order
+-- per-user key -> the id of its one new lease, or {lease, id, ...} of two or more: one ZADD per
+-- user (a table per user only when it is needed: the common claim gives each user one lease,
+-- and 100 small tables cost ~4 % of the script's time)
+local added = {}
+-- Each claimed candidate's hash and its HMGET reply, in claim order (two flat lists, not a
+-- table per claim).
+local claimed_ctx, claimed_fields = {}, {}
 local drop, new_ids, lease_args, defer_args = {}, {}, {}, {}
 
 for i = 1, n do
@@ -148,7 +163,7 @@ for i = 1, n do
       if not user_held then
         -- Only live leases count, so a member left behind by a lost worker can never starve its
         -- user; the reaper removes such members when it requeues their contexts.
-        user_held = redis.call('ZCOUNT', users, '(' .. ARGV[1], '+inf')
+        user_held = redis.call('ZCOUNT', users, live, '+inf')
       end
       if user_held >= user_cap then
         local at = horizon[users]
@@ -167,38 +182,48 @@ for i = 1, n do
         user_held = user_held + 1
         local mine = added[users]
         if not mine then
-          mine = {}
-          added[users] = mine
+          added[users] = id
+        elseif type(mine) == 'string' then
+          added[users] = {lease_until, mine, lease_until, id}
+        else
+          mine[#mine + 1] = lease_until
+          mine[#mine + 1] = id
         end
-        mine[#mine + 1] = lease_until
-        mine[#mine + 1] = id
-        claimed[#claimed + 1] = {ctx, id, fields}
+        claimed_ctx[#claimed_ctx + 1] = ctx
+        claimed_fields[#claimed_fields + 1] = fields
       end
       held[users] = user_held
     end
   end
 end
 for users, mine in pairs(added) do
-  bulk('ZADD', users, mine, 2)
+  if type(mine) == 'string' then
+    redis.call('ZADD', users, lease_until, mine)
+  else
+    bulk('ZADD', users, mine, 2)
+  end
 end
-if #claimed > 0 then
+if #claimed_ctx > 0 then
   -- The shard's counter never goes back, even when a hash is deleted and re-created, so a
   -- token is unique and a newer claim of a context always has a larger one: the storage
   -- fences saves with it (a run from an earlier claim can never match, nor outrank).
-  local first = reserve_tokens(#claimed)
+  local first = reserve_tokens(#claimed_ctx)
   out[3] = string.format('%d', first)
-  for k = 1, #claimed do
-    local ctx, id, fields = claimed[k][1], claimed[k][2], claimed[k][3]
-    local token = string.format('%d', first + k - 1)
+  for k = 1, #claimed_ctx do
+    local ctx, fields, id = claimed_ctx[k], claimed_fields[k], new_ids[k]  -- not sorted yet
     local version = fields[1]
     -- claimed_sync: this run calls the model itself, never through the batch lane (a flush or
     -- an over-size context, or a batch that failed it).
-    local sync = (fields[3] or fields[4]) and '1' or '0'
-    redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
-      'claimed_at_ms', ARGV[1], 'claimed_sync', sync)
-    -- The next enqueue starts a fresh debounce window: it must not inherit this run's past
-    -- deadline (which would make it due at once) nor its max-delay start.
-    redis.call('HDEL', ctx, 'pending_since_ms', 'deadline_ms', 'urgent', 'batch_fallback')
+    local flagged = fields[3] or fields[4]
+    -- One write: the claim's fields, and the window it takes cleared in place ('' reads as
+    -- absent), so the next enqueue starts a fresh debounce window: it must not inherit this
+    -- run's past deadline (which would make it due at once) nor its max-delay start.
+    redis.call('HSET', ctx, 'claim_token', string.format('%d', first + k - 1),
+      'claimed_version', version, 'claimed_at_ms', ARGV[1], 'claimed_sync', flagged and '1' or '0',
+      'pending_since_ms', '', 'deadline_ms', '')
+    if flagged then
+      redis.call('HDEL', ctx, 'urgent', 'batch_fallback')  -- handed to this run
+    end
     if fields[2] then
       leave_batch_lane(ctx, pending, batched, id)  -- superseded by this claim
     end

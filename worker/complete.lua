@@ -45,8 +45,9 @@ if not more and redis.call('HGET', ctx, 'version') == redis.call('HGET', ctx, 'c
   release_claim(ctx, inflight, users, id)
   return 1
 end
-local deadline = redis.call('HGET', ctx, 'deadline_ms') or ARGV[3]
-if more and tonumber(deadline) > tonumber(ARGV[3]) then
+-- No number stored (absent, or '' as the claim leaves it): no turn arrived since the claim.
+local deadline = redis.call('HGET', ctx, 'deadline_ms')
+if not tonumber(deadline) or (more and tonumber(deadline) > tonumber(ARGV[3])) then
   deadline = ARGV[3]
 end
 redis.call('HSET', ctx, 'attempts', '0')

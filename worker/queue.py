@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import redis
 from redis.exceptions import NoScriptError
@@ -58,9 +58,12 @@ class FailResult(Enum):
     DEAD = 2
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """One context a ticker now holds: the token proves it, the version says what was claimed."""
+class Claim(NamedTuple):
+    """One context a ticker now holds: the token proves it, the version says what was claimed.
+
+    A named tuple, not a frozen dataclass: a claim makes up to ``claim_batch`` of them per call,
+    and a frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) took 2.6 times
+    as long as a tuple's (bench P2's profile, docs/benchmarks.md)."""
 
     context_id: str
     token: str
