@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
@@ -97,6 +97,29 @@ class SharedReads(Protocol):
     the next reader of the unchanged document gets the same object."""
 
     def view(self, user_id: str, agent_name: str | None = None) -> MemoryDocument: ...
+
+
+class PendingRead(Protocol):
+    """A read of one memory document that may ride in another caller's pipeline on the same
+    Redis (the worker's first round trip of a run): ``queue`` puts it on the pipeline (False:
+    it cannot go there, nothing queued), ``take`` gets its reply, ``document`` gives what
+    ``load`` would have — read here when it was not queued."""
+
+    user_id: str
+    agent_name: str | None
+
+    def queue(self, pipe: Any) -> bool: ...
+
+    def take(self, reply: Any) -> None: ...
+
+    def document(self) -> MemoryDocument: ...
+
+
+@runtime_checkable
+class PipelinedReads(Protocol):
+    """A backend whose reads can be sent in another caller's pipeline (:class:`PendingRead`)."""
+
+    def pending_read(self, user_id: str, agent_name: str | None) -> PendingRead: ...
 
 
 @runtime_checkable

@@ -1,10 +1,10 @@
 """Memory documents in Redis, for replicas and workers on different hosts (``MEMQ_STORAGE=redis``).
 
-Each (user, agent) is a hash ``{doc, rev}`` beside a history list, both under one hash tag. An
-update is optimistic: read the document and its revision, apply the callback, and write back with a
-Lua compare-and-set that also appends the history; on a conflict the callback runs again on the
-newer document. So concurrent updates from any number of workers all survive, and nobody holds a
-lock across a slow callback.
+Each (user, agent) is a hash ``{doc, rev, gen}`` beside a history list, both under one hash tag.
+An update is optimistic: apply the callback to the document as last read (with its revision and
+generation), and write back with a Lua compare-and-set that also appends the history; on a
+conflict the callback runs again on the newer document, which the refusal carries. So concurrent
+updates from any number of workers all survive, and nobody holds a lock across a slow callback.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -55,7 +57,28 @@ from storage.history import (
 
 log = logging.getLogger(__name__)
 
-UNCONDITIONAL = -1
+
+@dataclass(frozen=True, slots=True)
+class _Version:
+    """Which stored document a read saw: its revision, and its generation (set when it was
+    created, so a document deleted and created again is never taken for the one read)."""
+
+    revision: int = 0
+    generation: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One document as this process last read it: its text (None: there was none), the version
+    it was read at, and its parse."""
+
+    text: str | None
+    version: _Version
+    document: MemoryDocument
+
+
+_UNCONDITIONAL = _Version(-1)  # a save that replaces whatever is stored
+_UNSENT = object()  # a pending read's reply before it came (or when it was never queued)
 
 
 @contextlib.contextmanager
@@ -82,7 +105,9 @@ class RedisMemoryStorage:
         # The parsed document of each key beside the text it was parsed from (an LRU bounded as
         # the file store's): every read still fetches the text, and a text equal to the one kept
         # is not parsed again. Parsing 300 facts with their sources was ~80 % of a recall.
-        self._parsed: OrderedDict[str, tuple[str, MemoryDocument]] = OrderedDict()
+        # The version it was read at comes with it: an update starts from the document as last
+        # read, and the save's compare-and-set says whether it still is.
+        self._parsed: OrderedDict[str, _Read] = OrderedDict()
         self._parsed_max = settings.storage_cache_max_documents
         self._parsed_lock = threading.Lock()
         self._save_script = scripts["save_document"]
@@ -112,7 +137,13 @@ class RedisMemoryStorage:
         changes: list[Change] | None = None,
     ) -> None:
         user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
-        self._store(user, agent, UNCONDITIONAL, stamp_for_save(document), changes or [])
+        self._store(user, agent, _UNCONDITIONAL, stamp_for_save(document), changes or [])
+
+    def pending_read(self, user_id: str | None, agent_name: str | None) -> _PendingRead:
+        """A :meth:`load` to send in another caller's pipeline on this store's Redis
+        (:class:`storage.base.PendingRead`)."""
+        user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
+        return _PendingRead(self, user, agent)
 
     def fence_run(self, user_id: str | None, agent_name: str | None, fence: Fence) -> None:
         """Nothing to record: the save script checks the context's claim token itself."""
@@ -128,14 +159,24 @@ class RedisMemoryStorage:
         user, agent = validate_user_id(user_id), validate_agent_name(agent_name)
         deadline = time.monotonic() + self.conflict_timeout_seconds
         attempt = 0
+        # First on the document as this process last read it (a worker read it for the prompt
+        # a moment ago), without reading it again: the save's compare-and-set refuses it if it
+        # changed since, and the refusal carries the document as it is now. So an update takes
+        # one round trip when nothing changed, two when something did.
+        read = self._kept(self.keys.memory_document(user, agent))
         while True:
-            revision, current = self._fetch(user, agent)
+            checked = read is None  # read now, or handed back by a refused save
+            version, current = read if read is not None else self._fetch(user, agent)
+            read = None
             before = copy_document(current)  # the callback may change its argument in place
             document, changes = split_update_result(fn(current))
             if document == before and not changes:
-                return document
+                if checked:
+                    return document
+                continue  # judged on a document that may have changed: judge the latest
             saved = stamp_for_save(document)
-            if self._store(user, agent, revision, saved, changes, fence):
+            stored, newer = self._store(user, agent, version, saved, changes, fence)
+            if stored:
                 return saved
             if time.monotonic() >= deadline:
                 raise LockTimeout(
@@ -143,6 +184,7 @@ class RedisMemoryStorage:
                     f"{attempt + 1} attempts for {self.conflict_timeout_seconds:g} s"
                 )
             attempt += 1
+            read = newer
             # Jittered backoff: several workers that conflicted do not retry in lockstep.
             time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
 
@@ -167,7 +209,8 @@ class RedisMemoryStorage:
                 pipe.hget(keys[0], "rev")
                 pipe.lrange(keys[1], 0, -1)
                 rev, raw = pipe.execute()
-            revision, current = self._fetch(user, agent)
+            version, current = self._fetch(user, agent)
+            revision = version.revision
             if revision == int(rev or 0):
                 if not self.redis.exists(keys[0]):
                     return False
@@ -182,6 +225,7 @@ class RedisMemoryStorage:
                         args=[revision, dump_document(stamp_for_save(document)), *entries],
                     )
                 if int(code) == 1:
+                    self._forget_parsed(keys[0])
                     return True
             if time.monotonic() >= deadline:
                 raise LockTimeout(f"memory of user={user} agent={agent or '-'} kept changing")
@@ -208,20 +252,30 @@ class RedisMemoryStorage:
     # --- internals
     def _fetch(
         self, user: str, agent: str | None, *, copy: bool = True
-    ) -> tuple[int, MemoryDocument]:
+    ) -> tuple[_Version, MemoryDocument]:
         key = self.keys.memory_document(user, agent)
         with _redis_errors("loading a memory document"):
-            text, rev = self.redis.hmget(key, ["doc", "rev"])
+            text, rev, gen = self.redis.hmget(key, ["doc", "rev", "gen"])
+        read = self._decoded(key, text, rev, gen)
+        return read.version, copy_document(read.document) if copy else read.document
+
+    def _decoded(self, key: str, text: Any, rev: Any, gen: Any) -> _Read:
+        """The document of ``key`` stored as ``text`` at ``rev``/``gen``, parsed unless the text
+        is the one kept (the result is shared: copy it before handing it to a caller that may
+        change it), and kept as this process's last read of it."""
+        version = _Version(int(rev or 0), str(gen or ""))
         if text is None:
-            self._forget_parsed(key)
-            return int(rev or 0), empty_document()
+            read = _Read(None, version, empty_document())
+            self._keep(key, read)
+            return read
         text = str(text)
         with self._parsed_lock:
             hit = self._parsed.get(key)
-            if hit is not None and hit[0] == text:
+            if hit is not None and hit.text == text:
+                read = _Read(text, version, hit.document)
+                self._parsed[key] = read
                 self._parsed.move_to_end(key)
-                # Callers may change what they get (update's callback does): a private copy.
-                return int(rev or 0), copy_document(hit[1]) if copy else hit[1]
+                return read
         try:
             document = parse_document(text)
         except (DocumentDecodeError, ValueError) as exc:
@@ -231,14 +285,24 @@ class RedisMemoryStorage:
             raise CorruptMemoryFile(
                 f"Redis key {key} is not a valid memory document: {exc}"
             ) from exc
-        if self._parsed_max > 0:
-            with self._parsed_lock:
-                self._parsed[key] = (text, document)
-                self._parsed.move_to_end(key)
-                while len(self._parsed) > self._parsed_max:
-                    self._parsed.popitem(last=False)
-            return int(rev or 0), copy_document(document) if copy else document
-        return int(rev or 0), document
+        read = _Read(text, version, document)
+        self._keep(key, read)
+        return read
+
+    def _keep(self, key: str, read: _Read) -> None:
+        if self._parsed_max <= 0:
+            return
+        with self._parsed_lock:
+            self._parsed[key] = read
+            self._parsed.move_to_end(key)
+            while len(self._parsed) > self._parsed_max:
+                self._parsed.popitem(last=False)
+
+    def _kept(self, key: str) -> tuple[_Version, MemoryDocument] | None:
+        """This process's last read of ``key`` (a private copy), if it still keeps it."""
+        with self._parsed_lock:
+            hit = self._parsed.get(key)
+        return None if hit is None else (hit.version, copy_document(hit.document))
 
     def _forget_parsed(self, key: str) -> None:
         with self._parsed_lock:
@@ -248,36 +312,47 @@ class RedisMemoryStorage:
         self,
         user: str,
         agent: str | None,
-        expected_revision: int,
+        expected: _Version,
         document: MemoryDocument,
         changes: list[Change],
         fence: Fence | None = None,
-    ) -> bool:
-        """True when saved, False on a revision conflict; StaleClaim when the fence refused."""
+    ) -> tuple[bool, tuple[_Version, MemoryDocument] | None]:
+        """(True, None) when saved; (False, the document as stored now) on a conflict;
+        StaleClaim when the fence refused."""
         entries = [encode_change(c) for c in changes] if self.history_max_entries else []
-        keys = [self.keys.memory_document(user, agent), self.keys.memory_history(user, agent)]
+        key = self.keys.memory_document(user, agent)
+        keys = [key, self.keys.memory_history(user, agent)]
         if fence is not None:
             shard = self.keys.for_context(fence.context_id)
             keys += (shard.context(fence.context_id), shard.watermark(fence.context_id))
         args = [
-            expected_revision,
+            expected.revision,
             dump_document(document),
             self.history_max_entries,
             fence.token if fence is not None else "",
             (fence.watermark or "") if fence is not None else "",
             self.watermark_ttl_ms,
+            expected.generation,
+            secrets.token_hex(8),  # the generation, if this save creates the document
             *entries,
         ]
         with _redis_errors("saving a memory document"):
-            code, _revision = self._index_and_save(self.keys.index_member(user, agent), keys, args)
-        if int(code) == 2 and fence is not None:
+            reply = self._index_and_save(self.keys.index_member(user, agent), keys, args)
+        code = int(reply[0])
+        if code == 2 and fence is not None:
             with _redis_errors("saving a memory document"):
                 if not self.redis.exists(keys[0]):  # indexed above for nothing
                     self.redis.srem(self.keys.memory_index(), self.keys.index_member(user, agent))
             raise StaleClaim(
                 f"claim {fence.token} of {fence.context_id} is no longer current; not saved"
             )
-        return int(code) == 1
+        if code == 1:
+            # What this process kept of the document is older than what it wrote.
+            self._forget_parsed(key)
+            return True, None
+        _, rev, text, gen = reply
+        read = self._decoded(key, text, rev, gen)
+        return False, (read.version, copy_document(read.document))
 
     def _index_and_save(self, member: str, keys: list[str], args: list[Any]) -> Any:
         """Index the document, then run the save script. Indexed first: a crash between the two
@@ -316,3 +391,39 @@ class RedisMemoryStorage:
                 pipe.exists(self.keys.memory_document(owner, agent_name))
             exists = pipe.execute()
         return [pair for pair, found in zip(pairs, exists, strict=True) if found]
+
+
+class _PendingRead:
+    """One document's read, queued on a plain pipeline of the store's own client, or made by
+    :meth:`document` when it was not (another client, a cluster: its keys would need their own
+    round trip anyway)."""
+
+    def __init__(self, store: RedisMemoryStorage, user_id: str, agent_name: str | None) -> None:
+        self.user_id, self.agent_name = user_id, agent_name
+        self._store = store
+        self._key = store.keys.memory_document(user_id, agent_name)
+        self._reply: Any = _UNSENT
+
+    def queue(self, pipe: Any) -> bool:
+        client = self._store.redis
+        if not isinstance(client, redis.Redis) or not isinstance(pipe, redis.client.Pipeline):
+            return False
+        if pipe.connection_pool is not client.connection_pool:
+            return False
+        pipe.hmget(self._key, ["doc", "rev", "gen"])
+        return True
+
+    def take(self, reply: Any) -> None:
+        self._reply = reply
+
+    def document(self) -> MemoryDocument:
+        """What :meth:`RedisMemoryStorage.load` gives (a private copy, kept as this process's
+        last read), raising as it would."""
+        reply, self._reply = self._reply, _UNSENT
+        if reply is _UNSENT:
+            return self._store.load(self.user_id, self.agent_name)
+        if isinstance(reply, Exception):
+            with _redis_errors("loading a memory document"):
+                raise reply
+        text, rev, gen = reply
+        return copy_document(self._store._decoded(self._key, text, rev, gen).document)

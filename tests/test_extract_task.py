@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,8 @@ from memq.core.identity import ContextKey
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest
+from tests.support.openai_server import Reply, ScriptedOpenAI
+from tests.support.scenarios import update_answer
 from worker.queue import Claim, QueueClient, ReapResult
 from worker.retry import backoff_ms, retry_delay_ms
 from worker.runtime import WorkerRuntime
@@ -57,6 +60,9 @@ class ScriptedPipeline:
         self.seen: list[ConversationContext] = []
         self.fences: list[Any] = []
 
+    def pending_memory(self, context_id: str) -> None:
+        return None  # no storage: nothing to read with the run's start
+
     def run(
         self,
         context: ConversationContext,
@@ -64,6 +70,7 @@ class ScriptedPipeline:
         watermark: str | None = None,
         fence: Any = None,
         gate: Any = None,
+        memory: Any = None,
     ) -> Report:
         self.seen.append(context)
         self.fences.append(fence)
@@ -410,6 +417,89 @@ def test_a_run_settles_and_counts_in_one_round_trip(
     assert not any(label in counts for label in ("script complete", "HINCRBY"))
     assert h.metrics()["extractions:updated"] == "1"
     assert h.metrics()["llm_requests:ok"] == "1"
+
+
+def test_a_run_spends_its_budget_in_its_settlement_s_round_trip(
+    make_settings: Any, redis_server: Any, redis_client: redis.Redis
+) -> None:
+    """With a token budget set, the run's tokens are counted against it in the same pipeline
+    as complete.lua and the run's metrics, not in a round trip of their own."""
+    from bench.round_trips import CountingProxy, script_names
+    from memq.core.scripts import assemble
+
+    source = assemble("worker", "complete")
+    redis_client.script_load(source)
+    with CountingProxy(redis_server.port, script_names([("complete", source)])) as proxy:
+        settings = make_settings(
+            redis_url=proxy.url,
+            debounce_seconds=1.0,
+            lease_seconds=60.0,
+            llm_budget_tokens_per_user=10_000,
+        )
+        h = Harness(settings, redis_client)
+        h.enqueue(T0)
+        claim = h.claim(T0)
+        _, before = proxy.snapshot()
+        assert h.run(claim, T0 + 10)["queue"] == "done"
+        _, after = proxy.snapshot()
+        budget = h.runtime.gates.budget
+        assert budget is not None
+        spent = budget.spent("alice")
+    settled = after - before
+    assert settled["HINCRBY + INCRBY + PEXPIRE + script complete"] == 1, settled
+    assert not any("INCRBY" in label and "complete" not in label for label in settled), settled
+    assert spent == (120 + 30, 120 + 30)  # the scripted run's prompt and completion tokens
+
+
+def test_one_extraction_is_three_redis_round_trips(
+    make_settings: Any,
+    redis_server: Any,
+    redis_client: redis.Redis,
+    openai_server: ScriptedOpenAI,
+) -> None:
+    """A run of the real pipeline (Redis storage, the openai client against the scripted
+    server), counted on the wire through a proxy: its start (the context, its watermark, the
+    lease renewal and the memory it extracts into), its save (the index, the fenced
+    compare-and-set and the watermark) and its settlement (complete.lua and its metrics) —
+    for the run that creates the memory and for one that updates it. (A process's first run
+    reads the memory apart: it renews its lease before the pipeline is built.)"""
+    from bench.round_trips import CountingProxy, script_names
+    from memq.core.scripts import assemble
+
+    used = ("worker/renew", "storage/save_document", "worker/complete", "worker/claim_due")
+    scripts = [(name, assemble(*name.split("/"))) for name in used]
+    for _, source in scripts:
+        redis_client.script_load(source)  # a warm worker: its scripts are loaded
+    openai_server.responder = lambda request: Reply(content=update_answer("Ships billing in Go"))
+    per_run: list[Counter[str]] = []
+    with CountingProxy(redis_server.port, script_names(scripts)) as proxy:
+        settings = make_settings(
+            redis_url=proxy.url,
+            storage="redis",
+            llm_provider="openai",
+            llm_base_url=openai_server.base_url,
+            llm_api_key="sk-scripted",
+            llm_max_retries=0,
+            debounce_seconds=1.0,
+            lease_seconds=60.0,
+        )
+        runtime = WorkerRuntime(settings)
+        assert runtime.pipeline is not None  # built by the process's first run, after its start
+        enqueue = Enqueuer(redis_client, runtime.queue.keys, debounce_ms=1000, max_delay_ms=60_000)
+        key = ContextKey.create("thread/1", "alice@example.com", "coder")
+        for turn in range(2):
+            messages = json.dumps([{"role": "user", "content": f"I ship billing in Go ({turn})"}])
+            enqueue(EnqueueRequest(key=key, messages_json=messages, flush=True), T0 + turn)
+            [claim] = runtime.queue.claim(T0 + turn).claims
+            _, before = proxy.snapshot()
+            result = extract(runtime, claim.context_id, claim.token, claim.version)
+            _, after = proxy.snapshot()
+            assert result["outcome"] == "updated" and result["queue"] == "done", result
+            per_run.append(after - before)
+    start = "GET + HGETALL + HMGET + script worker/renew"
+    save = "SADD + script storage/save_document"
+    settle = "HINCRBY + script worker/complete"
+    assert per_run == [Counter({start: 1, save: 1, settle: 1})] * 2, per_run
 
 
 def test_a_settlement_after_a_script_flush_counts_its_run_once(h: Harness) -> None:

@@ -59,6 +59,31 @@ def test_request_shape_and_usage(openai_server: ScriptedOpenAI, sleeps: list[flo
     assert openai_server.auth_headers == [f"Bearer {SECRET}"]
 
 
+def test_the_request_body_is_the_chat_request_as_built(
+    openai_server: ScriptedOpenAI, sleeps: list[float]
+) -> None:
+    """The messages and the schema skip the SDK's parameter transform: what the endpoint gets is
+    still exactly the body `chat_request` builds (the batch lane's request lines send it too)."""
+    from worker.llm import chat_request
+    from worker.response_format import response_format
+
+    openai_server.script(Reply(content=EMPTY_UPDATE))
+    prompt = UpdatePrompt(
+        system="instructions ü",
+        user='data \u2028 "quoted"',
+        conversation=(Message("user", "hi"), Message("assistant", "ok")),
+    )
+    make_model(openai_server, sleeps, llm_service_tier="flex").propose(prompt, cache_key="k1")
+    (request,) = openai_server.requests
+    built = chat_request(
+        prompt,
+        model="scripted-model",
+        temperature=0,
+        response_format=response_format("json_schema"),
+    )
+    assert request == {**built, "prompt_cache_key": "k1", "service_tier": "flex"}
+
+
 def test_the_answer_models_schema_is_sent_as_structured_outputs(
     openai_server: ScriptedOpenAI, sleeps: list[float]
 ) -> None:

@@ -648,6 +648,9 @@ def test_a_parse_failure_is_dead_lettered_without_the_models_answer(
     answer = "Sure! The user told me their passport number is X1234567 and lives at 5 Elm St."
 
     class Parrot:  # a pipeline whose model answered prose instead of the update object
+        def pending_memory(self, context_id: str) -> None:
+            return None
+
         def run(
             self,
             context: Any,
@@ -655,6 +658,7 @@ def test_a_parse_failure_is_dead_lettered_without_the_models_answer(
             watermark: str | None = None,
             fence: Any = None,
             gate: Any = None,
+            memory: Any = None,
         ) -> Any:
             return parse_update_response(answer)
 

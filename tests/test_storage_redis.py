@@ -110,3 +110,91 @@ def test_a_kept_parse_never_outlives_the_text_it_came_from(
     assert contents(store.load("alice")) == []
     other.save("alice", None, doc_with("Uses nano"))  # recreated: its revision starts again
     assert contents(store.load("alice")) == ["Uses nano"]
+
+
+def _counted_store(make_settings: Any, proxy: Any) -> RedisMemoryStorage:
+    """A store whose every call goes through the counting proxy (its scripts already loaded)."""
+    client = redis.Redis.from_url(proxy.url, decode_responses=True)
+    storage = get_storage(make_settings(storage="redis"), redis=client)
+    assert isinstance(storage, RedisMemoryStorage)
+    return storage
+
+
+def _proxy(redis_server: Any, redis_client: redis.Redis) -> Any:
+    from bench.round_trips import CountingProxy, script_names
+    from memq.core.scripts import assemble
+
+    source = assemble("storage", "save_document")
+    redis_client.script_load(source)  # a warm process: the script is loaded
+    return CountingProxy(redis_server.port, script_names([("save", source)]))
+
+
+def test_an_update_after_a_read_does_not_read_the_document_again(
+    make_settings: Any, redis_server: Any, redis_client: redis.Redis
+) -> None:
+    """A worker reads the memory for its prompt, then applies the answer: the save's
+    compare-and-set checks that the document is still the one read (counted on the wire)."""
+    other = get_storage(make_settings(storage="redis"), redis=redis_client)
+    other.save("alice", None, doc_with("Uses vim"))
+    with _proxy(redis_server, redis_client) as proxy:
+        store = _counted_store(make_settings, proxy)
+        assert contents(store.load("alice")) == ["Uses vim"]
+        store.update("alice", None, lambda d: doc_with(*contents(d), "Ships in Go"))
+        _, counts = proxy.snapshot()
+    assert counts["HMGET"] == 1, counts
+    assert counts["SADD + script save"] == 1, counts
+    assert contents(other.load("alice")) == ["Uses vim", "Ships in Go"]
+
+
+def test_a_refused_save_carries_the_newer_document_to_apply_again(
+    make_settings: Any, redis_server: Any, redis_client: redis.Redis
+) -> None:
+    other = get_storage(make_settings(storage="redis"), redis=redis_client)
+    other.save("alice", None, doc_with("Uses vim"))
+    with _proxy(redis_server, redis_client) as proxy:
+        store = _counted_store(make_settings, proxy)
+        store.load("alice")
+        other.save("alice", None, doc_with("Uses vim", "theirs"))  # saved since our read
+        seen: list[list[str]] = []
+
+        def add_mine(document: MemoryDocument) -> MemoryDocument:
+            seen.append(contents(document))
+            return doc_with(*contents(document), "mine")
+
+        store.update("alice", None, add_mine)
+        _, counts = proxy.snapshot()
+    assert seen == [["Uses vim"], ["Uses vim", "theirs"]]
+    assert counts["HMGET"] == 1 and counts["SADD + script save"] == 2, counts
+    assert contents(other.load("alice")) == ["Uses vim", "theirs", "mine"]
+
+
+def test_a_document_forgotten_and_created_again_since_it_was_read_is_never_overwritten(
+    store: RedisMemoryStorage, make_settings: Any, redis_client: redis.Redis
+) -> None:
+    """Its revision starts again at 1, as the one read: the save must still see that it is not
+    the same document, or what was forgotten would come back with this run's change."""
+    other = get_storage(make_settings(storage="redis"), redis=redis_client)
+    other.save("alice", None, doc_with("Lives in Lisbon"))
+    assert contents(store.load("alice")) == ["Lives in Lisbon"]
+    other.delete("alice", None)
+    other.save("alice", None, doc_with("Uses nano"))
+    key = store.keys.memory_document("alice", None)
+    assert redis_client.hget(key, "rev") == "1"  # the revision the store read, again
+    store.update("alice", None, lambda d: doc_with(*contents(d), "Ships in Go"))
+    assert contents(store.load("alice")) == ["Uses nano", "Ships in Go"]
+
+
+def test_a_no_op_judged_on_an_old_read_is_judged_again_on_the_latest(
+    store: RedisMemoryStorage, make_settings: Any, redis_client: redis.Redis
+) -> None:
+    other = get_storage(make_settings(storage="redis"), redis=redis_client)
+    other.save("alice", None, doc_with("Uses vim"))
+    store.load("alice")
+    other.save("alice", None, doc_with("Uses vim", "Uses Go"))
+
+    def drop_go(document: MemoryDocument) -> MemoryDocument:
+        document.facts = [f for f in document.facts if f.content != "Uses Go"]
+        return document
+
+    store.update("alice", None, drop_go)  # nothing to drop in the old read; one in the latest
+    assert contents(store.load("alice")) == ["Uses vim"]

@@ -16,6 +16,7 @@ import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -124,12 +125,28 @@ class TokenBudget:
     def spend(self, user_id: str, tokens: int) -> None:
         if tokens <= 0:
             return
-        keys = self._keys(user_id, self._clock())
         try:
             pipe = self._client.pipeline(transaction=False)
-            for key in keys:
-                pipe.incrby(key, tokens)
-                pipe.pexpire(key, 2 * self._plan.window_ms)
+            self._count(pipe, user_id, tokens)
             pipe.execute()
         except redis.RedisError as exc:
             log.warning("token budget not counted: %s", exc)
+
+    def queue_spend(self, pipe: Any, user_id: str, tokens: int) -> bool:
+        """:meth:`spend` queued on ``pipe``, a plain pipeline of this budget's own client (the
+        settlement's round trip), whose replies are not looked at; False when nothing was
+        queued (nothing to count, or another client: the caller then calls :meth:`spend`)."""
+        client = self._client
+        if tokens <= 0 or not isinstance(client, redis.Redis):
+            return False
+        if not isinstance(pipe, redis.client.Pipeline) or pipe.connection_pool is not (
+            client.connection_pool
+        ):
+            return False
+        self._count(pipe, user_id, tokens)
+        return True
+
+    def _count(self, pipe: Any, user_id: str, tokens: int) -> None:
+        for key in self._keys(user_id, self._clock()):
+            pipe.incrby(key, tokens)
+            pipe.pexpire(key, 2 * self._plan.window_ms)

@@ -138,6 +138,10 @@ def _fall_back(tier: str | None, allowed: bool, exc: openai.OpenAIError) -> bool
     return allowed and tier == "flex" and refused
 
 
+# Fields of chat_request's body sent past the SDK's parameter transform (see _call).
+_PLAIN_FIELDS = ("messages", "response_format")
+
+
 def chat_request(
     prompt: UpdatePrompt,
     *,
@@ -229,7 +233,15 @@ class OpenAIUpdateModel:
             body["prompt_cache_key"] = cache_key
         if tier:
             body["service_tier"] = tier
-        raw = self._client.chat.completions.with_raw_response.create(**body)
+        # The SDK walks every parameter against its typed dicts before sending: ~0.3 ms of CPU
+        # a message and ~0.25 ms for the schema on a 2-core host, 1.4 ms a call — more than the
+        # rest of a run's work outside the call. The messages and the response format are plain
+        # JSON already: they go as `extra_body`, which the SDK merges into the request body as
+        # it is (the same JSON is sent); the scalars still take the typed path.
+        plain = {field: body.pop(field) for field in _PLAIN_FIELDS if field in body}
+        raw = self._client.chat.completions.with_raw_response.create(
+            messages=[], **body, extra_body=plain
+        )
         self._limits_seen(raw.status_code, raw.headers, None)
         return raw.parse()
 

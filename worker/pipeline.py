@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from memq.core.errors import StaleClaim
+from memq.core.errors import MemqError, StaleClaim
+from memq.core.identity import ContextKey
 from memq.core.models import ConversationContext
 from memq.core.settings import MemqSettings
 from memq.core.timestamps import ms_datetime
@@ -33,7 +34,7 @@ from prompts.answer import parse_update_response
 from prompts.conversation import message_excerpt, message_text
 from prompts.tokens import TokenCounter, make_token_counter
 from prompts.update_prompt import PROMPT_VERSION, UpdatePrompt, build_update_prompt
-from storage.base import Change, Fence, MemoryStorage, UpdateResult
+from storage.base import Change, Fence, MemoryStorage, PendingRead, PipelinedReads, UpdateResult
 from storage.document import MemoryDocument, utc_now
 from storage.provenance import RunInfo, RunMessage
 from worker.cost import prompt_cache_key
@@ -109,6 +110,18 @@ class ExtractionPipeline:
         self._count_tokens = count_tokens or make_token_counter(settings.token_counting)
         self._clock = clock or utc_now
 
+    def pending_memory(self, context_id: str) -> PendingRead | None:
+        """The read of the memory a run of ``context_id`` extracts into, to send with the run's
+        first round trip and hand to :meth:`run` (None: the storage reads only by itself, or
+        the id names no user)."""
+        if not isinstance(self._storage, PipelinedReads):
+            return None
+        try:
+            key = ContextKey.from_id(context_id)
+        except MemqError:
+            return None
+        return self._storage.pending_read(key.user_id, key.agent_name)
+
     def run(
         self,
         context: ConversationContext,
@@ -116,6 +129,7 @@ class ExtractionPipeline:
         watermark: str | None = None,
         fence: Fence | None = None,
         gate: Gate | None = None,
+        memory: PendingRead | None = None,
     ) -> ExtractionReport:
         """Extract the messages of one context after ``watermark`` into its (user, agent) memory.
 
@@ -126,9 +140,10 @@ class ExtractionPipeline:
 
         With ``fence`` (the worker's claim), the save is refused once that claim is no longer
         current: the report is then "stale", the answer discarded, its token usage still counted.
+        ``memory``: :meth:`pending_memory` of the context, sent with the run's first round trip.
         """
         elapsed_ms = _stopwatch()
-        step = self.prepare(context, watermark=watermark, fence=fence)
+        step = self.prepare(context, watermark=watermark, fence=fence, memory=memory)
         if isinstance(step, ExtractionReport):
             return step
         report = self.finish(context, step, fence=fence, gate=gate)
@@ -140,11 +155,13 @@ class ExtractionPipeline:
         *,
         watermark: str | None = None,
         fence: Fence | None = None,
+        memory: PendingRead | None = None,
     ) -> Prepared | ExtractionReport:
         """Everything before the model call: the messages after ``watermark`` and the prompt for
-        them from a snapshot of the memory; a report instead when there is nothing to send or
-        the claim is already gone. The batch lane sends the prompt later and hands the answer to
-        :meth:`apply_answer`, as :meth:`finish` does at once."""
+        them from a snapshot of the memory (``memory``: that read, already sent); a report
+        instead when there is nothing to send or the claim is already gone. The batch lane sends
+        the prompt later and hands the answer to :meth:`apply_answer`, as :meth:`finish` does
+        at once."""
         elapsed_ms = _stopwatch()
         if not context.messages:
             return ExtractionReport("skipped", duration_ms=elapsed_ms(), reason="no messages")
@@ -161,9 +178,16 @@ class ExtractionPipeline:
                 self._storage.fence_run(context.user_id, context.agent_name, fence)
             except StaleClaim as exc:
                 return ExtractionReport("stale", duration_ms=elapsed_ms(), reason=str(exc))
+        if memory is not None and (memory.user_id, memory.agent_name) == (
+            context.user_id,
+            context.agent_name,
+        ):
+            snapshot = memory.document()
+        else:
+            snapshot = self._storage.load(context.user_id, context.agent_name)
         prompt = prompt_for(
             selection,
-            self._storage.load(context.user_id, context.agent_name),
+            snapshot,
             self._settings,
             now=self._clock(),
             count_tokens=self._count_tokens,

@@ -24,7 +24,7 @@ from memq.core.errors import InvalidIdentifier
 from memq.core.identity import decode_user, encode_user, user_id_of
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.metrics import MetricsRecorder, read_snapshot, summarise
-from memq.core.scripts import AlsoQueue, LuaScripts, call_then
+from memq.core.scripts import AlsoQueue, AlsoRead, LuaScripts, call_then
 from memq.core.settings import MemqSettings
 from worker.shard_reads import dead_batches, due_members
 
@@ -240,28 +240,39 @@ class QueueClient:
         return data, watermark
 
     def start_run(
-        self, context_id: str, token: str | None, now: int | None = None
+        self,
+        context_id: str,
+        token: str | None,
+        now: int | None = None,
+        *,
+        also: AlsoRead | None = None,
     ) -> tuple[dict[str, str], str | None, bool]:
         """:meth:`load_run` and, with ``token``, the run's first :meth:`renew` in the same round
         trip (renew checks the token itself: sent before the hash is seen, it changes nothing
-        for a claim that is gone); the third value says whether it renewed."""
+        for a claim that is gone); the third value says whether it renewed. ``also``: one more
+        read sent in that round trip (the memory the run extracts into), handed its reply."""
         q = self._q(context_id)
         now = now_ms() if now is None else now
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(q.context(context_id))
         pipe.get(q.watermark(context_id))
+        renewing = False
         if token is not None and isinstance(self.redis, redis.Redis):
             # EVALSHA itself: redis-py's Script in a pipeline asks SCRIPT EXISTS first.
             keys, args = self._renew_call(q, context_id, token, now)
             pipe.evalsha(self._scripts["renew"].sha, len(keys), *keys, *args)
-        raw, watermark, *renewal = pipe.execute(raise_on_error=False)
-        for reply in (raw, watermark, *renewal):
+            renewing = True
+        reading = also is not None and also.queue(pipe)
+        raw, watermark, *rest = pipe.execute(raise_on_error=False)
+        if reading and also is not None:
+            also.take(rest.pop())  # its error, if any, is the reader's to raise
+        for reply in (raw, watermark, *rest):
             if isinstance(reply, Exception) and not isinstance(reply, NoScriptError):
                 raise reply
         renewed = False
         if token is not None:  # a cluster client or a restarted Redis: the wrapper's own call
-            ok = renewal and not isinstance(renewal[0], Exception)
-            renewed = int(renewal[0]) == 1 if ok else self.renew(context_id, token, now)
+            ok = renewing and not isinstance(rest[0], Exception)
+            renewed = int(rest[0]) == 1 if ok else self.renew(context_id, token, now)
         data = {str(k): str(v) for k, v in raw.items()}
         if data.get("cut_messages"):
             self._report_cut(q, context_id)

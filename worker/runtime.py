@@ -21,6 +21,7 @@ from worker.response_format import FormatChoice
 from worker.settle import Settlement
 
 if TYPE_CHECKING:
+    from storage.base import PendingRead
     from worker.batch import BatchLane
     from worker.batch_queue import BatchQueue
     from worker.pipeline import ExtractionPipeline
@@ -81,6 +82,14 @@ class WorkerRuntime:
                 else:
                     self._pipeline = self._pipeline_factory(self.settings, client)
             return self._pipeline
+
+    def pending_memory(self, context_id: str) -> PendingRead | None:
+        """:meth:`ExtractionPipeline.pending_memory`, once the pipeline is built (None before:
+        building it takes a while, and the first run's lease is renewed before that)."""
+        with self._lock:
+            self._check_fork()
+            pipeline = self._pipeline
+        return None if pipeline is None else pipeline.pending_memory(context_id)
 
     @property
     def gates(self) -> RunGates:

@@ -105,27 +105,34 @@ class Settlement:
         fenced off, with the run's metrics writes to send in its round trip), count and log one
         answered run; a small summary for the task result."""
         user = run.user_id
-        if self.budget is not None and user is not None:
-            # A discarded answer's tokens were spent all the same.
-            self.budget.spend(user, report.prompt_tokens + report.completion_tokens)
+        tokens = report.prompt_tokens + report.completion_tokens
+        budget = self.budget if user is not None else None
         if report.outcome == "stale":
+            if budget is not None and user is not None:
+                budget.spend(user, tokens)  # a discarded answer's tokens were spent all the same
             return self._discarded(run, report)
         # Counted under its outcome even when the claim went stale after the save: what it
-        # saved stays. So the figures do not wait for the settlement's answer: they go in its
-        # round trip, or after it when they could not (a cluster, another Redis).
+        # saved stays. So the figures and the budget's count do not wait for the settlement's
+        # answer: they go in its round trip, or after it when they could not (a cluster,
+        # another Redis).
         usage = {
             **usage_fields(self.prices, run.lane, report, report.messages_sent),
             **answer_counts(report),
         }
-        sent: list[bool] = []
+        counted: list[bool] = []
+        spent: list[bool] = []
 
         def with_metrics(pipe: Any) -> bool:
-            sent.append(self.metrics.queue_extraction(pipe, report.outcome, usage))
-            return sent[-1]
+            counted.append(self.metrics.queue_extraction(pipe, report.outcome, usage))
+            if budget is not None and user is not None:
+                spent.append(budget.queue_spend(pipe, user, tokens))
+            return counted[-1] or any(spent[-1:])
 
         settled = complete(with_metrics).name.lower()
-        if not any(sent):
+        if not any(counted):
             self.metrics.extraction(report.outcome, usage)
+        if budget is not None and user is not None and not any(spent):
+            budget.spend(user, tokens)
         log.info(
             "extraction key=%s version=%d outcome=%s lane=%s facts_added=%d facts_removed=%d "
             "facts_invalid=%d facts_refused=%d citations_repaired=%d prompt_tokens=%d "

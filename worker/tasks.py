@@ -18,7 +18,7 @@ from memq.core.errors import (
 from memq.core.identity import ContextKey
 from memq.core.metrics import MetricsRecorder
 from memq.core.models import ConversationContext
-from storage.base import Fence
+from storage.base import Fence, PendingRead
 from worker.lease import LeaseKeeper
 from worker.queue import FailResult, QueueClient
 from worker.retry import content_free_traceback, public_reason, retry_delay_ms
@@ -73,7 +73,9 @@ def extract(
 ) -> dict[str, Any]:
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
     run = _Run(runtime.queue, runtime.metrics, context_id, token, version, clock(), clock)
-    data, watermark, renewed = run.queue.start_run(context_id, token, run.started)
+    # The memory the run extracts into is read in the same round trip as its context.
+    memory = runtime.pending_memory(context_id)
+    data, watermark, renewed = run.queue.start_run(context_id, token, run.started, also=memory)
     if not _start(run, data, renewed):
         return {"outcome": "stale"}
     attempts = int(data.get("attempts") or 0)
@@ -83,7 +85,9 @@ def extract(
         return _failed(run, exc, None)
     may_batch = runtime.settings.llm_batch_active and data.get("claimed_sync") != "1"
     try:
-        report = _run_pipeline(runtime, run, context, watermark, _slot(data), may_batch=may_batch)
+        report = _run_pipeline(
+            runtime, run, context, watermark, _slot(data), memory, may_batch=may_batch
+        )
     except RunDeferred as exc:
         return _deferred(run, exc)
     except Exception as exc:
@@ -144,6 +148,7 @@ def _run_pipeline(
     context: ConversationContext,
     watermark: str | None,
     slot_ms: int | None = None,
+    memory: PendingRead | None = None,
     *,
     may_batch: bool = False,
 ) -> ExtractionReport | None:
@@ -162,11 +167,13 @@ def _run_pipeline(
     ):
         gate = runtime.gates.gate_for(context.user_id, slot_ms)
         if not may_batch:
-            return runtime.pipeline.run(context, watermark=watermark, fence=fence, gate=gate)
+            return runtime.pipeline.run(
+                context, watermark=watermark, fence=fence, gate=gate, memory=memory
+            )
         from worker.batch import park
         from worker.report import ExtractionReport
 
-        step = runtime.pipeline.prepare(context, watermark=watermark, fence=fence)
+        step = runtime.pipeline.prepare(context, watermark=watermark, fence=fence, memory=memory)
         if isinstance(step, ExtractionReport):
             return step
         if step.selection.more:  # over one prompt's budget: chunks go synchronously

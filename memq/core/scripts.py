@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import redis
 from redis.exceptions import NoScriptError
@@ -111,6 +111,15 @@ def register(client: RedisClient, package: str, name: str) -> Script:
 
 # Queues more commands on a pipeline; False when it queued none (the caller then sends its own).
 AlsoQueue = Callable[[Any], bool]
+
+
+class AlsoRead(Protocol):
+    """A read sent in someone else's pipeline: ``queue`` puts its one command on it (False: none
+    queued), ``take`` is handed that command's reply (an exception object when it failed)."""
+
+    def queue(self, pipe: Any) -> bool: ...
+
+    def take(self, reply: Any) -> None: ...
 
 
 def call_then(
