@@ -36,7 +36,13 @@ DEFAULT_LLM_DIR = Path(__file__).resolve().parents[2] / "shared" / "tools" / "lo
 SERVER_READY_SECONDS = 900.0  # the model loads in seconds, but the machine may be busy
 EXTRACTION_SECONDS = 3600.0  # one conversation, retries included, on a loaded 2-core machine
 # Answer-shape counters (memq.core.metrics.COUNTERS) the table shows for each conversation.
-SHAPE_COUNTERS = ("answers_missing_fields", "facts_invalid", "removals_unknown", "facts_refused")
+SHAPE_COUNTERS = (
+    "answers_missing_fields",
+    "facts_invalid",
+    "removals_unknown",
+    "facts_refused",
+    "citations_repaired",
+)
 
 
 @dataclass(frozen=True)
@@ -321,7 +327,7 @@ def table(outcomes: list[Outcome], form: str) -> str:
         "",
         "| conversation | learnt its obvious fact | facts learnt | dead letters | second "
         "attempts | s per extraction | model calls | missing fields / invalid / unknown ids / "
-        "refused |",
+        "refused / repaired |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     lines.extend(row(o) for o in outcomes)

@@ -94,13 +94,16 @@ Use [] when there is nothing to add or remove. "staleFactsToRemove" and "factsTo
 stay [] unless the message asks for a review."""
 )
 
-# Names the instructions and answer schema a fact was extracted with (its sources keep it):
-# changes whenever the system prompt does.
-PROMPT_VERSION = "update-" + hashlib.blake2b(SYSTEM_PROMPT.encode(), digest_size=4).hexdigest()
-
 # What every extraction of a deployment starts with, byte for byte: the instructions, then the
 # worked example. Nothing per user goes in here, so the provider's prompt cache serves it.
 STATIC_SYSTEM_PROMPT = f"{SYSTEM_PROMPT}\n\n{WORKED_EXAMPLE}"
+
+# Names the instructions, answer schema and worked example a fact was extracted with (its sources
+# keep it): changes whenever the static system prompt does — the example teaches as much as the
+# instructions (a small model follows it more than them).
+PROMPT_VERSION = (
+    "update-" + hashlib.blake2b(STATIC_SYSTEM_PROMPT.encode(), digest_size=4).hexdigest()
+)
 
 CORRECTION_HINT = """\
 Signal: the user explicitly corrected the assistant in this conversation. Record the right \

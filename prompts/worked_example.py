@@ -15,21 +15,25 @@ Example (illustration only: the people and projects in it are not the user's).
 Memory before: a fact {"id": "f1", "content": "Uses Python 3.10 for the billing service", \
 "category": "context", "confidence": 0.9}.
 Conversation:
-[m1] User: We moved billing to Python 3.12 last week. Also, your last answer used asyncio.run \
-inside a running loop again; that crashes our FastAPI app, await the coroutine instead.
-[m2] Assistant: Sorry about that. Awaiting it directly works. Noted on 3.12.
-[m3] User: Thanks. I'm presenting the migration at the team offsite in March.
+Date: 2023-05-08 (Monday)
+[m1] User: How do I profile a slow endpoint?
+[m2] Assistant: Run py-spy top against the worker's pid.
+[m3] User: Thanks. We moved billing to Python 3.12 last week, by the way. Also, your last answer \
+used asyncio.run inside a running loop again; that crashes our FastAPI app, await the coroutine \
+instead.
+[m4] Assistant: Sorry about that. Awaiting it directly works. Noted on 3.12.
+[m5] User: How do I draw a bar chart? I'm presenting the migration at the team offsite in March.
 Answer:
 {
   "newFacts": [
     {"content": "The billing service runs on Python 3.12", "category": "context", \
-"confidence": 0.95, "sourceError": null, "cites": ["m1"], "eventDate": null},
+"confidence": 0.95, "sourceError": null, "cites": ["m3"], "eventDate": null},
     {"content": "In the user's FastAPI app, await coroutines directly: asyncio.run inside a \
 running event loop crashes it", "category": "correction", "confidence": 0.97, \
-"sourceError": "Called asyncio.run inside a running event loop", "cites": ["m1"], \
+"sourceError": "Called asyncio.run inside a running event loop", "cites": ["m3"], \
 "eventDate": null},
     {"content": "Presents the billing migration at the team offsite in March", \
-"category": "goal", "confidence": 0.9, "sourceError": null, "cites": ["m3"], "eventDate": null}
+"category": "goal", "confidence": 0.9, "sourceError": null, "cites": ["m5"], "eventDate": null}
   ],
   "factsToRemove": ["f1"],
   "user": {
@@ -49,5 +53,6 @@ offsite in March.", "shouldUpdate": true}
   "factsToConsolidate": []
 }
 Why: 3.12 contradicts f1, so f1 is removed and the new version added; the user's correction is \
-a "correction" fact with the mistake as "sourceError"; the thanks and the apology are not \
-recorded; each fact cites the messages it comes from."""
+a "correction" fact with the mistake as "sourceError"; the questions (profiling, a chart), the \
+thanks and the apology are not recorded, while what the user says in passing about their work \
+is; each fact cites the messages it comes from."""

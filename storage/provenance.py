@@ -12,6 +12,7 @@ from typing import Literal
 
 from storage.base import Change
 from storage.document import Fact, MemoryDocument, SupersededFact, SupersededKind, copy_document
+from storage.search import tokenize, words
 from storage.sources import (
     MAX_EXCERPT_CHARS,
     MAX_SOURCE_EXCERPTS,
@@ -35,6 +36,10 @@ class RunMessage:
     excerpt: str = ""
     # When it was said (the hand-off time when the agent did not say).
     said_at: datetime | None = None
+    # Its whole text as the prompt sent it, read only by :func:`repaired_citation`: never stored
+    # (a source keeps ``excerpt``) nor parked (the batch lane reads it back from the context);
+    # "" when unknown, and then nothing is repaired to or from this message.
+    text: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,37 @@ def grounded(source: Source, *, user_confirmed: bool, require_user: bool) -> boo
     if not require_user or user_confirmed or not source.roles:
         return True
     return "user" in source.roles
+
+
+def repaired_citation(run: RunInfo, content: str, cites: Sequence[str]) -> str | None:
+    """The label of the user message a fact is re-attributed to when it cites only assistant
+    messages of ``run``; None when it cites something else or cannot be repaired (then the
+    grounding rule refuses it as before).
+
+    Small models often cite the reply next to the user's message ("our CI runs on GitLab", then
+    "Understood: .gitlab-ci.yml"), which would lose a fact the user did say. The repair holds
+    when one user message of the run holds every content word the fact shares with the cited
+    text (at least one such word; recall's words, :func:`storage.search.words`, so stop words
+    and "user" do not count), the nearest user message before the cited one tried first. A claim
+    only the assistant made ("since you are a Neovim power user") shares a word no user message
+    says, so it stays refused."""
+    by_label = {m.label: (i, m) for i, m in enumerate(run.messages)}
+    wanted = list(dict.fromkeys(cites))
+    if not wanted or not all(label in by_label for label in wanted):
+        return None  # a run-level source: grounded or not, no message to move it from
+    cited = [by_label[label] for label in wanted]
+    if any(m.role == "user" for _, m in cited):
+        return None
+    shared = set(tokenize(content)) & {w for _, m in cited for w in words(m.text)}
+    if not shared:
+        return None
+    first = min(i for i, _ in cited)
+    # Nearest first, a message before the cited one ahead of one as far after it.
+    users = sorted(
+        ((i, m) for i, m in enumerate(run.messages) if m.role == "user"),
+        key=lambda item: (abs(item[0] - first), item[0] > first),
+    )
+    return next((m.label for _, m in users if shared <= set(words(m.text))), None)
 
 
 def add_source(fact: Fact, source: Source, max_sources: int) -> bool:

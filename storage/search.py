@@ -150,18 +150,24 @@ def _segmenter() -> object:
 
 @functools.lru_cache(maxsize=_TOKEN_CACHE_SIZE)
 def tokenize(text: str) -> tuple[str, ...]:
+    """:func:`words`, cached: fact contents and queries come back again and again."""
+    return words(text)
+
+
+def words(text: str) -> tuple[str, ...]:
     """The words of ``text`` for ranking: lower-cased, NFKC-normalised (full-width Latin becomes
-    ASCII), stop words dropped. Chinese runs are segmented by jieba in search mode."""
+    ASCII), stop words dropped. Chinese runs are segmented by jieba in search mode. Not cached:
+    for long texts read once (a run's messages), which the cache would keep alive."""
     normalised = unicodedata.normalize("NFKC", text).casefold()
-    words: list[str] = []
+    found: list[str] = []
     for run in _RUNS.findall(normalised):
         if _CJK_RUN.match(run):
             jieba = _segmenter()
             pieces = jieba.lcut_for_search(run)  # type: ignore[attr-defined]
-            words.extend(p for p in pieces if p.strip() and p not in _STOP_WORDS)
+            found.extend(p for p in pieces if p.strip() and p not in _STOP_WORDS)
         elif run not in _STOP_WORDS:
-            words.append(_fold(run))
-    return tuple(words)
+            found.append(_fold(run))
+    return tuple(found)
 
 
 def warm() -> None:

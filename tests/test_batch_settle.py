@@ -37,7 +37,14 @@ from memq.testing.provider import (
 from storage.base import Fence
 from tests.support.clock import ShiftedClock
 from tests.support.openai_server import Reply, ScriptedOpenAI
-from tests.support.scenarios import fact_for, facts_of, learn_items, stack_settings, turn
+from tests.support.scenarios import (
+    document_of,
+    fact_for,
+    facts_of,
+    learn_items,
+    stack_settings,
+    turn,
+)
 from worker.batch import BatchLane, run_from_json
 from worker.batch_api import OpenAIBatchEndpoint
 from worker.batch_jobs import custom_id, read_results
@@ -423,6 +430,37 @@ def test_both_lanes_count_and_log_dropped_facts_the_same_way(
     key = ContextKey.create("t/5%.x", USER, None).id
     assert line.memq_key == key  # type: ignore[attr-defined]
     assert line.memq_version == 1  # type: ignore[attr-defined]
+
+
+def citing_the_reply(request: dict[str, Any]) -> Reply:
+    """A small model's slip: the user's fact cites the assistant's reply (m2) beside it."""
+    fact = {
+        "content": fact_for("item-1"),
+        "category": "context",
+        "confidence": 0.9,
+        "cites": ["m2"],
+    }
+    body = {"user": {}, "history": {}, "newFacts": [fact], "factsToRemove": []}
+    return Reply(content=json.dumps(body))
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_both_lanes_move_a_citation_of_the_reply_to_the_users_message(
+    lane: str, make_settings: Any, openai_server: ScriptedOpenAI, producer_for: Any
+) -> None:
+    """The batch lane's parked run keeps no text: the repair reads it back from the context."""
+    openai_server.responder = citing_the_reply
+    settings = lane_settings_for(lane, make_settings, openai_server)
+    runtime, lane_, clock = lane_for(settings)
+    assert producer_for(settings).after_agent("t/5%.x", USER, None, turn("item-1"))
+    answer_one_run(lane, runtime, lane_, clock, openai_server)
+    (fact,) = document_of(settings, USER).facts
+    (source,) = fact.sources
+    assert fact.content == fact_for("item-1")
+    assert (source.attribution, source.roles) == ("message", ("user",))
+    assert source.excerpts == (turn("item-1")[0]["content"],)
+    metrics = read_snapshot(runtime.queue.redis, settings, now_ms()).metrics
+    assert (metrics["citations_repaired"], metrics["facts_refused"]) == (1, 0)
 
 
 def test_memq_eval_reports_the_bill_memq_stats_shows_with_the_batch_lane_on(

@@ -39,6 +39,7 @@ class Report:
     facts_removed: int = 0
     facts_invalid: int = 0
     facts_refused: int = 0
+    citations_repaired: int = 0
     answers_missing_fields: int = 0
     removals_unknown: int = 0
     prompt_tokens: int = 120

@@ -73,7 +73,12 @@ def test_the_worked_example_answers_in_the_schema() -> None:
     answer = parse_update_response(answer_text)
     assert len(answer.new_facts) == 3 and answer.facts_to_remove == ("f1",)
     assert {f.category for f in answer.new_facts} == {"context", "correction", "goal"}
-    assert [f.cites for f in answer.new_facts] == [("m1",), ("m1",), ("m3",)]
+    assert [f.cites for f in answer.new_facts] == [("m3",), ("m3",), ("m5",)]
+    # What it teaches small models: cite the user's message, never the reply beside it.
+    conversation = WORKED_EXAMPLE.split("Conversation:\n", 1)[1].split("\nAnswer:", 1)[0]
+    users = {line.split("]", 1)[0][1:] for line in conversation.splitlines() if "] User: " in line}
+    assert users == {"m1", "m3", "m5"}
+    assert {c for f in answer.new_facts for c in f.cites} <= users
 
 
 def test_memory_is_shown_old_facts_first_new_after() -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import cast
@@ -30,9 +30,10 @@ from memq.core.clock import now_ms
 from memq.core.errors import LLMError, MemqError
 from memq.core.keys import QueueKeys
 from memq.core.metrics import MetricsRecorder
-from memq.core.models import ConversationContext
+from memq.core.models import ConversationContext, Message
 from memq.core.settings import MemqSettings
 from memq.core.timestamps import ms_datetime, stored_ms
+from prompts.conversation import message_text
 from storage.base import Fence
 from storage.provenance import RunInfo, RunMessage
 from storage.sources import Role
@@ -54,6 +55,7 @@ from worker.queue import QueueClient
 from worker.report import usage_of
 from worker.response_format import FormatChoice
 from worker.settle import AnsweredRun, Settlement
+from worker.watermark import message_identity
 
 log = logging.getLogger("memq.batch")
 
@@ -130,6 +132,16 @@ def run_from_json(text: str, model: str) -> RunInfo:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError("unreadable parked run") from exc
+
+
+def with_texts(run: RunInfo, messages: Sequence[Message]) -> RunInfo:
+    """``run`` with its messages' texts (a citation's repair reads them) taken from ``messages``,
+    the context's: a parked run keeps none, its request holds them only as the prompt's text. A
+    message the context no longer holds stays without: nothing is repaired to or from it."""
+    texts = {message_identity(m): message_text(m) for m in messages}
+    return replace(
+        run, messages=tuple(replace(m, text=texts.get(m.digest, "")) for m in run.messages)
+    )
 
 
 def _said_ms(moment: datetime | None) -> int | None:
@@ -344,10 +356,13 @@ class BatchLane:
             applied = saved_report([], usage, None, covered, False, 0)
         else:
             try:
+                context = ConversationContext.from_hash(data)
                 applied = self.pipeline.apply_answer(
-                    ConversationContext.from_hash(data),
+                    context,
                     answer,
-                    run_from_json(data.get("batch_run", ""), answer.model),
+                    with_texts(
+                        run_from_json(data.get("batch_run", ""), answer.model), context.messages
+                    ),
                     watermark=covered,
                     fence=Fence(request.context_id, request.token),
                 )

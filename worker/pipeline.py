@@ -255,7 +255,7 @@ class ExtractionPipeline:
         elapsed_ms = _stopwatch()
         usage = usage_of(answer)
         parsed = parse_update_response(answer.text)
-        refused: list[int] = [0, 0]  # new facts refused, removals of unknown ids
+        refused: list[int] = [0, 0, 0]  # facts refused, removals of unknown ids, citations repaired
         try:
             saving = None if fence is None else replace(fence, watermark=watermark)
             changes = [] if parsed.is_noop() else self._apply(context, parsed, run, saving, refused)
@@ -271,6 +271,7 @@ class ExtractionPipeline:
             facts_refused=refused[0],
             answers_missing_fields=1 if parsed.missing_fields else 0,
             removals_unknown=refused[1],
+            citations_repaired=refused[2],
         )
         _log_extracted(context, report)
         return report
@@ -317,7 +318,7 @@ class ExtractionPipeline:
                 run=run,
             )
             latest_changes[:] = result.changes
-            refused[:] = [result.refused, result.unknown_removals]
+            refused[:] = [result.refused, result.unknown_removals, result.repaired]
             return UpdateResult(result.document, result.changes)
 
         self._storage.update(context.user_id, context.agent_name, fn, fence=fence)
@@ -334,7 +335,8 @@ def run_info(
     """What the sources of the facts this run learns say about it: the labelled new messages
     (by their watermark identity — a digest, never text), the run id, the model and the prompt
     version. The prompt sends the newest of the new messages that have text, each maybe cut: the
-    identity is the uncut message's, the one the watermark knows it by."""
+    identity is the uncut message's, the one the watermark knows it by; the text (for a citation's
+    repair, never stored) is the uncut message's too."""
     sent = [m for m in selection.new if message_text(m)][-len(prompt.conversation) :]
     messages = tuple(
         RunMessage(
@@ -343,6 +345,7 @@ def run_info(
             m.role,
             message_excerpt(m),
             None if m.at is None else ms_datetime(m.at),
+            message_text(m),
         )
         for m, label in zip(sent, prompt.labels, strict=True)
     )

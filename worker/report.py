@@ -29,6 +29,7 @@ class ExtractionReport:
     facts_removed: int = 0
     facts_invalid: int = 0  # new facts of the answer that did not validate (dropped)
     facts_refused: int = 0  # new facts refused as not grounded in the user's words
+    citations_repaired: int = 0  # new facts citing only the assistant, moved to the user's message
     answers_missing_fields: int = 0  # 1 when the answer left out a list or a summary group
     removals_unknown: int = 0  # removal ids that named no fact of the memory (ignored)
     prompt_tokens: int = 0
@@ -52,6 +53,7 @@ def answer_counts(report: ExtractionReport) -> dict[str, int]:
     return {
         "facts_invalid": report.facts_invalid,
         "facts_refused": report.facts_refused,
+        "citations_repaired": report.citations_repaired,
         "answers_missing_fields": report.answers_missing_fields,
         "removals_unknown": report.removals_unknown,
     }

@@ -135,8 +135,8 @@ class Settlement:
             budget.spend(user, tokens)
         log.info(
             "extraction key=%s version=%d outcome=%s lane=%s facts_added=%d facts_removed=%d "
-            "facts_invalid=%d facts_refused=%d prompt_tokens=%d cached_tokens=%d "
-            "completion_tokens=%d duration_ms=%d queue=%s%s",
+            "facts_invalid=%d facts_refused=%d citations_repaired=%d prompt_tokens=%d "
+            "cached_tokens=%d completion_tokens=%d duration_ms=%d queue=%s%s",
             run.context_id,
             run.version,
             report.outcome,
@@ -145,6 +145,7 @@ class Settlement:
             report.facts_removed,
             report.facts_invalid,
             report.facts_refused,
+            report.citations_repaired,
             report.prompt_tokens,
             report.cached_tokens,
             report.completion_tokens,

@@ -89,6 +89,10 @@ COUNTERS: Final[tuple[Counter, ...]] = (
     Counter("facts_invalid", "new facts of saved answers dropped: they did not validate"),
     Counter("facts_refused", "new facts refused: only assistant messages said them"),
     Counter(
+        "citations_repaired",
+        "new facts citing only the assistant's reply, re-attributed to the user's message",
+    ),
+    Counter(
         "answers_missing_fields",
         "saved answers that left out a list or a summary group (read as none)",
     ),

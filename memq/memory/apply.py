@@ -13,6 +13,7 @@ recorded.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -24,8 +25,9 @@ from memq.memory.update import UpdateAnswer
 from storage.base import Change, ChangeAction
 from storage.cap import cap_fact_length, evict_over_cap, eviction_change
 from storage.document import Fact, MemoryDocument, SupersededKind, copy_document
-from storage.provenance import RunInfo, add_source, grounded, supersede
+from storage.provenance import RunInfo, add_source, grounded, repaired_citation, supersede
 from storage.sections import HISTORY_SECTIONS, USER_SECTIONS, Section
+from storage.sources import Source
 from storage.vocabulary import CORRECTION, content_key
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ class ApplyResult:
     changes: list[Change]
     refused: int = 0  # new facts refused as not grounded in the user's words
     unknown_removals: int = 0  # ids in factsToRemove that named no fact (ignored)
+    repaired: int = 0  # new facts citing only the assistant, re-attributed to the user's message
 
 
 def _apply_sections(
@@ -78,6 +81,7 @@ class _Run:
     displaced: list[tuple[Fact, SupersededKind, str]] = field(default_factory=list)
     refused: int = 0
     unknown_removals: int = 0
+    repaired: int = 0
 
     def change(self, action: ChangeAction, fact: Fact, reason: str) -> Change:
         return _fact_change(action, fact, reason, self.now, self.thread_id)
@@ -152,9 +156,35 @@ def _keep_superseded(run: _Run, added: list[Fact]) -> None:
         )
 
 
+_REPAIRED = "; its citation of the assistant moved to the user's message"
+
+
+def _grounded_source(
+    run: _Run, cites: Sequence[str], content: str
+) -> tuple[Source | None, str] | None:
+    """The source of a new fact citing ``cites`` (None without a run) and what to add to its
+    change's reason; None when the fact is not grounded in the user's words and its citation
+    cannot be repaired (:func:`repaired_citation`; a repaired source is the user's message, so
+    its excerpt and time are the user's)."""
+    if run.run is None:
+        return None, ""
+    source = run.run.source_for(cites)
+    if grounded(
+        source,
+        user_confirmed=run.run.user_confirmed,
+        require_user=run.settings.grounding_requires_user,
+    ):
+        return source, ""
+    label = repaired_citation(run.run, content, cites)
+    if label is None:
+        return None
+    run.repaired += 1
+    return run.run.source_for([label]), _REPAIRED
+
+
 def _add_facts(run: _Run) -> tuple[list[Change], list[Fact]]:
     """Store the answer's new facts; one already stored gains a source and a confirmation; one
-    not grounded in the user's words is refused."""
+    not grounded in the user's words is refused unless its citation is repaired."""
     settings = run.settings
     by_key = {content_key(f.content): f for f in run.doc.facts}
     # What a person told memq never to learn again: refused whatever the model says.
@@ -166,14 +196,11 @@ def _add_facts(run: _Run) -> tuple[list[Change], list[Fact]]:
             continue
         if content_key(new.content) in blocked:
             continue
-        source = None if run.run is None else run.run.source_for(new.cites)
-        if source is not None and not grounded(
-            source,
-            user_confirmed=run.run is not None and run.run.user_confirmed,
-            require_user=settings.grounding_requires_user,
-        ):
+        grounding = _grounded_source(run, new.cites, new.content)
+        if grounding is None:
             run.refused += 1
             continue
+        source, repair = grounding
         fact, cut = _capped(
             Fact(
                 content=new.content,
@@ -199,7 +226,7 @@ def _add_facts(run: _Run) -> tuple[list[Change], list[Fact]]:
         by_key[key] = fact
         run.doc.facts.append(fact)
         added.append(fact)
-        reason = f"{fact.category}, confidence {fact.confidence:.2f}" + cut
+        reason = f"{fact.category}, confidence {fact.confidence:.2f}" + cut + repair
         changes.append(run.change("add", fact, reason))
     return changes, added
 
@@ -324,4 +351,10 @@ def apply_to_own(
     changes += scrubbed
     if changes:
         doc.last_updated = now
-    return ApplyResult(doc, changes, refused=state.refused, unknown_removals=state.unknown_removals)
+    return ApplyResult(
+        doc,
+        changes,
+        refused=state.refused,
+        unknown_removals=state.unknown_removals,
+        repaired=state.repaired,
+    )
