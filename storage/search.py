@@ -252,8 +252,9 @@ def _month(text: str) -> int:
 
 
 def _month_span(year: int, month: int) -> tuple[date, date]:
-    following = date(year + month // 12, month % 12 + 1, 1)
-    return date(year, month, 1), following - timedelta(days=1)
+    if month == 12:  # not through January of the next year: 9999's has none
+        return date(year, 12, 1), date(year, 12, 31)
+    return date(year, month, 1), date(year, month + 1, 1) - timedelta(days=1)
 
 
 def _event_span(event_date: str) -> tuple[date, date]:

@@ -466,3 +466,14 @@ def test_a_question_that_names_no_time_ranks_as_if_the_facts_knew_none() -> None
         assert [s.score for s in score_facts(dated, question, meaning)] == [
             s.score for s in score_facts(undated, question, meaning)
         ]
+
+
+def test_an_event_in_the_last_month_of_the_calendar_never_breaks_a_dated_question() -> None:
+    # A document may hold any event date memq reads ("9999-12", imported or answered by a model);
+    # the month after it is no date at all, and recall must still answer.
+    far = said_on("2023-01-05", "Plans a trip for the year 9999", event="9999-12")
+    near = said_on("2023-12-10", "Went skating with her sister")
+    facts = [far, near]
+    meaning = meaning_over([f.content for f in facts], [axis(0)] * len(facts), axis(1))
+    found = search_facts(facts, "What did she do in December 2023?", top_k=2, meaning=meaning)
+    assert found[0] is near
