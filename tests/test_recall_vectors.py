@@ -429,3 +429,51 @@ def test_facts_from_one_conversation_or_none_rank_as_by_meaning_and_words_alone(
         for thread in (None, "only-thread")
     }
     assert scores[None] == scores["only-thread"]
+
+
+def said_on(day: str, text: str, event: str | None = None) -> Fact:
+    return Fact(content=text, confidence=0.9, said_at=f"{day}T15:00:00Z", event_date=event)
+
+
+def test_a_fact_said_in_the_time_the_question_names_comes_first() -> None:
+    # LoCoMo's "What injury did Evan suffer from in August 2023?": the evidence was said that
+    # month ("Evan twisted his knee last Friday") and shares only the name with the question; a
+    # fact said in October shares "suffered" and "injury". Meaning is made blind here (every
+    # vector alike), so what the question's month says about when the fact was said decides.
+    knee = said_on("2023-08-26", "Evan twisted his knee last Friday")
+    son = said_on("2023-10-14", "Evan's son suffered an ankle injury playing soccer")
+    hike = said_on("2023-06-02", "Evan went hiking in the Rockies")
+    # Said later, but about something that happened in August: its event's month counts too.
+    wrist = said_on("2023-11-20", "Evan broke his wrist falling off a ladder", event="2023-08")
+    facts = [son, hike, knee, wrist]
+    meaning = meaning_over([f.content for f in facts], [axis(0)] * len(facts), axis(1))
+    question = "What injury did Evan suffer from in August 2023?"
+    found = search_facts(facts, question, top_k=3, meaning=meaning)
+    assert [f.content for f in found[:2]] == [knee.content, wrist.content]
+    assert found[2] is son
+    # The same question without its month ranks by its words: the son's injury first.
+    undated = search_facts(facts, "What injury did Evan suffer from?", top_k=1, meaning=meaning)
+    assert undated == [son]
+
+
+def test_a_question_that_names_no_time_ranks_as_if_the_facts_knew_none() -> None:
+    texts = ["Prefers tea over coffee", "Has a dog called Rex", "Works in Berlin"]
+    meaning = meaning_over(texts, [axis(0), axis(1), axis(2)], mix((1.0, axis(1)), (0.2, axis(2))))
+    days = ("2023-05-01", "2023-06-01", "2024-01-09")
+    dated = [said_on(day, text) for day, text in zip(days, texts, strict=True)]
+    undated = [Fact(content=t, confidence=0.9, created_at=None) for t in texts]
+    for question in ("does she work with dogs", "what did she do last May"):
+        assert [s.score for s in score_facts(dated, question, meaning)] == [
+            s.score for s in score_facts(undated, question, meaning)
+        ]
+
+
+def test_an_event_in_the_last_month_of_the_calendar_never_breaks_a_dated_question() -> None:
+    # A document may hold any event date memq reads ("9999-12", imported or answered by a model);
+    # the month after it is no date at all, and recall must still answer.
+    far = said_on("2023-01-05", "Plans a trip for the year 9999", event="9999-12")
+    near = said_on("2023-12-10", "Went skating with her sister")
+    facts = [far, near]
+    meaning = meaning_over([f.content for f in facts], [axis(0)] * len(facts), axis(1))
+    found = search_facts(facts, "What did she do in December 2023?", top_k=2, meaning=meaning)
+    assert found[0] is near

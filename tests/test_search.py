@@ -17,7 +17,14 @@ from prompts.injection import FRAME_LINE, format_memory_for_injection
 from storage import get_storage
 from storage.document import Fact, MemoryDocument
 from storage.management import MemoryManager
-from storage.search import rank_by_relevance, rank_scored, score_facts, search_facts, tokenize
+from storage.search import (
+    named_days,
+    rank_by_relevance,
+    rank_scored,
+    score_facts,
+    search_facts,
+    tokenize,
+)
 
 FACTS = [
     Fact(id="f_uv", content="Prefers uv over pip for Python projects", confidence=0.8,
@@ -252,3 +259,48 @@ def test_the_ranking_gives_the_plain_computations_scores_and_order(
     )
     ranked = rank_scored(facts, query, weight)
     assert [(f.id, v) for f, v in ranked] == [(f.id, v) for f, v in plain]
+
+
+@pytest.mark.parametrize(
+    ("query", "days"),
+    [
+        ("What did Gina find for her store on 1 February, 2023?", ("2023-02-01", "2023-02-01")),
+        ("What event is Maria getting ready for on May 25, 2023?", ("2023-05-25", "2023-05-25")),
+        ("what happened on the 3rd of March 2024", ("2024-03-03", "2024-03-03")),
+        ("what did I do on 2023-05-08?", ("2023-05-08", "2023-05-08")),
+        ("What workout class did Maria start in December 2023?", ("2023-12-01", "2023-12-31")),
+        ("anything from Sept. 2022?", ("2022-09-01", "2022-09-30")),
+        ("what did I plan in February, 2024", ("2024-02-01", "2024-02-29")),
+        ("what happened on 31 April, 2023", ("2023-04-01", "2023-04-30")),  # no such day: its month
+        ("How many times has Melanie gone to the beach in 2023?", ("2023-01-01", "2023-12-31")),
+        ("我2023年5月8日做了什么", ("2023-05-08", "2023-05-08")),
+        ("用户在２０２３年５月去了哪里", ("2023-05-01", "2023-05-31")),
+        # The most precise time named wins: the day inside "May 2023"'s sentence.
+        ("In May 2023, what did she do on May 8, 2023?", ("2023-05-08", "2023-05-08")),
+    ],
+)
+def test_the_days_a_question_names_are_read(query: str, days: tuple[str, str]) -> None:
+    found = named_days(query)
+    assert found is not None
+    assert (found[0].isoformat(), found[1].isoformat()) == days
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "May I ask what she likes?",  # "May" the verb
+        "When did Melanie go camping in June?",  # a month without its year: which June?
+        "What are the 3 things she bought for 2000 dollars?",  # numbers, not a time
+        "what did I do on 2023-02-30",  # no such day
+        "what did I do last weekend",  # relative: needs a "now" the ranking does not have
+        "event 12023-05-08 logged",  # digits around a date are not a date
+        "",
+        "9" * 10_000 + " May 2023",  # long input: read in one linear pass, still found
+    ],
+)
+def test_what_names_no_time_is_no_window(query: str) -> None:
+    found = named_days(query)
+    if query.endswith("May 2023"):
+        assert found is not None and found[0].isoformat() == "2023-05-01"
+    else:
+        assert found is None
