@@ -165,7 +165,7 @@ def redis_client(
 def _sentinel_master(
     target: RedisTarget, pool_size: int, socket_timeout: float | None, common: dict[str, Any]
 ) -> redis.Redis:
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(
         list(target.hosts),
         sentinel_kwargs={
             "socket_timeout": socket_timeout,
@@ -176,7 +176,7 @@ def _sentinel_master(
     # Every new connection asks the Sentinels where the master is, and a connection to a
     # demoted master fails with READONLY (redis-py then disconnects it): after a failover the
     # retries land on the promoted replica.
-    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    master: redis.Redis = sentinel.master_for(
         target.master_name,
         connection_pool_class=SentinelConnectionPool,
         db=target.db,
