@@ -1,33 +1,40 @@
 -- claim_due.lua — move due contexts whose deadline passed into `inflight` with a lease.
 --
--- The caller reads candidates with ZRANGEBYSCORE due -inf now LIMIT 0 n and passes them here; each
--- one is re-checked, so two tickers racing on the same candidates never claim one twice.
+-- One round trip: the script reads its candidates itself (ZRANGEBYSCORE due -inf now LIMIT 0 n)
+-- and names each candidate's keys from the prefixes it is given, so the caller sends 5 keys and 8
+-- arguments instead of two keys and an id per candidate after a read of its own (bench P2: the
+-- read's round trip and the 300 packed arguments were ~0.6 ms of a 1.9 ms claim). The keys it
+-- names are its shard's: every prefix carries the shard's hash tag, so on a cluster they sit in
+-- the slot of KEYS[1] (a script may touch undeclared keys of its own slot; tests/test_cluster.py
+-- claims through a real cluster). The read and the checks are one atomic step, so two tickers
+-- racing never claim one context twice.
 --
--- KEYS[1]      due        zset  context id -> deadline (epoch ms)
--- KEYS[2]      inflight   zset  context id -> lease expiry (epoch ms)
--- KEYS[3]      epoch      string  the shard's claim counter: each claim token is its next value,
---                                 and at least ARGV[1] * 1000 (see reserve_tokens)
--- KEYS[4]      batch:pending  zset  context id -> time parked (a claim supersedes a parked run)
--- KEYS[5]      batch:out  zset  context id -> time past which its job counts as lost (likewise)
--- KEYS[4+2i]   ctx:<id>   hash of candidate i (i = 1..n)
--- KEYS[5+2i]   uinflight:<user>  zset  the in-flight contexts of candidate i's user -> lease expiry,
---                                 and the member `~defer` -> minus the user's deferral horizon
+-- KEYS[1]  due        zset  context id -> deadline (epoch ms)
+-- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
+-- KEYS[3]  epoch      string  the shard's claim counter: each claim token is its next value,
+--                             and at least ARGV[1] * 1000 (see reserve_tokens)
+-- KEYS[4]  batch:pending  zset  context id -> time parked (a claim supersedes a parked run)
+-- KEYS[5]  batch:out  zset  context id -> time past which its job counts as lost (likewise)
 --
--- ARGV[1]    now_ms         current time, epoch milliseconds
--- ARGV[2]    lease_ms       how long a claim holds the context, milliseconds; also how far past
---                           now a capped user's deferral horizon may go
--- ARGV[3]    max_inflight   stop claiming when `inflight` holds this many ids (count)
--- ARGV[4]    user_cap       a user holding this many live leases gets no more claims (count)
--- ARGV[5]    defer_ms       a capped candidate's place in `due` moves to now + defer_ms at the
---                           earliest (ms; one tick), see "Bulk skip" below
--- ARGV[5+i]  context id of candidate i
+-- ARGV[1]  now_ms         current time, epoch milliseconds
+-- ARGV[2]  lease_ms       how long a claim holds the context, milliseconds; also how far past
+--                         now a capped user's deferral horizon may go
+-- ARGV[3]  max_inflight   stop claiming when `inflight` holds this many ids (count)
+-- ARGV[4]  user_cap       a user holding this many live leases gets no more claims (count)
+-- ARGV[5]  defer_ms       a capped candidate's place in `due` moves to now + defer_ms at the
+--                         earliest (ms; one tick), see "Bulk skip" below
+-- ARGV[6]  limit          examine at most this many due candidates (count)
+-- ARGV[7]  ctx_prefix     a candidate's hash is ctx_prefix .. id (`ctx:<id>`)
+-- ARGV[8]  users_prefix   its user's in-flight set is users_prefix .. the id's user part
+--                         (`uinflight:<user>`, see user_part below)
 --
--- Returns {status, deferred, first_token, id_1, version_1, id_2, version_2, ...}, where
+-- Returns {status, deferred, first_token, examined, id_1, version_1, id_2, version_2, ...}, where
 --   status   1  every candidate was examined
 --            2  stopped early: `inflight` is full (backpressure)
 --   deferred    how many due candidates were left in `due` because their user was at user_cap
 --   first_token the claim token of id_1; id_k's is first_token + k - 1 (one INCRBY reserved them
 --               in order), so the tokens are not repeated in the reply; 0 when none was claimed
+--   examined    how many due candidates the range read found (0: nothing is due)
 -- A candidate whose hash vanished is removed from `due` (celery-redbeat's cleanup); one already in
 -- flight is removed from `due` too (its complete reschedules it from deadline_ms), and so is one
 -- parked for or out in a batch job (`batch_token` set) unless it is `urgent` (a flush).
@@ -41,7 +48,8 @@
 --
 -- Calls per claimed candidate: HMGET and HSET (plus an HDEL of `urgent`/`batch_fallback` when
 -- one of them is set, and the lane's three calls for a context in the batch lane). The rest is
--- per call or per user: one INCRBY reserves every token the call hands out, one ZCOUNT reads a
+-- per call or per user: one range read and one ZMSCORE of `inflight` find and check the
+-- candidates, one INCRBY reserves every token the call hands out, one ZCOUNT reads a
 -- user's live leases and one ZADD adds the user's new ones (however many of the candidates are
 -- that user's). A claim of 100 due contexts of 100 users is 406 calls (bench P2 counts them with
 -- INFO commandstats); their own work is about half the script's time, the other half the calls'
@@ -97,9 +105,20 @@ local defer_until = math.max(defer_from, now + tonumber(ARGV[2]))
 local defer_step = tonumber(ARGV[5]) / (2 * user_cap)
 local DEFER = '~defer'
 local horizon = {}  -- per-user key -> where its next capped candidate goes in `due`
-local out = {1, 0, 0}
-local n = (#KEYS - 5) / 2
+local ctx_prefix, users_prefix = ARGV[7], ARGV[8]
+local out = {1, 0, 0, 0}
+local ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[6]))
+local n = #ids
+out[4] = n
 if n == 0 then return out end
+
+-- The user part of a context id `<thread>:<user>:<agent>` (each part encoded, never holding a
+-- colon); anything else shares the empty user's set, so a malformed member can still be claimed,
+-- dropped or reaped, never crash the batch. worker/queue.py `user_inflight_key` is the same rule
+-- for every other script's KEYS (tests/test_queue_scripts.py holds the two together).
+local function user_part(id)
+  return string.match(id, '^[^:]*:([^:]*):[^:]*$') or ''
+end
 
 local CHUNK = 500
 
@@ -112,9 +131,7 @@ local function bulk(cmd, key, list, step)
   end
 end
 
--- Batched reads instead of two reads per candidate (ZMSCORE needs Redis 6.2, our floor).
-local ids = {}
-for i = 1, n do ids[i] = ARGV[5 + i] end
+-- One batched read instead of a read per candidate (ZMSCORE needs Redis 6.2, our floor).
 local function scores(key)
   if n <= CHUNK then return redis.call('ZMSCORE', key, unpack(ids)) end  -- no copy
   local result = {}
@@ -124,7 +141,6 @@ local function scores(key)
   end
   return result
 end
-local deadlines = scores(due)
 local leases = scores(inflight)
 local count = redis.call('ZCARD', inflight)
 local count_before = count
@@ -141,9 +157,9 @@ local claimed_ctx, claimed_fields = {}, {}
 local drop, new_ids, lease_args, defer_args = {}, {}, {}, {}
 
 for i = 1, n do
-  local ctx, users, id = KEYS[4 + 2 * i], KEYS[5 + 2 * i], ids[i]
-  local deadline = tonumber(deadlines[i])
-  if deadline and deadline <= now then
+  local id = ids[i]
+  local ctx, users = ctx_prefix .. id, users_prefix .. user_part(id)
+  do
     -- `version` is set by every enqueue, so its absence means the hash vanished.
     local fields = redis.call('HMGET', ctx, 'version', 'batch_token', 'urgent', 'batch_fallback')
     if not fields[1] then

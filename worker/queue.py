@@ -7,7 +7,6 @@ ARGV and return codes), assembled with its shared fragments (``includes/``) by
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from collections.abc import Iterable
@@ -20,13 +19,11 @@ from redis.exceptions import NoScriptError
 
 from memq.core.clock import now_ms
 from memq.core.connection import RedisClient
-from memq.core.errors import InvalidIdentifier
-from memq.core.identity import decode_user, encode_user, user_id_of
 from memq.core.keys import KeySchema, QueueKeys
 from memq.core.metrics import MetricsRecorder, read_snapshot, summarise
 from memq.core.scripts import AlsoQueue, AlsoRead, LuaScripts, call_then
 from memq.core.settings import MemqSettings
-from worker.shard_reads import dead_batches, due_members
+from worker.shard_reads import dead_batches, due_members, script_per_shard
 
 log = logging.getLogger("memq.queue")
 
@@ -93,18 +90,6 @@ class DeadEntry:
     expires_at_ms: int = 0  # when the dead letter (and the text it holds) is deleted
 
 
-@functools.lru_cache(maxsize=65_536)
-def _canonical_user_segment(segment: str) -> bool:
-    """Whether ``segment`` is a user's key part exactly as :func:`encode_user` writes it (pure,
-    so memoised: the ticker meets the same users tick after tick)."""
-    if not segment:
-        return False
-    try:
-        return encode_user(decode_user(segment)) == segment
-    except InvalidIdentifier:
-        return False
-
-
 class QueueClient:
     """The worker side of the Redis contract, on one client (its scripts registered once)."""
 
@@ -117,12 +102,13 @@ class QueueClient:
 
     # --- claim and reap (the ticker)
     def claim(self, now: int | None = None, limit: int | None = None) -> ClaimBatch:
-        """Claim up to ``limit`` (default ``claim_batch``) due contexts of every shard.
+        """Claim up to ``limit`` (default ``claim_batch``) due contexts of each shard.
 
-        Candidates come from an O(log N + limit) range read; the script re-checks each, so this
-        stays cheap however many keys are pending and racing tickers never claim one twice.
-        A candidate whose user already holds ``max_inflight_per_user`` leases is not claimed but
-        moved back one tick in ``due``, so the next batch reaches other users' keys.
+        One round trip for every shard (claim_due.lua reads its candidates itself with an
+        O(log N + limit) range read), so this stays cheap however many keys are pending, and
+        racing tickers never claim one twice. A candidate whose user already holds
+        ``max_inflight_per_user`` leases is not claimed but moved back one tick in ``due``, so
+        the next batch reaches other users' keys.
         """
         settings = self.settings
         now = now_ms() if now is None else now
@@ -135,26 +121,32 @@ class QueueClient:
         claims: list[Claim] = []
         examined = deferred = 0
         full = False
-        shards = self.keys.all_shards()
-        # Every shard's candidates in one pipelined read (on a cluster, one round trip per
-        # master): the scripts then run only for shards that have due work.
-        for shard, ids in zip(
-            shards, due_members(self.redis, [s.due for s in shards], now, limit), strict=True
-        ):
-            if not ids:
-                continue
-            keys = [shard.due, shard.inflight, shard.epoch, shard.batch_pending, shard.batched]
-            for context_id in ids:
-                keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
-            raw = self._scripts["claim_due"](
-                keys=keys, args=[now, settings.lease_ms, cap, user_cap, defer_ms, *ids]
+        calls = [
+            (
+                [shard.due, shard.inflight, shard.epoch, shard.batch_pending, shard.batched],
+                [
+                    now,
+                    settings.lease_ms,
+                    cap,
+                    user_cap,
+                    defer_ms,
+                    limit,
+                    shard.context(""),
+                    shard.user_inflight_segment(""),
+                ],
             )
-            examined += len(ids)
+            for shard in self.keys.all_shards()
+        ]
+        for raw in script_per_shard(self.redis, self._scripts["claim_due"], calls):
+            if raw is None:  # its master did not answer: its shards wait for the next tick
+                continue
             full = full or int(raw[0]) == 2
             deferred += int(raw[1])
-            first = int(raw[2])  # the tokens are consecutive, in claim order (claim_due.lua)
-            for k, pos in enumerate(range(3, len(raw), 2)):
-                claims.append(Claim(str(raw[pos]), str(first + k), int(raw[pos + 1])))
+            examined += int(raw[3])
+            token = int(raw[2])  # the tokens are consecutive, in claim order (claim_due.lua)
+            for pos in range(4, len(raw), 2):
+                claims.append(Claim(str(raw[pos]), str(token), int(raw[pos + 1])))
+                token += 1
         return ClaimBatch(claims=claims, examined=examined, full=full, deferred=deferred)
 
     def reap(self, now: int | None = None, limit: int = 1000) -> ReapResult:
@@ -436,15 +428,10 @@ class QueueClient:
 
     @staticmethod
     def user_inflight_key(q: QueueKeys, context_id: str) -> str:
-        """The per-user lease set of a context's user, in the context's own shard."""
+        """The per-user lease set of a context's user, in the context's own shard: named by the
+        id's user part as it stands (``<thread>:<user>:<agent>``, each part encoded, so never a
+        colon), or the empty user's set for an id of another shape (not one of ours: it can
+        still be claimed, dropped or reaped, never crash a batch). claim_due.lua names the set
+        by the same rule (``user_part``)."""
         parts = context_id.split(":")
-        if len(parts) == 3 and _canonical_user_segment(parts[1]):
-            # The id already carries the user's key part: no decode and encode per candidate.
-            return q.user_inflight_segment(parts[1])
-        try:
-            user_id = user_id_of(context_id)
-        except InvalidIdentifier:
-            # Not one of ours (the producer only writes valid ids): it shares one set, so a
-            # malformed member can still be claimed, dropped or reaped, never crash the batch.
-            user_id = ""
-        return q.user_inflight(user_id)
+        return q.user_inflight_segment(parts[1] if len(parts) == 3 else "")
