@@ -62,10 +62,10 @@ def run(env: BenchEnv) -> Result:
     wall_ms: list[float] = []
     try:
         fill(client, q, now - 1000, BACKLOG)
-        # The heavy tenant already holds its CAP runs (live leases).
-        client.zadd(
-            q.user_inflight("heavy"), {f"run{i}:heavy:a": now + 600_000 for i in range(CAP)}
-        )
+        # The heavy tenant already holds its CAP runs (live leases, counted as a claim counts
+        # them).
+        client.zadd(q.inflight, {f"run{i}:heavy:a": now + 600_000 for i in range(CAP)})
+        client.hset(q.user_leases, "heavy", CAP)
         for k in range(ticks):
             tick_now = now + k * TICK_MS
             light = f"l{k}:light{k}:a"  # another tenant's flush, due now

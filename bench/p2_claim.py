@@ -29,11 +29,11 @@ PROFILED = 100  # claims at the largest size measured with INFO commandstats (30
 
 
 def give_back(client: redis.Redis, q: QueueKeys, claimed: list[str], due_at_ms: int) -> None:
-    """Put claimed ids back in ``due`` with no lease (untimed), so the queue keeps its size."""
+    """Put claimed ids back in ``due`` with no lease (untimed), so the queue keeps its size: no
+    other lease is out, so every user's count goes."""
     pipe = client.pipeline(transaction=False)
     pipe.zrem(q.inflight, *claimed)
-    for context_id in claimed:
-        pipe.zrem(q.user_inflight(context_id.split(":")[1]), context_id)
+    pipe.delete(q.user_leases)
     pipe.zadd(q.due, {context_id: due_at_ms for context_id in claimed})
     pipe.execute()
 

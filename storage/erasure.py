@@ -20,6 +20,7 @@ from memq.core.errors import InvalidIdentifier, MemqError
 from memq.core.identity import (
     ContextKey,
     decode_agent,
+    encode_user,
     validate_agent_name,
     validate_thread_id,
     validate_user_id,
@@ -186,14 +187,14 @@ def _erase_contexts(
                 shard.due,
                 shard.inflight,
                 shard.dead,
-                shard.user_inflight(user),
+                shard.user_leases,
                 shard.user_contexts(user),
                 shard.batch_pending,
                 shard.batched,
             ]
             for context_id in batch:
                 script_keys += (shard.context(context_id), shard.watermark(context_id))
-            raw = script(keys=script_keys, args=["1" if drop else "0", *batch])
+            raw = script(keys=script_keys, args=["1" if drop else "0", encode_user(user), *batch])
             totals = [t + int(r) for t, r in zip(totals, raw, strict=True)]
     return totals
 

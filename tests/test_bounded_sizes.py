@@ -344,8 +344,8 @@ def test_a_capped_tenants_backlog_drains_in_order_as_slots_free(
             break
     assert sorted(order) == ids  # every one extracted
     assert order[:2] == ids[:2]
-    users = KeySchema(settings.key_prefix).shard(0).user_inflight("alice")
-    assert not redis_client.exists(users)  # no bookkeeping left once alice holds no lease
+    leases = KeySchema(settings.key_prefix).shard(0).user_leases
+    assert not redis_client.exists(leases)  # no bookkeeping left once alice holds no lease
 
 
 # --- the hand-off caps as a pure function, on hostile text

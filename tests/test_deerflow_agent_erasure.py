@@ -13,6 +13,7 @@ import redis
 
 from memq.cli import main
 from memq.core.errors import StaleClaim
+from memq.core.identity import encode_user
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
 from memq.testing.redis_dump import dump_redis
@@ -156,27 +157,27 @@ def test_an_unusable_storage_path_fails_at_construction(make_settings: Any, path
     assert "\n" not in str(raised.value) and len(str(raised.value)) < 400
 
 
-def test_forgetting_the_agent_holding_a_capped_users_last_lease_leaves_no_per_user_set(
+def test_forgetting_the_agent_holding_a_capped_users_last_lease_leaves_no_per_user_record(
     make_settings: Any, redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A user at the in-flight cap gets a deferral horizon (`~defer`) in its per-user in-flight
-    set; when the erased agent held the user's last lease, the set must go with the lease, as
-    it does when a run ends, rather than stay behind naming the user with no lease in it."""
+    """A user at the in-flight cap gets a deferral horizon (`~<user>`) beside its lease count;
+    when the erased agent held the user's last lease, both must go with the lease, as they do
+    when a run ends, rather than stay behind naming the user with no lease out."""
     settings = make_settings(
         storage="redis", debounce_seconds=60.0, max_delay_seconds=600.0, max_inflight_per_user=1
     )
     world = World(settings, redis_client)
     queue = world.queue
-    users_key = KeySchema(settings.key_prefix, settings.shards).shard(0).user_inflight(KIM)
+    leases = KeySchema(settings.key_prefix, settings.shards).shard(0).user_leases
     world.enqueue("t-run", KIM, "kim-run", agent="helper", flush=True)
     world.enqueue("t-wait", KIM, "kim-wait", agent="coder", flush=True)
     [claimed] = queue.claim(T0 + 1).claims  # one lease: the other is deferred behind it
     assert claimed.context_id.endswith(":helper")
-    assert redis_client.zscore(users_key, "~defer") is not None
+    assert redis_client.hexists(leases, f"~{encode_user(KIM)}")
 
     erase(settings, redis_client, world.storage, KIM, agent_name="helper")
 
-    assert not redis_client.exists(users_key)
+    assert not redis_client.exists(leases)  # neither the count nor the horizon is left
     assert queue.stats()["due"] == 1  # the coder's conversation waits, and is claimed next
     [next_claim] = queue.claim(T0 + 10_000).claims
     assert next_claim.context_id.endswith(":coder")

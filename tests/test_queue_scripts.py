@@ -14,7 +14,7 @@ from typing import Any, cast
 import pytest
 import redis
 
-from memq.core.identity import ContextKey
+from memq.core.identity import ContextKey, encode_user
 from memq.core.keys import KeySchema
 from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer as ProducerEnqueuer
@@ -524,29 +524,33 @@ def test_a_user_at_the_cap_is_not_claimed_but_another_user_is(
     # and nothing lost; the hash keeps the real deadline.
     assert members(redis_client, q.due) == {bob: T0 + 10, alice[2]: T0 + 510, alice[3]: T0 + 635}
     assert queue.load(alice[2])["deadline_ms"] == str(T0 + 2)
-    assert members(redis_client, q.user_inflight("alice")) == {
-        **{i: T0 + 10 + 60_000 for i in alice[:2]},
-        "~defer": -(T0 + 760),  # where alice's next capped key would go
-    }
+    assert members(redis_client, q.inflight) == dict.fromkeys(alice[:2], T0 + 10 + 60_000)
+    leases = redis_client.hgetall(q.user_leases)
+    assert leases["alice"] == "2"
+    assert float(leases["~alice"]) == T0 + 760  # where alice's next capped key would go
 
     assert [c.context_id for c in queue.claim(T0 + 11, limit=4).claims] == [bob]
 
 
-def test_each_users_lease_set_holds_every_lease_one_claim_gave_it(
+def test_each_users_count_holds_every_lease_one_claim_gave_it(
     queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
 ) -> None:
-    """One claim of one, two and three contexts of three users: each user's set counts them all
-    (the per-user cap reads it on the next claim)."""
+    """One claim of one, two and three contexts of three users (one of them an id with `/`,
+    `%`, `.` and `@`): each user's count holds them all (the per-user cap reads it on the next
+    claim), under the user's key part as every other key names the user."""
     users = {"bob": 1, "carol": 2, "a/l%i.ce@x": 3}
-    ids = {
-        user: [enqueue(f"t{n}", T0 + n, flush=True, user=user) for n in range(count)]
-        for user, count in users.items()
-    }
+    for user, count in users.items():
+        for n in range(count):
+            enqueue(f"t{n}", T0 + n, flush=True, user=user)
     batch = queue.claim(T0 + 10)
     assert len(batch.claims) == 6
     q = queue.keys.shard(0)
-    for user, mine in ids.items():
-        assert members(redis_client, q.user_inflight(user)) == dict.fromkeys(mine, T0 + 10 + 60_000)
+    assert redis_client.hgetall(q.user_leases) == {
+        encode_user(user): str(count) for user, count in users.items()
+    }
+    for claim in batch.claims:
+        assert queue.complete(claim.context_id, claim.token, T0 + 20) is CompleteResult.DONE
+    assert redis_client.hgetall(q.user_leases) == {}  # nothing left once no lease is out
 
 
 def test_a_capped_key_is_claimed_once_a_slot_frees(
@@ -571,18 +575,38 @@ def test_a_new_turn_does_not_push_a_capped_flush_back(
     assert members(redis_client, queue.keys.shard(0).due) == {ids[2]: T0}  # still due at once
 
 
-def test_expired_leases_do_not_count_against_the_cap(
+def test_a_lease_lost_with_its_worker_frees_its_users_slot_once_reaped(
     capped: tuple[QueueClient, Enqueuer], redis_client: redis.Redis
 ) -> None:
     queue, enqueue = capped
-    cid = enqueue("a0", T0, flush=True)
-    # Two leases whose settlement was lost (the worker vanished, nobody reaped yet).
-    users = queue.keys.shard(0).user_inflight("alice")
-    redis_client.zadd(users, {"lost1:alice:": T0 + 1_000, "lost2:alice:": T0 + 2_000})
+    lost = [enqueue(f"a{i}", T0, flush=True) for i in range(2)]
+    assert [c.context_id for c in queue.claim(T0).claims] == lost  # their workers vanish
+    cid = enqueue("a2", T0 + 1, flush=True)
+    assert queue.claim(T0 + 1).claims == []  # two live leases: alice is at her cap
 
-    assert queue.claim(T0).claims == []  # two live leases: alice is at her cap
-    assert [c.context_id for c in queue.claim(T0 + 1_000).claims] == [cid]  # one has expired
-    assert cid in members(redis_client, users)
+    # The tick reaps before it claims: the leases expire at T0 + 60 s.
+    assert queue.reap(T0 + 60_000).requeued == 2
+    assert redis_client.hget(queue.keys.shard(0).user_leases, "alice") is None
+    claimed = [c.context_id for c in queue.claim(T0 + 60_000).claims]
+    assert len(claimed) == 2 and set(claimed) <= {cid, *lost}
+
+
+def test_a_claim_ended_twice_counts_its_user_down_once(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    """A claim ended by its complete and then again by a late release, fail and reap (each
+    stale) leaves the user's count at its other leases: the count follows `inflight`, never
+    below it."""
+    first, second = enqueue("a0", T0, flush=True), enqueue("a1", T0, flush=True)
+    one, two = queue.claim(T0).claims
+    q = queue.keys.shard(0)
+    assert redis_client.hget(q.user_leases, "alice") == "2"
+    assert queue.complete(one.context_id, one.token, T0 + 1) is CompleteResult.DONE
+    assert not queue.release(one.context_id, one.token, T0 + 2)
+    assert queue.fail(one.context_id, one.token, "late", T0 + 10, T0 + 3) is FailResult.STALE
+    assert queue.reap(T0 + 1_000_000).requeued == 1  # only the second's lease was out
+    assert redis_client.hgetall(q.user_leases) == {}
+    assert {first, second} >= {two.context_id}
 
 
 @pytest.mark.parametrize("settle", ["complete", "fail", "release", "reap"])
@@ -604,20 +628,21 @@ def test_every_settlement_frees_the_users_slot(
     else:
         now = T0 + 60_000
         assert queue.reap(now).requeued == 1
-    users = queue.keys.shard(0).user_inflight("alice")
-    assert cid not in members(redis_client, users)
+    assert redis_client.hget(queue.keys.shard(0).user_leases, "alice") is None
     assert other in [c.context_id for c in queue.claim(max(now, T0 + 1_000)).claims]
 
 
-def test_renew_moves_the_users_lease_too(
+def test_renew_moves_the_lease_and_keeps_the_users_count(
     capped: tuple[QueueClient, Enqueuer], redis_client: redis.Redis
 ) -> None:
     queue, enqueue = capped
     cid = enqueue("a0", T0, flush=True)
     claim = queue.claim(T0).claims[0]
     assert queue.renew(cid, claim.token, T0 + 30_000)
-    users = queue.keys.shard(0).user_inflight("alice")
-    assert members(redis_client, users) == {cid: T0 + 30_000 + 60_000}
+    assert queue.renew(cid, claim.token, T0 + 31_000)
+    q = queue.keys.shard(0)
+    assert members(redis_client, q.inflight) == {cid: T0 + 31_000 + 60_000}
+    assert redis_client.hget(q.user_leases, "alice") == "1"
 
 
 def test_a_tick_reaches_another_tenant_behind_a_wall_of_capped_keys(

@@ -7,7 +7,7 @@
 -- KEYS[4]  due             zset  context id -> deadline (epoch ms)
 -- KEYS[5]  batch:job:<id>  hash  claim token -> context id (the job's requests)
 -- KEYS[6]  inflight        zset  context id -> lease expiry (a parked context is not in it)
--- KEYS[7]  uinflight:<user>  zset  the user's in-flight contexts (likewise)
+-- KEYS[7]  uleases    hash  user part -> live leases (the per-user cap)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the context was parked with
@@ -25,7 +25,7 @@
 --- @include "includes/leave_batch_lane"
 
 local ctx, out, pending, due, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local inflight, users = KEYS[6], KEYS[7]
+local inflight, leases = KEYS[6], KEYS[7]
 local id, token = ARGV[1], ARGV[2]
 
 redis.call('HDEL', job, token)
@@ -39,5 +39,5 @@ end
 redis.call('HSET', ctx, 'batch_fallback', '1')
 requeue(ctx, due, id, ARGV[3])
 leave_batch_lane(ctx, pending, out, id)
-release_claim(ctx, inflight, users, id)
+release_claim(ctx, inflight, leases, id)
 return 1

@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  ctx:<id>          hash of the context
 -- KEYS[2]  inflight          zset  context id -> lease expiry (epoch ms)
--- KEYS[3]  uinflight:<user>  zset  the user's in-flight contexts -> lease expiry (per-user cap)
+-- KEYS[3]  uleases    hash  user part -> live leases (the per-user cap)
 -- KEYS[4]  batch:pending     zset  context id -> time parked (epoch ms)
 --
 -- ARGV[1]  context id
@@ -24,7 +24,7 @@
 
 --- @include "includes/leave_lease"
 
-local ctx, inflight, users, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ctx, inflight, leases, pending = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id, token = ARGV[1], ARGV[2]
 
 if redis.call('HGET', ctx, 'claim_token') ~= token then
@@ -35,5 +35,5 @@ redis.call('HSET', ctx, 'batch_token', token, 'batch_request', ARGV[4],
 redis.call('HDEL', ctx, 'batch_id')
 redis.call('ZADD', pending, ARGV[3], id)
 -- Out of the lease's sets last, once the id is in `batch:pending`: never in no set.
-leave_lease(inflight, users, id)
+leave_lease(inflight, leases, id)
 return 1

@@ -20,7 +20,7 @@ from memq.core.keys import KeySchema, QueueKeys
 from memq.core.metrics import BATCH_DEPTHS
 from memq.core.scripts import AlsoQueue, LuaScripts, call_then
 from memq.core.settings import MemqSettings
-from worker.queue import CompleteResult, QueueClient
+from worker.queue import CompleteResult
 
 _SCRIPTS = ("batch_park", "batch_submit", "batch_complete", "batch_fallback", "batch_unlock")
 # A job not finished this long after its window is lost to us: its contexts run synchronously.
@@ -93,7 +93,7 @@ class BatchQueue:
             keys=[
                 q.context(context_id),
                 q.inflight,
-                QueueClient.user_inflight_key(q, context_id),
+                q.user_leases,
                 q.batch_pending,
             ],
             args=[context_id, token, now, request, watermark or "", run],
@@ -203,7 +203,7 @@ class BatchQueue:
                 q.watermark(request.context_id),
                 q.batch_job(batch_id),
                 q.inflight,
-                QueueClient.user_inflight_key(q, request.context_id),
+                q.user_leases,
                 q.batch_pending,
             ],
             [
@@ -228,7 +228,7 @@ class BatchQueue:
                 q.due,
                 q.batch_job(batch_id),
                 q.inflight,
-                QueueClient.user_inflight_key(q, request.context_id),
+                q.user_leases,
             ],
             args=[request.context_id, request.token, now],
         )

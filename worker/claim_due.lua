@@ -1,10 +1,10 @@
 -- claim_due.lua — move due contexts whose deadline passed into `inflight` with a lease.
 --
 -- One round trip: the script reads its candidates itself (ZRANGEBYSCORE due -inf now LIMIT 0 n)
--- and names each candidate's keys from the prefixes it is given, so the caller sends 5 keys and 8
+-- and names each candidate's hash from the prefix it is given, so the caller sends 6 keys and 7
 -- arguments instead of two keys and an id per candidate after a read of its own (bench P2: the
--- read's round trip and the 300 packed arguments were ~0.6 ms of a 1.9 ms claim). The keys it
--- names are its shard's: every prefix carries the shard's hash tag, so on a cluster they sit in
+-- read's round trip and the 300 packed arguments were ~0.6 ms of a 1.9 ms claim). The hashes it
+-- names are its shard's: the prefix carries the shard's hash tag, so on a cluster they sit in
 -- the slot of KEYS[1] (a script may touch undeclared keys of its own slot; tests/test_cluster.py
 -- claims through a real cluster). The read and the checks are one atomic step, so two tickers
 -- racing never claim one context twice.
@@ -15,6 +15,8 @@
 --                             and at least ARGV[1] * 1000 (see reserve_tokens)
 -- KEYS[4]  batch:pending  zset  context id -> time parked (a claim supersedes a parked run)
 -- KEYS[5]  batch:out  zset  context id -> time past which its job counts as lost (likewise)
+-- KEYS[6]  uleases    hash  user part -> the user's ids in `inflight`; `~<user part>` -> the
+--                           user's deferral horizon (includes/leave_lease.lua)
 --
 -- ARGV[1]  now_ms         current time, epoch milliseconds
 -- ARGV[2]  lease_ms       how long a claim holds the context, milliseconds; also how far past
@@ -25,8 +27,6 @@
 --                         earliest (ms; one tick), see "Bulk skip" below
 -- ARGV[6]  limit          examine at most this many due candidates (count)
 -- ARGV[7]  ctx_prefix     a candidate's hash is ctx_prefix .. id (`ctx:<id>`)
--- ARGV[8]  users_prefix   its user's in-flight set is users_prefix .. the id's user part
---                         (`uinflight:<user>`, see user_part below)
 --
 -- Returns {status, deferred, first_token, examined, id_1, version_1, id_2, version_2, ...}, where
 --   status   1  every candidate was examined
@@ -38,46 +38,49 @@
 -- A candidate whose hash vanished is removed from `due` (celery-redbeat's cleanup); one already in
 -- flight is removed from `due` too (its complete reschedules it from deadline_ms), and so is one
 -- parked for or out in a batch job (`batch_token` set) unless it is `urgent` (a flush).
--- A claim sets `claimed_sync` ("1": urgent, or sent back by a failed batch) and clears `urgent`
--- and `batch_fallback`; a claim of a context in the batch lane takes it out of the
--- lane (includes/leave_batch_lane.lua), so the batch's answer is fenced off. It also closes the
+-- A claim sets `claimed_sync` to "1" when the run is urgent, or sent back by a failed batch
+-- (absent otherwise), and clears `urgent` and `batch_fallback`; a claim of a context in the
+-- batch lane takes it out of the lane (includes/leave_batch_lane.lua), so the batch's answer is
+-- fenced off. It also closes the
 -- debounce window: `pending_since_ms` and `deadline_ms` are set to '' in the same HSET as the
 -- claim's own fields (one write, not a write and a delete). Every reader takes both as numbers
 -- (enqueue, complete, fail, release, batch_complete), so '' reads as absent: the next enqueue
 -- opens a fresh window.
 --
--- Calls per claimed candidate: HMGET and HSET (plus an HDEL of `urgent`/`batch_fallback` when
--- one of them is set, and the lane's three calls for a context in the batch lane). The rest is
--- per call or per user: one range read and one ZMSCORE of `inflight` find and check the
--- candidates, one INCRBY reserves every token the call hands out, one ZCOUNT reads a
--- user's live leases and one ZADD adds the user's new ones (however many of the candidates are
--- that user's). A claim of 100 due contexts of 100 users is 406 calls (bench P2 counts them with
--- INFO commandstats); their own work is about half the script's time, the other half the calls'
--- glue (arguments and reply converted between Lua and Redis) and this file's Lua, where a table
--- per candidate is measurable (so a user's one new lease is kept without one). Four calls per
--- candidate is the floor of this layout: its hash and its user's lease set, each read and
--- written (docs/benchmarks.md, "Issue 33's P2 again").
+-- Calls per claimed candidate: HMGET and HSET of its hash (plus an HDEL of `urgent`/
+-- `batch_fallback` when one of them is set, and the lane's three calls for a context in the
+-- batch lane). The rest is per call: the range read, a ZMSCORE of `inflight` and an HMGET of
+-- the users' lease counts check every candidate at once, one INCRBY reserves every token the
+-- call hands out, one HSET writes every user's new count, and the bulk ZADD and ZREM move the
+-- ids. A claim of 100 due contexts of 100 users is 207 calls (bench P2 counts them with INFO
+-- commandstats). The counts live in one hash per shard, not a zset per user: a key created and
+-- deleted per user and claim (a user's first lease, then its last complete) cost ~0.4 ms of a
+-- claim of 100 among a million keys (docs/benchmarks.md, "Issue 33's P2, third round"). Two
+-- calls per candidate, its hash read and written, are the floor while the claim's fields live
+-- in the context's hash.
 --
 -- Fairness: a capped candidate only moves back in `due`, so the next batch reaches other users'
 -- due keys instead of the same wall of one user's. Its hash keeps deadline_ms: that is its real
 -- deadline (an enqueue must not push an already-due key back), the zset score is just its turn.
--- The per-user zset holds lease expiries, not a counter: a member whose lease passed is dropped
--- here, so a lost complete can never starve a user for longer than one lease.
+-- A user's count is its ids in `inflight`: a lease lost with its worker is counted until the
+-- reaper, first in every tick, ends it, so a lost complete never starves a user for longer than
+-- one lease and a tick.
 --
 -- Bulk skip: a capped user's candidates are not all put back at the next tick (a backlog of
 -- 100,000 would then be re-deferred on every tick, all of it), but queued behind each other,
 -- 2 * user_cap per tick, from the user's deferral horizon: each tick then meets about that many
--- of the user's keys, in the order they were deferred. The horizon is kept in the user's zset as
--- the member `~defer` with a negative score (no context id has that name, and ZCOUNT of live
--- leases never counts it); it never passes now + lease_ms (by then every run the user holds has
--- ended or been reaped, so the backlog is looked at again), and it goes with the zset once the
--- user holds no lease (includes/release_claim.lua).
+-- of the user's keys, in the order they were deferred. The horizon is kept in `uleases` as the
+-- field `~<user part>` (a user part is encoded, never holding a `~`); it never passes now +
+-- lease_ms (by then every run the user holds has ended or been reaped, so the backlog is looked
+-- at again), and it goes with the user's count once the user holds no lease
+-- (includes/leave_lease.lua).
 --
 -- Bulk calls go in chunks of at most CHUNK elements: Lua 5.1's unpack stops near 8000 values, and
 -- Redis does not roll back what a failing script already wrote. Writes are ordered so that a
 -- claimed id is in `inflight` before it leaves `due`: a failure can never leave it in no set.
 
 --- @include "includes/leave_batch_lane"
+--- @include "includes/user_part"
 
 local due, inflight, epoch, pending, batched = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
@@ -103,22 +106,14 @@ local user_cap = tonumber(ARGV[4])
 local defer_from = now + tonumber(ARGV[5])
 local defer_until = math.max(defer_from, now + tonumber(ARGV[2]))
 local defer_step = tonumber(ARGV[5]) / (2 * user_cap)
-local DEFER = '~defer'
-local horizon = {}  -- per-user key -> where its next capped candidate goes in `due`
-local ctx_prefix, users_prefix = ARGV[7], ARGV[8]
+local horizon = {}  -- user part -> where its next capped candidate goes in `due`
+local leases_of = KEYS[6]
+local ctx_prefix = ARGV[7]
 local out = {1, 0, 0, 0}
 local ids = redis.call('ZRANGEBYSCORE', due, '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[6]))
 local n = #ids
 out[4] = n
 if n == 0 then return out end
-
--- The user part of a context id `<thread>:<user>:<agent>` (each part encoded, never holding a
--- colon); anything else shares the empty user's set, so a malformed member can still be claimed,
--- dropped or reaped, never crash the batch. worker/queue.py `user_inflight_key` is the same rule
--- for every other script's KEYS (tests/test_queue_scripts.py holds the two together).
-local function user_part(id)
-  return string.match(id, '^[^:]*:([^:]*):[^:]*$') or ''
-end
 
 local CHUNK = 500
 
@@ -132,33 +127,32 @@ local function bulk(cmd, key, list, step)
 end
 
 -- One batched read instead of a read per candidate (ZMSCORE needs Redis 6.2, our floor).
-local function scores(key)
-  if n <= CHUNK then return redis.call('ZMSCORE', key, unpack(ids)) end  -- no copy
+local function read_each(cmd, key, list)
+  if n <= CHUNK then return redis.call(cmd, key, unpack(list)) end  -- no copy
   local result = {}
   for from = 1, n, CHUNK do
-    local reply = redis.call('ZMSCORE', key, unpack(ids, from, math.min(from + CHUNK - 1, n)))
+    local reply = redis.call(cmd, key, unpack(list, from, math.min(from + CHUNK - 1, n)))
     for j = 1, #reply do result[from + j - 1] = reply[j] end
   end
   return result
 end
-local leases = scores(inflight)
+local leases = read_each('ZMSCORE', inflight, ids)
+local users = {}
+for i = 1, n do users[i] = user_part(ids[i]) end
+local counts = read_each('HMGET', leases_of, users)  -- each candidate's user's live leases
 local count = redis.call('ZCARD', inflight)
 local count_before = count
 local SMALL_ZSET = 128
-local live = '(' .. ARGV[1]  -- ZCOUNT's lower bound: leases that end after now
-local held = {}  -- per-user key -> live leases, counted once per user per call
--- per-user key -> the id of its one new lease, or {lease, id, ...} of two or more: one ZADD per
--- user (a table per user only when it is needed: the common claim gives each user one lease,
--- and 100 small tables cost ~4 % of the script's time)
-local added = {}
+local held = {}  -- user part -> live leases, as this call moves them
+local gained, gained_set = {}, {}  -- the user parts this call gave a lease, each once
 -- Each claimed candidate's hash and its HMGET reply, in claim order (two flat lists, not a
 -- table per claim).
 local claimed_ctx, claimed_fields = {}, {}
 local drop, new_ids, lease_args, defer_args = {}, {}, {}, {}
 
 for i = 1, n do
-  local id = ids[i]
-  local ctx, users = ctx_prefix .. id, users_prefix .. user_part(id)
+  local id, user = ids[i], users[i]
+  local ctx = ctx_prefix .. id
   do
     -- `version` is set by every enqueue, so its absence means the hash vanished.
     local fields = redis.call('HMGET', ctx, 'version', 'batch_token', 'urgent', 'batch_fallback')
@@ -175,48 +169,30 @@ for i = 1, n do
       out[1] = 2
       break
     else
-      local user_held = held[users]
-      if not user_held then
-        -- Only live leases count, so a member left behind by a lost worker can never starve its
-        -- user; the reaper removes such members when it requeues their contexts.
-        user_held = redis.call('ZCOUNT', users, live, '+inf')
-      end
+      local user_held = held[user] or tonumber(counts[i]) or 0
       if user_held >= user_cap then
-        local at = horizon[users]
+        local at = horizon[user]
         if not at then
-          local stored = redis.call('ZSCORE', users, DEFER)
-          at = stored and -tonumber(stored) or defer_from
+          at = tonumber(redis.call('HGET', leases_of, '~' .. user)) or defer_from
         end
         at = math.min(math.max(at, defer_from), defer_until)
         defer_args[#defer_args + 1] = string.format('%.3f', at)
         defer_args[#defer_args + 1] = id
-        horizon[users] = at + defer_step
+        horizon[user] = at + defer_step
       else
         drop[#drop + 1] = id
         new_ids[#new_ids + 1] = id
         count = count + 1
-        user_held = user_held + 1
-        local mine = added[users]
-        if not mine then
-          added[users] = id
-        elseif type(mine) == 'string' then
-          added[users] = {lease_until, mine, lease_until, id}
-        else
-          mine[#mine + 1] = lease_until
-          mine[#mine + 1] = id
+        if not gained_set[user] then
+          gained_set[user] = true
+          gained[#gained + 1] = user
         end
+        user_held = user_held + 1
         claimed_ctx[#claimed_ctx + 1] = ctx
         claimed_fields[#claimed_fields + 1] = fields
       end
-      held[users] = user_held
+      held[user] = user_held
     end
-  end
-end
-for users, mine in pairs(added) do
-  if type(mine) == 'string' then
-    redis.call('ZADD', users, lease_until, mine)
-  else
-    bulk('ZADD', users, mine, 2)
   end
 end
 if #claimed_ctx > 0 then
@@ -234,11 +210,16 @@ if #claimed_ctx > 0 then
     -- One write: the claim's fields, and the window it takes cleared in place ('' reads as
     -- absent), so the next enqueue starts a fresh debounce window: it must not inherit this
     -- run's past deadline (which would make it due at once) nor its max-delay start.
-    redis.call('HSET', ctx, 'claim_token', string.format('%d', first + k - 1),
-      'claimed_version', version, 'claimed_at_ms', ARGV[1], 'claimed_sync', flagged and '1' or '0',
-      'pending_since_ms', '', 'deadline_ms', '')
+    -- `claimed_sync` is written only when set: every claim ends through release_claim, which
+    -- clears it (a field per candidate fewer in the common claim).
+    local token = string.format('%d', first + k - 1)
     if flagged then
+      redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
+        'pending_since_ms', '', 'deadline_ms', '', 'claimed_sync', '1')
       redis.call('HDEL', ctx, 'urgent', 'batch_fallback')  -- handed to this run
+    else
+      redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
+        'pending_since_ms', '', 'deadline_ms', '')
     end
     if fields[2] then
       leave_batch_lane(ctx, pending, batched, id)  -- superseded by this claim
@@ -259,10 +240,20 @@ for k = 1, #new_ids do
   lease_args[2 * k] = new_ids[#new_ids + 1 - k]
 end
 bulk('ZADD', inflight, lease_args, 2)
+-- Each user's new count, and each capped user's horizon, in one write after `inflight`'s: the
+-- count is the user's ids in `inflight` (includes/leave_lease.lua takes them off).
+local user_args = {}
+for k = 1, #gained do
+  local user = gained[k]
+  user_args[#user_args + 1] = user
+  user_args[#user_args + 1] = string.format('%d', held[user])
+end
+for user, at in pairs(horizon) do
+  user_args[#user_args + 1] = '~' .. user
+  user_args[#user_args + 1] = string.format('%.3f', at)
+end
+bulk('HSET', leases_of, user_args, 2)
 bulk('ZREM', due, drop, 1)
 bulk('ZADD', due, defer_args, 2)
-for users, at in pairs(horizon) do
-  redis.call('ZADD', users, string.format('%.3f', -at), DEFER)
-end
 out[2] = #defer_args / 2
 return out

@@ -4,7 +4,7 @@
 -- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
 -- KEYS[3]  due        zset  context id -> deadline (epoch ms)
 -- KEYS[4]  dead       zset  context id -> time it died (epoch ms)
--- KEYS[5]  uinflight:<user>  zset  the user's in-flight contexts -> lease expiry (per-user cap)
+-- KEYS[5]  uleases    hash  user part -> live leases (the per-user cap)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the worker got from claim_due
@@ -29,7 +29,7 @@
 --- @include "includes/requeue"
 --- @include "includes/dead_letter"
 
-local ctx, inflight, due, dead, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ctx, inflight, due, dead, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
 
 local f = redis.call('HMGET', ctx, 'claim_token', 'version', 'claimed_version', 'attempts',
@@ -55,5 +55,5 @@ else
     requeue(ctx, due, id, retry_at)
   end
 end
-release_claim(ctx, inflight, users, id)
+release_claim(ctx, inflight, leases, id)
 return code

@@ -123,7 +123,14 @@ class QueueClient:
         full = False
         calls = [
             (
-                [shard.due, shard.inflight, shard.epoch, shard.batch_pending, shard.batched],
+                [
+                    shard.due,
+                    shard.inflight,
+                    shard.epoch,
+                    shard.batch_pending,
+                    shard.batched,
+                    shard.user_leases,
+                ],
                 [
                     now,
                     settings.lease_ms,
@@ -132,7 +139,6 @@ class QueueClient:
                     defer_ms,
                     limit,
                     shard.context(""),
-                    shard.user_inflight_segment(""),
                 ],
             )
             for shard in self.keys.all_shards()
@@ -168,9 +174,8 @@ class QueueClient:
         for shard, ids in zip(shards, found, strict=True):
             for start in range(0, len(ids), _SCRIPT_BATCH):  # bounded script size and run time
                 batch = ids[start : start + _SCRIPT_BATCH]
-                keys = [shard.inflight, shard.due, shard.dead]
-                for context_id in batch:
-                    keys += (shard.context(context_id), self.user_inflight_key(shard, context_id))
+                keys = [shard.inflight, shard.due, shard.dead, shard.user_leases]
+                keys += (shard.context(context_id) for context_id in batch)
                 raw = self._scripts["reap_expired"](
                     keys=keys,
                     args=[
@@ -189,7 +194,7 @@ class QueueClient:
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["release"](
-            keys=[q.context(context_id), q.inflight, q.due, self.user_inflight_key(q, context_id)],
+            keys=[q.context(context_id), q.inflight, q.due, q.user_leases],
             args=[context_id, token, now],
         )
         return int(raw) == 1
@@ -202,7 +207,7 @@ class QueueClient:
         False when the claim is no longer ours."""
         q = self._q(context_id)
         raw = self._scripts["defer"](
-            keys=[q.context(context_id), q.inflight, q.due, self.user_inflight_key(q, context_id)],
+            keys=[q.context(context_id), q.inflight, q.due, q.user_leases],
             args=[context_id, token, max(0, int(run_at_ms)), "" if slot_ms is None else slot_ms],
         )
         return int(raw) == 1
@@ -223,7 +228,7 @@ class QueueClient:
     def _renew_call(
         self, q: QueueKeys, context_id: str, token: str, now: int
     ) -> tuple[list[str], list[str | int]]:
-        keys = [q.context(context_id), q.inflight, self.user_inflight_key(q, context_id)]
+        keys = [q.context(context_id), q.inflight]
         return keys, [context_id, token, now + self.settings.lease_ms]
 
     def load_run(self, context_id: str) -> tuple[dict[str, str], str | None]:
@@ -315,7 +320,7 @@ class QueueClient:
                 q.inflight,
                 q.due,
                 q.watermark(context_id),
-                self.user_inflight_key(q, context_id),
+                q.user_leases,
             ],
             [
                 context_id,
@@ -352,7 +357,7 @@ class QueueClient:
                 q.inflight,
                 q.due,
                 q.dead,
-                self.user_inflight_key(q, context_id),
+                q.user_leases,
             ],
             args=[
                 context_id,
@@ -425,13 +430,3 @@ class QueueClient:
     # --- helpers
     def _q(self, context_id: str) -> QueueKeys:
         return self.keys.for_context(context_id)
-
-    @staticmethod
-    def user_inflight_key(q: QueueKeys, context_id: str) -> str:
-        """The per-user lease set of a context's user, in the context's own shard: named by the
-        id's user part as it stands (``<thread>:<user>:<agent>``, each part encoded, so never a
-        colon), or the empty user's set for an id of another shape (not one of ours: it can
-        still be claimed, dropped or reaped, never crash a batch). claim_due.lua names the set
-        by the same rule (``user_part``)."""
-        parts = context_id.split(":")
-        return q.user_inflight_segment(parts[1] if len(parts) == 3 else "")

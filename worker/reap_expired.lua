@@ -5,8 +5,8 @@
 -- KEYS[1]    inflight   zset  context id -> lease expiry (epoch ms)
 -- KEYS[2]    due        zset  context id -> deadline (epoch ms)
 -- KEYS[3]    dead       zset  context id -> time it died (epoch ms)
--- KEYS[2+2i] ctx:<id>   hash of candidate i (i = 1..n)
--- KEYS[3+2i] uinflight:<user>  zset  candidate i's user's in-flight contexts -> lease expiry
+-- KEYS[4]    uleases    hash  user part -> live leases (the per-user cap)
+-- KEYS[4+i]  ctx:<id>   hash of candidate i (i = 1..n)
 --
 -- ARGV[1]    now_ms         current time, epoch milliseconds
 -- ARGV[2]    max_attempts   an attempt count reaching this sends the context to `dead` (count)
@@ -28,13 +28,13 @@
 --- @include "includes/requeue"
 --- @include "includes/dead_letter"
 
-local inflight, due, dead = KEYS[1], KEYS[2], KEYS[3]
+local inflight, due, dead, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = tonumber(ARGV[1])
 local max_attempts = tonumber(ARGV[2])
 local requeued, died = 0, 0
 
-for i = 1, (#KEYS - 3) / 2 do
-  local ctx, users, id = KEYS[2 + 2 * i], KEYS[3 + 2 * i], ARGV[3 + i]
+for i = 1, #KEYS - 4 do
+  local ctx, id = KEYS[4 + i], ARGV[3 + i]
   local expiry = tonumber(redis.call('ZSCORE', inflight, id))
   if expiry and expiry <= now then
     local f = redis.call('HMGET', ctx, 'version', 'claimed_version', 'claim_token',
@@ -60,7 +60,7 @@ for i = 1, (#KEYS - 3) / 2 do
         requeued = requeued + 1
       end
     end
-    release_claim(ctx, inflight, users, id)
+    release_claim(ctx, inflight, leases, id)
   end
 end
 return {requeued, died}

@@ -3,7 +3,7 @@
 -- KEYS[1]  ctx:<id>   hash of the context
 -- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
 -- KEYS[3]  due        zset  context id -> deadline (epoch ms)
--- KEYS[4]  uinflight:<user>  zset  the user's in-flight contexts -> lease expiry (per-user cap)
+-- KEYS[4]  uleases    hash  user part -> live leases (the per-user cap)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the ticker got from claim_due
@@ -14,7 +14,7 @@
 --- @include "includes/release_claim"
 --- @include "includes/requeue"
 
-local ctx, inflight, due, users = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ctx, inflight, due, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
 
 if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
@@ -24,5 +24,5 @@ end
 local deadline = tonumber(redis.call('HGET', ctx, 'deadline_ms')) or tonumber(ARGV[3])
 deadline = string.format('%d', math.min(deadline, tonumber(ARGV[3])))
 requeue(ctx, due, id, deadline)
-release_claim(ctx, inflight, users, id)
+release_claim(ctx, inflight, leases, id)
 return 1

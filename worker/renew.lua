@@ -2,7 +2,6 @@
 --
 -- KEYS[1]  ctx:<id>   hash of the context
 -- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
--- KEYS[3]  uinflight:<user>  zset  the user's in-flight contexts -> lease expiry (per-user cap)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the worker got from claim_due
@@ -23,7 +22,4 @@ if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
 end
 redis.call('ZADD', KEYS[2], 'XX', ARGV[3], ARGV[1])
 redis.call('HSET', KEYS[1], 'started_token', ARGV[2])
--- Not XX: claim_due may already have pruned the member as expired while the worker was slow;
--- the context is verifiably ours and in flight, so it counts against its user's cap again.
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
 return 1

@@ -92,14 +92,14 @@ class QueueKeys:
         every pending, in-flight and dead context without scanning the keyspace."""
         return f"{self.tag}:uctx:{encode_user(user_id)}"
 
-    def user_inflight(self, user_id: str) -> str:
-        """Zset of one user's contexts in flight in this shard (id -> lease expiry): the per-user
-        cap counts it, so one tenant's backlog cannot fill the broker ahead of everyone else."""
-        return self.user_inflight_segment(encode_user(user_id))
-
-    def user_inflight_segment(self, user_segment: str) -> str:
-        """:meth:`user_inflight` by the user's encoded key part (as a context id carries it)."""
-        return f"{self.tag}:uinflight:{user_segment}"
+    @property
+    def user_leases(self) -> str:
+        """Hash of each user's live leases in this shard (user key part -> how many of the
+        user's contexts are in ``inflight``; ``~<user key part>`` -> the user's deferral
+        horizon): the per-user cap reads it, so one tenant's backlog cannot fill the broker ahead
+        of everyone else. One hash per shard, not a key per user: a claim then reads and writes
+        every user's count in one call each (includes/leave_lease.lua keeps it)."""
+        return f"{self.tag}:uleases"
 
     # --- the batch lane: contexts whose extraction goes out in a provider's batch job
     @property
