@@ -1,7 +1,8 @@
-"""P2: claiming 100 due contexts with 1k, 100k and 1M pending (``QueueClient.claim``: one range
-read + one claim_due.lua). No peer baseline: the claim is shown as a cost breakdown instead, its
-first step (the bare ``ZRANGEBYSCORE … LIMIT 0 100`` read, timed on its own on the same set) against
-the whole claim, so the table says what the Lua script adds on top of the read it cannot avoid.
+"""P2: claiming 100 due contexts with 1k, 100k and 1M pending (``QueueClient.claim``: one
+claim_due.lua, which reads its candidates itself). No peer baseline: the claim is shown as a cost
+breakdown instead, its first step (the bare ``ZRANGEBYSCORE … LIMIT 0 100`` read, timed on its own
+on the same set) against the whole claim, so the table says what the claim adds on top of the read
+it cannot avoid.
 
 The three queues live side by side in one Redis and are claimed in turn, round after round; after
 each round the claimed ids go back to ``due`` (untimed), so every queue keeps its size. Then, at
@@ -42,8 +43,8 @@ def profile(
     client: redis.Redis, queue: QueueClient, now: int
 ) -> tuple[float, float, dict[str, float]]:
     """The claim script's server time and the rest of each claim's wall time (the client's
-    side and the two round trips), p50 in seconds, and its Redis calls by command, per claim,
-    read from INFO commandstats reset before each claim."""
+    side and the round trip), p50 in seconds, and its Redis calls by command, per claim, read
+    from INFO commandstats reset before each claim."""
     q = queue.keys.shard(0)
     usec: list[float] = []
     rest: list[float] = []
@@ -58,7 +59,7 @@ def profile(
         rest.append(wall - usec[-1] / 1e6)
         for name, figures in stats.items():
             command = name.removeprefix("cmdstat_")
-            if command not in ("evalsha", "config", "zrangebyscore"):  # the script's own calls
+            if command not in ("evalsha", "config"):  # the script's own calls
                 calls[command] = calls.get(command, 0) + figures["calls"] / PROFILED
         give_back(client, q, [c.context_id for c in batch.claims], now - 500)
     return percentile(usec, 50) / 1e6, percentile(rest, 50), calls
@@ -133,7 +134,7 @@ def run(env: BenchEnv) -> Result:
             f"INFO commandstats at {largest:,}: claim_due.lua {fmt_ms(server)} of server time "
             f"(p50 of {PROFILED}), {sum(calls.values()):.0f} Redis calls per claim of {BATCH} ("
             + ", ".join(f"{name} {n:g}" for name, n in sorted(calls.items()))
-            + f"); the rest of each claim (client, two round trips) {fmt_ms(client_side)}",
+            + f"); the rest of each claim (client, one round trip) {fmt_ms(client_side)}",
             f"{rounds} interleaved rounds; claimed ids returned to due between rounds",
             "the range read is the claim's own first command, timed alone: a share of the cost, "
             "not a competing design",

@@ -152,13 +152,14 @@ local drop, new_ids, lease_args, defer_args = {}, {}, {}, {}
 
 for i = 1, n do
   local id, user = ids[i], users[i]
-  local ctx = ctx_prefix .. id
-  do
+  if leases[i] then
+    -- In flight already: its complete reschedules it from deadline_ms (no read of its hash).
+    drop[#drop + 1] = id
+  else
+    local ctx = ctx_prefix .. id
     -- `version` is set by every enqueue, so its absence means the hash vanished.
     local fields = redis.call('HMGET', ctx, 'version', 'batch_token', 'urgent', 'batch_fallback')
     if not fields[1] then
-      drop[#drop + 1] = id
-    elseif leases[i] then
       drop[#drop + 1] = id
     elseif fields[2] and not fields[3] then
       -- Parked for, or out in, a batch job: like a run in flight, its settlement reschedules it
