@@ -321,9 +321,13 @@ def test_memq_starts_its_own_workers_and_a_ctrl_c_stops_it_to_be_resumed(
         c for c in eval_command("longmemeval", LONGMEMEVAL, out, "--no-progress", "--workers", "2")
         if c != "--external-workers"
     ]  # fmt: skip
+    # A suite started from a background shell (`.ci/run &`, nohup) inherits an ignored SIGINT,
+    # and so would this child: it then ran to the end through the Ctrl-C and exited 0. A
+    # terminal's foreground process has SIGINT at its default, as restored here.
     first = subprocess.Popen(
         command, env=child_env(settings), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     journal = out / "checkpoint.jsonl"
     try:
