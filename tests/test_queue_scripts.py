@@ -497,6 +497,24 @@ def test_tick_drains_in_batches_and_releases_when_dispatch_fails(
     assert report.rounds >= 3 and {c.context_id for c in sent} == ids
 
 
+def test_one_claim_reaches_every_shard_even_after_redis_forgot_the_script(
+    make_settings: Any, redis_client: redis.Redis
+) -> None:
+    """Several shards: every shard's claim goes in one pipeline; a Redis that lost its scripts
+    (restarted) answers each NOSCRIPT, and each is run again through the loader, once."""
+    settings = make_settings(shards=4, debounce_seconds=1.0)
+    queue, enqueue = QueueClient(settings, redis_client), Enqueuer(settings, redis_client)
+    ids = [enqueue(f"t{i}", T0, flush=True, user=f"u{i}") for i in range(12)]
+    assert len({queue.keys.shard_of(i) for i in ids}) > 1
+    redis_client.script_flush()
+
+    batch = queue.claim(T0)
+
+    assert sorted(c.context_id for c in batch.claims) == sorted(ids)
+    assert batch.examined == 12
+    assert queue.claim(T0 + 1).claims == []  # all in flight: claimed once
+
+
 # --- fairness: the per-user in-flight cap
 
 
