@@ -138,7 +138,7 @@ class QueueClient:
                     user_cap,
                     defer_ms,
                     limit,
-                    shard.context(""),
+                    shard.context_prefix,
                 ],
             )
             for shard in self.keys.all_shards()

@@ -76,7 +76,13 @@ class QueueKeys:
         return f"{self.tag}:dead"
 
     def context(self, context_id: str) -> str:
-        return f"{self.tag}:ctx:{context_id}"
+        return f"{self.context_prefix}{context_id}"
+
+    @property
+    def context_prefix(self) -> str:
+        """What every context hash's key starts with: claim_due.lua names its candidates' hashes
+        from it (prefix .. id), so the claim sends no key per candidate."""
+        return f"{self.tag}:ctx:"
 
     def watermark(self, context_id: str) -> str:
         return f"{self.tag}:wm:{context_id}"
