@@ -34,7 +34,7 @@ def give_back(client: redis.Redis, q: QueueKeys, claimed: list[str], due_at_ms: 
     other lease is out, so every user's count goes."""
     pipe = client.pipeline(transaction=False)
     pipe.zrem(q.inflight, *claimed)
-    pipe.delete(q.user_leases)
+    pipe.delete(q.user_leases, q.claims)
     pipe.zadd(q.due, {context_id: due_at_ms for context_id in claimed})
     pipe.execute()
 

@@ -7,8 +7,9 @@
 -- KEYS[5]      uctx:<user>       set   the user's context ids in this shard
 -- KEYS[6]      batch:pending  zset  contexts parked for the next batch job
 -- KEYS[7]      batch:out      zset  contexts out in a batch job
--- KEYS[6+2i]   ctx:<id>   hash of context i (i = 1..n)
--- KEYS[7+2i]   wm:<id>    string, the watermark of context i
+-- KEYS[8]      claims     hash  context id -> the token of its live claim (claim_due.lua)
+-- KEYS[7+2i]   ctx:<id>   hash of context i (i = 1..n)
+-- KEYS[8+2i]   wm:<id>    string, the watermark of context i
 --
 -- ARGV[1]      "1": also delete the user's count and horizon in KEYS[4] and KEYS[5] whole (the
 --              user is erased, not one agent)
@@ -31,13 +32,13 @@
 --- @include "includes/release_claim"
 
 local due, inflight, dead, leases, users_contexts = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local batch_pending, batch_out = KEYS[6], KEYS[7]
+local batch_pending, batch_out, claims = KEYS[6], KEYS[7], KEYS[8]
 local out = {0, 0, 0, 0, 0, 0}
 if ARGV[1] == '1' then
   out[6] = redis.call('HEXISTS', leases, ARGV[2]) + redis.call('EXISTS', users_contexts)
 end
 for i = 1, #ARGV - 2 do
-  local id, ctx, wm = ARGV[2 + i], KEYS[6 + 2 * i], KEYS[7 + 2 * i]
+  local id, ctx, wm = ARGV[2 + i], KEYS[7 + 2 * i], KEYS[8 + 2 * i]
   out[1] = out[1] + redis.call('ZREM', due, id)
   if redis.call('ZSCORE', inflight, id) then
     out[2] = out[2] + 1
@@ -48,7 +49,7 @@ for i = 1, #ARGV - 2 do
   out[4] = out[4] + redis.call('DEL', ctx)
   out[5] = out[5] + redis.call('DEL', wm)
   -- Last, as everywhere: the hash is gone, so the run in flight is fenced already.
-  release_claim(ctx, inflight, leases, id)
+  release_claim(ctx, inflight, leases, claims, id)
 end
 if ARGV[1] == '1' then
   redis.call('HDEL', leases, ARGV[2], '~' .. ARGV[2])

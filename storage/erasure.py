@@ -191,6 +191,7 @@ def _erase_contexts(
                 shard.user_contexts(user),
                 shard.batch_pending,
                 shard.batched,
+                shard.claims,
             ]
             for context_id in batch:
                 script_keys += (shard.context(context_id), shard.watermark(context_id))

@@ -113,8 +113,7 @@ def run_due(runtime: WorkerRuntime, clock: ShiftedClock) -> list[str]:
     """Claim what is due and run it as the extract task would; each run's outcome."""
     batch = runtime.queue.claim(clock())
     return [
-        str(extract(runtime, c.context_id, c.token, c.version, clock=clock)["outcome"])
-        for c in batch.claims
+        str(extract(runtime, c.context_id, c.token, clock=clock)["outcome"]) for c in batch.claims
     ]
 
 

@@ -22,7 +22,8 @@ from producer import MemoryProducer
 from producer.bounds import MAX_MESSAGE_ID_CHARS, bound_hand_off
 from producer.enqueue import Enqueuer, EnqueueRequest, build_request
 from producer.messages import filter_messages_for_memory, has_minimum_dialogue
-from worker.queue import Claim, CompleteResult, QueueClient
+from tests.support.started_queue import StartingQueue
+from worker.queue import Claim, CompleteResult
 from worker.tick import run_tick
 
 pytestmark = pytest.mark.integration
@@ -52,7 +53,7 @@ def test_a_users_in_flight_cap_is_not_divided_by_the_shard_count(
     # One (user, agent) always lives in one shard, so dividing the cap by 64 shards left a user
     # one run at a time instead of 16.
     settings = make_settings(shards=64, max_inflight_per_user=16, max_inflight=2000)
-    queue, enqueue = QueueClient(settings, redis_client), enqueuer(settings, redis_client)
+    queue, enqueue = StartingQueue(settings, redis_client), enqueuer(settings, redis_client)
     for i in range(20):
         hand_off(
             enqueue,
@@ -232,7 +233,7 @@ def test_a_context_rescheduled_after_its_run_stays_within_the_cap_and_the_worker
     make_settings: Any, redis_client: redis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = make_settings(**CAPPED)
-    queue, enqueue = QueueClient(settings, redis_client), enqueuer(settings, redis_client)
+    queue, enqueue = StartingQueue(settings, redis_client), enqueuer(settings, redis_client)
     key = ContextKey.create("th", "alice", None)
     hand_off(enqueue, key, T0, summarised_turn(0))
     (claim,) = queue.claim(T0 + 1).claims
@@ -268,7 +269,7 @@ def test_a_context_cut_to_its_byte_cap_is_counted_once_where_operators_look(
     from memq.server.exporter import build_registry
 
     settings = make_settings(**CAPPED)
-    queue, enqueue = QueueClient(settings, redis_client), enqueuer(settings, redis_client)
+    queue, enqueue = StartingQueue(settings, redis_client), enqueuer(settings, redis_client)
     key = ContextKey.create("th", "alice@example.com", None)
     for n in range(100):
         hand_off(enqueue, key, T0 + n, summarised_turn(n))
@@ -302,7 +303,7 @@ def test_a_capped_tenants_backlog_is_not_re_deferred_on_every_tick(
     settings = make_settings(
         debounce_seconds=1.0, tick_seconds=1.0, lease_seconds=600.0, max_inflight_per_user=2
     )
-    queue, enqueue = QueueClient(settings, redis_client), enqueuer(settings, redis_client)
+    queue, enqueue = StartingQueue(settings, redis_client), enqueuer(settings, redis_client)
     dialogue = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
     for i in range(3000):
         hand_off(enqueue, ContextKey.create(f"a{i}", "alice", None), T0, dialogue)
@@ -326,7 +327,7 @@ def test_a_capped_tenants_backlog_drains_in_order_as_slots_free(
     settings = make_settings(
         debounce_seconds=1.0, tick_seconds=1.0, lease_seconds=600.0, max_inflight_per_user=2
     )
-    queue, enqueue = QueueClient(settings, redis_client), enqueuer(settings, redis_client)
+    queue, enqueue = StartingQueue(settings, redis_client), enqueuer(settings, redis_client)
     dialogue = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]
     ids = [
         hand_off(enqueue, ContextKey.create(f"a{i:03}", "alice", None), T0 + i, dialogue).context_id

@@ -17,9 +17,10 @@ from producer.enqueue import Enqueuer, EnqueueRequest
 from tests.support.memory_storage import InMemoryStorage
 from tests.support.openai_server import Reply, ScriptedOpenAI
 from tests.support.scenarios import ITEM, conversation_of, learn_items
+from tests.support.started_queue import StartingQueue
 from worker.llm import OpenAIUpdateModel
 from worker.pipeline import ExtractionPipeline
-from worker.queue import CompleteResult, QueueClient
+from worker.queue import CompleteResult
 from worker.runtime import WorkerRuntime
 from worker.tasks import extract
 from worker.watermark import WATERMARK_DEPTH, ChunkBudget, split_at_watermark
@@ -107,9 +108,7 @@ class Worker:
         claims = self.queue.claim(now).claims
         assert [c.context_id for c in claims] == [KEY.id]
         (claim,) = claims
-        done = extract(
-            self.runtime, claim.context_id, claim.token, claim.version, clock=lambda: now
-        )
+        done = extract(self.runtime, claim.context_id, claim.token, clock=lambda: now)
         return str(done["queue"])
 
     def items_per_call(self) -> list[list[str]]:
@@ -169,7 +168,7 @@ def test_complete_with_more_reschedules_due_now_even_if_the_version_did_not_move
     make_settings: Any, redis_client: redis.Redis
 ) -> None:
     settings: MemqSettings = make_settings(debounce_seconds=10.0, max_delay_seconds=30.0)
-    queue = QueueClient(settings, redis_client)
+    queue = StartingQueue(settings, redis_client)
     enqueue = Enqueuer(
         redis_client, queue.keys, debounce_ms=settings.debounce_ms, max_delay_ms=30_000
     )

@@ -23,7 +23,7 @@ from memq.testing.waiting import DEADLINE_SECONDS, wait_for
 from producer.producer import MemoryProducer
 from tests.support.cli import Run, assert_one_line_error, write_json
 from tests.support.openai_server import ScriptedOpenAI
-from worker.queue import QueueClient
+from tests.support.started_queue import StartingQueue
 
 pytestmark = pytest.mark.integration
 
@@ -173,7 +173,7 @@ def make_dead(settings: MemqSettings, client: redis.Redis, thread: str) -> str:
     with MemoryProducer(settings, client) as producer:
         result = producer.enqueue(thread, "carol", None, CONVERSATION, flush=True)
     assert result is not None
-    queue = QueueClient(settings, client)
+    queue = StartingQueue(settings, client)
     (claim,) = queue.claim().claims
     queue.fail(claim.context_id, claim.token, "PermanentLLMError: invalid api key", None)
     return claim.context_id
@@ -191,7 +191,7 @@ def test_dead_list_retry_purge(run: Run, cli_env: MemqSettings, redis_client: re
 
     code, out, _ = run("dead", "retry", first)
     assert code == 0 and "1 dead context(s) retried" in out
-    queue = QueueClient(cli_env, redis_client)
+    queue = StartingQueue(cli_env, redis_client)
     assert queue.stats()["dead"] == 1 and queue.stats()["due"] == 1
 
     code, out, _ = run("dead", "purge", "--all")
@@ -565,7 +565,7 @@ def test_stored_control_characters_are_shown_escaped_and_json_stays_exact(
 
     with MemoryProducer(cli_env, redis_client) as producer:
         assert producer.enqueue("t-esc", "carol", None, CONVERSATION, flush=True) is not None
-    queue = QueueClient(cli_env, redis_client)
+    queue = StartingQueue(cli_env, redis_client)
     (claim,) = queue.claim().claims
     queue.fail(claim.context_id, claim.token, f"LLMError{HIDE_LINES}", None)
     code, out, _ = run("dead", "list")

@@ -47,7 +47,7 @@ def run_once(settings: MemqSettings) -> tuple[QueueClient, str, dict[str, Any]]:
     with MemoryProducer(settings) as producer:
         assert producer.flush("thread-echo", "alice@example.com", None, MESSAGES)
     [claim] = runtime.queue.claim(now_ms() + 60_000).claims
-    result = extract(runtime, claim.context_id, claim.token, claim.version)
+    result = extract(runtime, claim.context_id, claim.token)
     return runtime.queue, claim.context_id, result
 
 

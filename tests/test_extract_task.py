@@ -116,9 +116,7 @@ class Harness:
         return claim
 
     def run(self, claim: Claim, now: int) -> dict[str, Any]:
-        return extract(
-            self.runtime, claim.context_id, claim.token, claim.version, clock=lambda: now
-        )
+        return extract(self.runtime, claim.context_id, claim.token, clock=lambda: now)
 
     def due(self) -> dict[str, float]:
         return dict(self.client.zrange(self.queue.keys.shard(0).due, 0, -1, withscores=True))
@@ -368,7 +366,7 @@ def test_each_error_maps_to_its_retry_policy(
 
 def test_flower_sees_identifiers_not_content() -> None:
     cid = ContextKey.create("chat:42", "alice", None).id
-    assert describe_args(cid, 3) == "thread=chat:42 user=alice agent=- version=3"
+    assert describe_args(cid) == "thread=chat:42 user=alice agent=-"
 
 
 def test_a_run_longer_than_its_lease_keeps_the_claim(
@@ -389,7 +387,7 @@ def test_a_run_longer_than_its_lease_keeps_the_claim(
         return Report()
 
     h.pipeline.action = slow_model_call
-    result = extract(h.runtime, cid, claim.token, claim.version)
+    result = extract(h.runtime, cid, claim.token)
 
     assert result["outcome"] == "updated" and result["queue"] == "done"
     assert reaped and all(r.requeued == 0 and r.dead == 0 for r in reaped)
@@ -493,7 +491,7 @@ def test_one_extraction_is_three_redis_round_trips(
             enqueue(EnqueueRequest(key=key, messages_json=messages, flush=True), T0 + turn)
             [claim] = runtime.queue.claim(T0 + turn).claims
             _, before = proxy.snapshot()
-            result = extract(runtime, claim.context_id, claim.token, claim.version)
+            result = extract(runtime, claim.context_id, claim.token)
             _, after = proxy.snapshot()
             assert result["outcome"] == "updated" and result["queue"] == "done", result
             per_run.append(after - before)

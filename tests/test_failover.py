@@ -35,6 +35,7 @@ from tests.support.celery_procs import CeleryProcs, memq_env
 from tests.support.cluster import planned_failover
 from tests.support.openai_server import ScriptedOpenAI
 from tests.support.scenarios import fact_for, learn_items, stack_settings, turn
+from tests.support.started_queue import StartingQueue
 from tests.support.waiting import wait_for
 from worker.queue import QueueClient
 
@@ -71,7 +72,7 @@ def test_a_claim_token_lost_in_a_failover_is_never_issued_again(
         epoch = new.get(KeySchema(settings.key_prefix).shard(0).epoch)
         assert epoch is None or int(epoch) < int(lost.token)  # the replica missed that claim
         new.replicaof("NO", "ONE")  # promoted, as Sentinel or an operator would
-        queue = QueueClient(settings, new)
+        queue = StartingQueue(settings, new)
         [current] = queue.claim().claims
 
         assert current.context_id == key.id
@@ -292,7 +293,7 @@ def test_while_a_master_fails_over_the_other_masters_shards_are_still_claimed(
             enqueue(EnqueueRequest(key=key, messages_json="[]", flush=True), now_ms())
             ids.append(key.id)
         assert queue.claim(limit=1).claims  # a running ticker: its scripts are loaded everywhere
-        ids = [i for i in ids if queue.load(i).get("claim_token") is None]
+        ids = [i for i in ids if client.hget(queue.keys.for_context(i).claims, i) is None]
         victim, [heir] = cluster.masters[0], cluster.replicas_of[0]
         victim_id = cluster.node_id(victim)
         down = {

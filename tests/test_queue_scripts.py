@@ -20,6 +20,7 @@ from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer as ProducerEnqueuer
 from producer.enqueue import EnqueueRequest
 from prompts.answer import parse_update_response
+from tests.support.started_queue import StartingQueue
 from worker.queue import Claim, CompleteResult, FailResult, QueueClient, ReapResult
 from worker.runtime import WorkerRuntime
 from worker.tasks import extract
@@ -68,8 +69,8 @@ def qsettings(make_settings: Any) -> MemqSettings:
 
 
 @pytest.fixture
-def queue(qsettings: MemqSettings, redis_client: redis.Redis) -> QueueClient:
-    return QueueClient(qsettings, redis_client)
+def queue(qsettings: MemqSettings, redis_client: redis.Redis) -> StartingQueue:
+    return StartingQueue(qsettings, redis_client)
 
 
 @pytest.fixture
@@ -91,7 +92,7 @@ def test_claim_takes_only_due_keys_and_leases_them(
 
     assert [c.context_id for c in batch.claims] == [due_id]
     claim = batch.claims[0]
-    assert claim.version == 1
+    assert queue.claimed_version(due_id) == 1
     q = queue.keys.for_context(due_id)
     assert members(redis_client, q.inflight) == {due_id: T0 + 60_000}
     assert members(redis_client, q.due) == {later_id: T0 + 1_000}
@@ -150,7 +151,7 @@ def test_enqueue_during_a_run_is_rescheduled_and_run_again(
     assert queue.claim(T0 + 500).claims == []
 
     second = queue.claim(T0 + 1_100).claims[0]
-    assert second.version == 2
+    assert queue.claimed_version(cid) == 2
     # "first" stays with "second" (accumulated); the watermark keeps it from being re-extracted.
     contents = [m["content"] for m in json.loads(queue.load(cid)["messages"])]
     assert contents[-1] == "second"
@@ -182,7 +183,8 @@ def test_a_partial_run_with_no_new_turn_is_due_again_at_once(
     assert queue.complete(cid, claim.token, T0 + 1_500, more=True) is CompleteResult.RESCHEDULED
     q = queue.keys.for_context(cid)
     assert members(redis_client, q.due) == {cid: T0 + 1_500}
-    assert queue.claim(T0 + 1_500).claims[0].version == 1
+    assert queue.claim(T0 + 1_500).claims
+    assert queue.claimed_version(cid) == 1
 
 
 def test_a_stale_token_cannot_complete_fail_or_renew(
@@ -202,6 +204,80 @@ def test_a_stale_token_cannot_complete_fail_or_renew(
     q = queue.keys.for_context(cid)
     assert cid in members(redis_client, q.inflight)
     assert queue.complete(cid, new.token, T0 + 60_004) is CompleteResult.DONE
+
+
+def test_a_claim_writes_no_context_hash_and_its_run_starts_from_what_the_hash_holds_then(
+    queue: StartingQueue, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    """claim_due.lua records the claim in `claims` only; the run's start (its first renew) writes
+    the run's fields from the hash as it is then, so a flush that arrives between the claim and
+    the start is this run's: claimed, synchronous, and done when the run completes."""
+    cid = enqueue("t1", T0, text="first")
+    before = queue.load(cid)
+    q = queue.keys.for_context(cid)
+    [claim] = QueueClient.claim(queue, T0 + 1_000).claims  # the ticker's claim alone
+    assert queue.load(cid) == before  # not one field of the context's hash moved
+    assert redis_client.hget(q.claims, cid) == claim.token
+    assert members(redis_client, q.inflight) == {cid: T0 + 1_000 + 60_000}
+
+    enqueue("t1", T0 + 1_100, flush=True, text="second")  # before the task starts
+    data, _, renewed = queue.start_run(cid, claim.token, T0 + 1_200)
+    assert renewed
+    assert [m["content"] for m in json.loads(data["messages"])] == ["first", "second"]
+    assert data["claim_token"] == data["started_token"] == claim.token
+    assert (data["claimed_version"], data["claimed_sync"]) == ("2", "1")
+    assert "urgent" not in data  # handed to this run
+    assert (data["pending_since_ms"], data["deadline_ms"]) == ("", "")  # the window it took
+    assert queue.complete(cid, claim.token, T0 + 1_300) is CompleteResult.DONE
+    assert queue.load(cid) == {} and redis_client.hlen(q.claims) == 0
+
+
+def test_a_claim_costs_the_same_calls_for_5_candidates_as_for_50(
+    queue: StartingQueue, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    """No Redis call per candidate (INFO commandstats counts every call a script makes)."""
+    for n in range(56):
+        enqueue(f"t{n}", T0, flush=True, user=f"u{n % 7}")
+    # The shard's first claim also lifts its token counter to the floor (one SET, once).
+    assert len(QueueClient.claim(queue, T0, 1).claims) == 1
+    calls = []
+    for limit in (5, 50):
+        redis_client.config_resetstat()
+        assert len(QueueClient.claim(queue, T0, limit).claims) == limit
+        stats = redis_client.info("commandstats")
+        outside = ("evalsha", "script", "config", "info")  # the client's own, not the script's
+        script = {k: v for k, v in stats.items() if k.removeprefix("cmdstat_") not in outside}
+        calls.append(sum(v["calls"] for v in script.values()))
+    assert calls[0] == calls[1] == 11, script.keys()
+
+
+def test_a_run_whose_claim_was_reaped_before_it_started_never_starts(
+    queue: StartingQueue, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    """A task that waited past its lease (its claim reaped and the context claimed again) finds
+    another token in `claims`: its start does nothing, the new run's start works."""
+    cid = enqueue("t1", T0, flush=True)
+    old = QueueClient.claim(queue, T0).claims[0]
+    assert queue.reap(T0 + 60_001).requeued == 1
+    new = QueueClient.claim(queue, T0 + 60_002).claims[0]
+    assert queue.renew(cid, old.token, T0 + 60_003) is False
+    assert "claim_token" not in queue.load(cid)
+    assert queue.release(cid, old.token, T0 + 60_003) is False
+    assert queue.renew(cid, new.token, T0 + 60_004) is True
+    assert queue.load(cid)["claim_token"] == new.token
+
+
+def test_a_context_whose_hash_vanished_before_its_run_started_ends_its_claim_there(
+    queue: StartingQueue, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    cid = enqueue("t1", T0, flush=True)
+    claim = QueueClient.claim(queue, T0).claims[0]
+    q = queue.keys.for_context(cid)
+    redis_client.delete(q.context(cid))  # its retention passed
+    assert queue.renew(cid, claim.token, T0 + 1) is False
+    assert members(redis_client, q.inflight) == {} and members(redis_client, q.due) == {}
+    assert redis_client.hlen(q.claims) == 0 and redis_client.hlen(q.user_leases) == 0
+    assert queue.load(cid) == {}  # nothing re-created
 
 
 def test_renew_extends_the_lease_so_the_reaper_leaves_it(
@@ -247,7 +323,7 @@ def test_a_claim_whose_task_never_started_is_requeued_without_an_attempt(
     q = queue.keys.for_context(cid)
     now = T0
     for _ in range(5):  # max_attempts = 3
-        assert len(queue.claim(now).claims) == 1
+        assert len(QueueClient.claim(queue, now).claims) == 1  # a bare claim: no run starts
         now += 60_001
         assert queue.reap(now) == ReapResult(requeued=1, dead=0)
         assert members(redis_client, q.due) == {cid: now}
@@ -282,7 +358,8 @@ def test_a_failure_never_dead_letters_messages_that_arrived_during_the_run(
     assert members(redis_client, q.due) == {cid: T0 + 4_000}
     stored = queue.load(cid)
     assert (stored["attempts"], stored["deadline_ms"]) == ("0", str(T0 + 4_000))
-    assert queue.claim(T0 + 4_000).claims[0].version == 3
+    assert queue.claim(T0 + 4_000).claims
+    assert queue.claimed_version(cid) == 3
 
 
 def test_a_reaped_run_never_dead_letters_messages_that_arrived_during_it(
@@ -304,7 +381,8 @@ def test_a_reaped_run_never_dead_letters_messages_that_arrived_during_it(
     assert members(redis_client, q.due) == {cid: now} and members(redis_client, q.dead) == {}
     stored = queue.load(cid)
     assert (stored["attempts"], stored["deadline_ms"]) == ("0", str(now))
-    assert queue.claim(now).claims[0].version == 2
+    assert queue.claim(now).claims
+    assert queue.claimed_version(cid) == 2
 
 
 def test_a_batch_beyond_luas_unpack_limit_is_claimed_whole(
@@ -313,7 +391,7 @@ def test_a_batch_beyond_luas_unpack_limit_is_claimed_whole(
     # 4200 claims are 8400 values in one ZADD: past Lua 5.1's unpack limit (~8000), which used to
     # fail the script after it had already removed the ids from `due`.
     settings = make_settings(max_inflight=10_000, max_inflight_per_user=10_000)
-    queue, enqueue = QueueClient(settings, redis_client), Enqueuer(settings, redis_client)
+    queue, enqueue = StartingQueue(settings, redis_client), Enqueuer(settings, redis_client)
     for i in range(4_200):
         enqueue(f"t{i}", T0, flush=True)
 
@@ -368,7 +446,8 @@ def test_an_enqueue_revives_a_dead_context(queue: QueueClient, enqueue: Enqueuer
     queue.fail(cid, claim.token, "bad request", None, T0 + 1)
     enqueue("t1", T0 + 10, flush=True, text="new messages")
     assert queue.dead_list() == []
-    assert [c.version for c in queue.claim(T0 + 10).claims] == [2]
+    assert [c.context_id for c in queue.claim(T0 + 10).claims] == [cid]
+    assert queue.claimed_version(cid) == 2
 
 
 def test_orphans_whose_hash_vanished_are_cleaned(
@@ -417,7 +496,7 @@ def test_two_tickers_at_once_never_claim_a_version_twice(
     qsettings: MemqSettings, redis_server: Any, enqueue: Enqueuer
 ) -> None:
     clients = [redis.Redis.from_url(redis_server.url, decode_responses=True) for _ in range(4)]
-    queues = [QueueClient(qsettings, c) for c in clients]
+    queues = [StartingQueue(qsettings, c) for c in clients]
     now = T0
     try:
         for round_no in range(5):
@@ -426,9 +505,9 @@ def test_two_tickers_at_once_never_claim_a_version_twice(
                 for i in range(60)
             ]
             claimed = race_claims(queues, now)
-            counts = Counter((c.context_id, c.version) for c in claimed)
-            assert sorted(cid for cid, _ in counts) == sorted(ids)  # every key claimed...
-            assert max(counts.values()) == 1  # ...and no version twice
+            counts = Counter(c.context_id for c in claimed)
+            assert sorted(counts) == sorted(ids)  # every key claimed...
+            assert max(counts.values()) == 1  # ...and none twice
             # Half the keys get new messages while in flight: each is claimed again, once.
             for claim in claimed[::2]:
                 key = ContextKey.from_id(claim.context_id)
@@ -439,7 +518,7 @@ def test_two_tickers_at_once_never_claim_a_version_twice(
             assert Counter(c.context_id for c in again) == Counter(
                 c.context_id for c in claimed[::2]
             )
-            assert all(c.version == 2 for c in again)
+            assert all(queues[0].claimed_version(c.context_id) == 2 for c in again)
             for claim in again:
                 assert queues[0].complete(claim.context_id, claim.token, now + 3) is (
                     CompleteResult.DONE
@@ -454,7 +533,7 @@ def test_backpressure_stops_claiming_when_inflight_is_full(
     make_settings: Any, redis_client: redis.Redis
 ) -> None:
     settings = make_settings(max_inflight=5, claim_batch=3, debounce_seconds=1.0)
-    queue = QueueClient(settings, redis_client)
+    queue = StartingQueue(settings, redis_client)
     enqueue = Enqueuer(settings, redis_client)
     for i in range(20):
         enqueue(f"t{i}", T0, flush=True)
@@ -479,7 +558,7 @@ def test_tick_drains_in_batches_and_releases_when_dispatch_fails(
     make_settings: Any, redis_client: redis.Redis
 ) -> None:
     settings = make_settings(claim_batch=4, debounce_seconds=1.0)
-    queue = QueueClient(settings, redis_client)
+    queue = StartingQueue(settings, redis_client)
     enqueue = Enqueuer(settings, redis_client)
     ids = {enqueue(f"t{i}", T0, flush=True) for i in range(10)}
 
@@ -503,7 +582,7 @@ def test_one_claim_reaches_every_shard_even_after_redis_forgot_the_script(
     """Several shards: every shard's claim goes in one pipeline; a Redis that lost its scripts
     (restarted) answers each NOSCRIPT, and each is run again through the loader, once."""
     settings = make_settings(shards=4, debounce_seconds=1.0)
-    queue, enqueue = QueueClient(settings, redis_client), Enqueuer(settings, redis_client)
+    queue, enqueue = StartingQueue(settings, redis_client), Enqueuer(settings, redis_client)
     ids = [enqueue(f"t{i}", T0, flush=True, user=f"u{i}") for i in range(12)]
     assert len({queue.keys.shard_of(i) for i in ids}) > 1
     redis_client.script_flush()
@@ -523,7 +602,7 @@ def capped(make_settings: Any, redis_client: redis.Redis) -> tuple[QueueClient, 
     settings = make_settings(
         debounce_seconds=1.0, lease_seconds=60.0, tick_seconds=0.5, max_inflight_per_user=2
     )
-    return QueueClient(settings, redis_client), Enqueuer(settings, redis_client)
+    return StartingQueue(settings, redis_client), Enqueuer(settings, redis_client)
 
 
 def test_a_user_at_the_cap_is_not_claimed_but_another_user_is(
@@ -632,7 +711,7 @@ def test_every_settlement_frees_the_users_slot(
     settle: str, make_settings: Any, redis_client: redis.Redis
 ) -> None:
     settings = make_settings(debounce_seconds=1.0, lease_seconds=60.0, max_inflight_per_user=1)
-    queue, enqueue = QueueClient(settings, redis_client), Enqueuer(settings, redis_client)
+    queue, enqueue = StartingQueue(settings, redis_client), Enqueuer(settings, redis_client)
     enqueue("a0", T0, flush=True)
     other = enqueue("a1", T0, flush=True)
     [claim] = queue.claim(T0).claims
@@ -667,7 +746,7 @@ def test_a_tick_reaches_another_tenant_behind_a_wall_of_capped_keys(
     make_settings: Any, redis_client: redis.Redis
 ) -> None:
     settings = make_settings(debounce_seconds=1.0, claim_batch=3, max_inflight_per_user=2)
-    queue, enqueue = QueueClient(settings, redis_client), Enqueuer(settings, redis_client)
+    queue, enqueue = StartingQueue(settings, redis_client), Enqueuer(settings, redis_client)
     for i in range(30):
         enqueue(f"a{i}", T0, flush=True)
     bob = enqueue("b0", T0 + 1, flush=True, user="bob")
@@ -709,7 +788,7 @@ def test_a_parse_failure_is_dead_lettered_without_the_models_answer(
     cid = Enqueuer(settings, redis_client)("t1", T0, flush=True)
     [claim] = runtime.queue.claim(T0).claims
 
-    result = extract(runtime, cid, claim.token, claim.version, clock=lambda: T0 + 1)
+    result = extract(runtime, cid, claim.token, clock=lambda: T0 + 1)
 
     assert result["queue"] == "dead"
     [entry] = runtime.queue.dead_list()

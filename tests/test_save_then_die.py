@@ -80,9 +80,7 @@ def test_a_run_that_saved_and_died_before_settling_is_not_extracted_again(
     # Its lease runs out; the reaper brings the context back and another run claims it.
     assert queue.reap(T0 + settings.lease_ms + 1).requeued == 1
     [second] = queue.claim(T0 + settings.lease_ms + 2).claims
-    result = extract(
-        runtime, second.context_id, second.token, second.version, clock=lambda: T0 + 70_000
-    )
+    result = extract(runtime, second.context_id, second.token, clock=lambda: T0 + 70_000)
 
     assert result["outcome"] == "skipped"  # nothing new since the saved run
     assert openai_server.call_count == 1

@@ -22,8 +22,8 @@ from producer.enqueue import Enqueuer, EnqueueRequest
 from storage import Fence, get_storage
 from storage.document import Fact, MemoryDocument
 from storage.erasure import erase
+from tests.support.started_queue import StartingQueue
 from worker.batch_queue import BatchQueue, OutRequest
-from worker.queue import QueueClient
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +102,7 @@ def test_every_script_call_touches_one_slot(redis_server: RedisServer, make_sett
         max_delay_seconds=600.0,
         max_inflight_per_user=6400,
     )
-    queue = QueueClient(settings, client)
+    queue = StartingQueue(settings, client)
     storage = get_storage(settings, redis=client)
     enqueue = Enqueuer(
         client,

@@ -27,6 +27,7 @@ from storage.base import Change, Fence, MemoryStorage, SharedReads, UpdateResult
 from storage.document import Fact, MemoryDocument
 from tests.support.documents import contents, doc_with
 from tests.support.memory_storage import InMemoryStorage
+from tests.support.started_queue import StartingQueue
 from worker.queue import QueueClient
 
 T0 = 1_700_000_000_000
@@ -197,7 +198,7 @@ def test_delete_removes_document_history_and_listing(store: MemoryStorage) -> No
 
 
 def _claim(settings: MemqSettings, client: redis.Redis, now: int) -> tuple[QueueClient, Fence]:
-    queue = QueueClient(settings, client)
+    queue = StartingQueue(settings, client)
     key = ContextKey.create("t-1", "amy", None)
     Enqueuer(client, queue.keys, debounce_ms=0, max_delay_ms=0)(
         EnqueueRequest(key=key, messages_json=json.dumps([{"role": "user", "content": "hi"}])),

@@ -37,6 +37,7 @@ from tests.support.inspector import (
 )
 from tests.support.scenarios import turn
 from tests.support.serve import Keys, bearer
+from tests.support.started_queue import StartingQueue
 from worker.queue import QueueClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
@@ -62,7 +63,7 @@ def dead_letters(settings: MemqSettings, redis_client: Any, users: list[str]) ->
     with MemoryProducer(settings) as producer:
         for n, user in enumerate(users):
             producer.enqueue(f"thread-{n}", user, None, turn(f"conversation {n}"), flush=True)
-    queue = QueueClient(settings, redis_client)
+    queue = StartingQueue(settings, redis_client)
     for claim in queue.claim(limit=len(users) * 2).claims:
         queue.fail(claim.context_id, claim.token, "LLM answer was not JSON", None)
     assert len(queue.dead_list()) == len(users)

@@ -277,9 +277,7 @@ class Worker:
 
     def run(self, now: int) -> dict[str, Any]:
         [claim] = self.queue.claim(now).claims
-        return extract(
-            self.runtime, claim.context_id, claim.token, claim.version, clock=lambda: now
-        )
+        return extract(self.runtime, claim.context_id, claim.token, clock=lambda: now)
 
     def watermark(self) -> str | None:
         return self.queue.watermark(self.key.id)

@@ -9,6 +9,7 @@
 -- KEYS[6]  inflight        zset  context id -> lease expiry (a parked context is not in it)
 -- KEYS[7]  uleases    hash  user part -> live leases (the per-user cap)
 -- KEYS[8]  batch:pending   zset  context id -> time parked (epoch ms)
+-- KEYS[9]  claims          hash  context id -> the token of its live claim (claim_due.lua)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the context was sent with (the request's custom id)
@@ -28,7 +29,7 @@
 --- @include "includes/leave_batch_lane"
 
 local ctx, out, due, wm, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local inflight, leases, pending = KEYS[6], KEYS[7], KEYS[8]
+local inflight, leases, pending, claims = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local id, token = ARGV[1], ARGV[2]
 
 redis.call('HDEL', job, token)
@@ -47,12 +48,12 @@ if f[3] == f[4] then
   redis.call('DEL', ctx)
   redis.call('ZREM', due, id)
   leave_batch_lane(ctx, pending, out, id)
-  release_claim(ctx, inflight, leases, id)
+  release_claim(ctx, inflight, leases, claims, id)
   return 1
 end
 redis.call('HSET', ctx, 'attempts', '0')
 redis.call('HDEL', ctx, 'last_error')
 requeue(ctx, due, id, tonumber(f[5]) and f[5] or ARGV[3])  -- '' (left by the claim): none
 leave_batch_lane(ctx, pending, out, id)
-release_claim(ctx, inflight, leases, id)
+release_claim(ctx, inflight, leases, claims, id)
 return 2

@@ -8,6 +8,7 @@
 -- KEYS[5]  batch:job:<id>  hash  claim token -> context id (the job's requests)
 -- KEYS[6]  inflight        zset  context id -> lease expiry (a parked context is not in it)
 -- KEYS[7]  uleases    hash  user part -> live leases (the per-user cap)
+-- KEYS[8]  claims          hash  context id -> the token of its live claim (claim_due.lua)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the context was parked with
@@ -25,7 +26,7 @@
 --- @include "includes/leave_batch_lane"
 
 local ctx, out, pending, due, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local inflight, leases = KEYS[6], KEYS[7]
+local inflight, leases, claims = KEYS[6], KEYS[7], KEYS[8]
 local id, token = ARGV[1], ARGV[2]
 
 redis.call('HDEL', job, token)
@@ -39,5 +40,5 @@ end
 redis.call('HSET', ctx, 'batch_fallback', '1')
 requeue(ctx, due, id, ARGV[3])
 leave_batch_lane(ctx, pending, out, id)
-release_claim(ctx, inflight, leases, id)
+release_claim(ctx, inflight, leases, claims, id)
 return 1

@@ -205,6 +205,7 @@ class BatchQueue:
                 q.inflight,
                 q.user_leases,
                 q.batch_pending,
+                q.claims,
             ],
             [
                 request.context_id,
@@ -229,6 +230,7 @@ class BatchQueue:
                 q.batch_job(batch_id),
                 q.inflight,
                 q.user_leases,
+                q.claims,
             ],
             args=[request.context_id, request.token, now],
         )

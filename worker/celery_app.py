@@ -132,17 +132,19 @@ def create_app(settings: MemqSettings) -> Celery:
     def send_extract(claim: Claim) -> None:
         app.send_task(
             EXTRACT_TASK,
-            args=[claim.context_id, claim.token, claim.version],
+            args=[claim.context_id, claim.token],
             kwargs={},
-            argsrepr=describe_args(claim.context_id, claim.version),
+            argsrepr=describe_args(claim.context_id),
             kwargsrepr="{}",
             # A copy that waited past its lease has been reaped and re-claimed: drop it.
             expires=settings.lease_seconds,
             retry_policy=_SEND_RETRY_POLICY,
         )
 
-    def extract_task(context_id: str, token: str, version: int) -> dict[str, Any]:
-        result = extract(runtime, context_id, token, version)
+    # `version`: sent by tickers before the claim stopped reading it (a rolling upgrade's tasks
+    # still in the broker); the run's start says which version it extracts.
+    def extract_task(context_id: str, token: str, version: int | None = None) -> dict[str, Any]:
+        result = extract(runtime, context_id, token)
         return settle_task(runtime, context_id, result)
 
     def send_batch() -> None:
@@ -204,14 +206,10 @@ def settle_task(runtime: WorkerRuntime, context_id: str, result: dict[str, Any])
     if result.get("outcome") != "failed" or queue_state not in ("dead", "retry"):
         return result
     reason = _last_error(runtime, context_id) or str(result.get("error", "unknown error"))
-    described = f"{describe_context(context_id)}: {reason}"
+    described = f"{describe_args(context_id)}: {reason}"
     if queue_state == "dead":
         raise ExtractionDeadLettered(f"dead-lettered {described}")
     raise Retry(f"retry scheduled by the queue: {described}", ExtractionRetryScheduled(described))
-
-
-def describe_context(context_id: str) -> str:
-    return describe_args(context_id, 0).removesuffix(" version=0")
 
 
 def _last_error(runtime: WorkerRuntime, context_id: str) -> str:

@@ -1,13 +1,16 @@
 -- claim_due.lua — move due contexts whose deadline passed into `inflight` with a lease.
 --
--- One round trip: the script reads its candidates itself (ZRANGEBYSCORE due -inf now LIMIT 0 n)
--- and names each candidate's hash from the prefix it is given, so the caller sends 6 keys and 7
--- arguments instead of two keys and an id per candidate after a read of its own (bench P2: the
--- read's round trip and the 300 packed arguments were ~0.6 ms of a 1.9 ms claim). The hashes it
--- names are its shard's: the prefix carries the shard's hash tag, so on a cluster they sit in
--- the slot of KEYS[1] (a script may touch undeclared keys of its own slot; tests/test_cluster.py
--- claims through a real cluster). The read and the checks are one atomic step, so two tickers
--- racing never claim one context twice.
+-- One round trip: the script reads its candidates itself (ZRANGEBYSCORE due -inf now LIMIT 0 n),
+-- so the caller sends 7 keys and 7 arguments whatever the batch size. The read and the checks
+-- are one atomic step, so two tickers racing never claim one context twice.
+--
+-- A claim touches no key per candidate (bench P2, docs/benchmarks.md: a read and a write of each
+-- candidate's hash were two thirds of a claim of 100 among a million, the hashes being cold in
+-- the CPU's caches). Every check is one call over all candidates, and the claim itself is one
+-- HSET of `claims` (id -> token): that entry is the fence every later step of the run is checked
+-- against. The context's own hash gets the run's fields (claim_token, claimed_version, the
+-- closed debounce window, claimed_sync) when the run starts (worker/renew.lua), from what the
+-- hash holds then, the same moment the worker reads the messages it extracts.
 --
 -- KEYS[1]  due        zset  context id -> deadline (epoch ms)
 -- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
@@ -17,6 +20,7 @@
 -- KEYS[5]  batch:out  zset  context id -> time past which its job counts as lost (likewise)
 -- KEYS[6]  uleases    hash  user part -> the user's ids in `inflight`; `~<user part>` -> the
 --                           user's deferral horizon (includes/leave_lease.lua)
+-- KEYS[7]  claims     hash  context id -> the token of its live claim
 --
 -- ARGV[1]  now_ms         current time, epoch milliseconds
 -- ARGV[2]  lease_ms       how long a claim holds the context, milliseconds; also how far past
@@ -26,38 +30,30 @@
 -- ARGV[5]  defer_ms       a capped candidate's place in `due` moves to now + defer_ms at the
 --                         earliest (ms; one tick), see "Bulk skip" below
 -- ARGV[6]  limit          examine at most this many due candidates (count)
--- ARGV[7]  ctx_prefix     a candidate's hash is ctx_prefix .. id (`ctx:<id>`)
+-- ARGV[7]  ctx_prefix     a candidate's hash is ctx_prefix .. id (`ctx:<id>`); read only for a
+--                         candidate in the batch lane
 --
--- Returns {status, deferred, first_token, examined, id_1, version_1, id_2, version_2, ...}, where
+-- Returns {status, deferred, first_token, examined, id_1, id_2, ...}, where
 --   status   1  every candidate was examined
 --            2  stopped early: `inflight` is full (backpressure)
 --   deferred    how many due candidates were left in `due` because their user was at user_cap
 --   first_token the claim token of id_1; id_k's is first_token + k - 1 (one INCRBY reserved them
 --               in order), so the tokens are not repeated in the reply; 0 when none was claimed
 --   examined    how many due candidates the range read found (0: nothing is due)
--- A candidate whose hash vanished is removed from `due` (celery-redbeat's cleanup); one already in
--- flight is removed from `due` too (its complete reschedules it from deadline_ms), and so is one
--- parked for or out in a batch job (`batch_token` set) unless it is `urgent` (a flush).
--- A claim sets `claimed_sync` to "1" when the run is urgent, or sent back by a failed batch
--- (absent otherwise), and clears `urgent` and `batch_fallback`; a claim of a context in the
--- batch lane takes it out of the lane (includes/leave_batch_lane.lua), so the batch's answer is
--- fenced off. It also closes the
--- debounce window: `pending_since_ms` and `deadline_ms` are set to '' in the same HSET as the
--- claim's own fields (one write, not a write and a delete). Every reader takes both as numbers
--- (enqueue, complete, fail, release, batch_complete), so '' reads as absent: the next enqueue
--- opens a fresh window.
+-- A candidate already in flight is removed from `due` (its complete reschedules it from
+-- deadline_ms), and so is one parked for or out in a batch job unless it is `urgent` (a flush):
+-- an urgent one is claimed, taken out of the lane (includes/leave_batch_lane.lua) and its old
+-- run's claim_token cleared, so the batch's answer is fenced off. A candidate whose hash vanished
+-- (its retention passed) is claimed like any other; its run finds no hash at start and ends the
+-- claim there (worker/renew.lua), as it would for a hash that vanished a moment after the claim.
 --
--- Calls per claimed candidate: HMGET and HSET of its hash (plus an HDEL of `urgent`/
--- `batch_fallback` when one of them is set, and the lane's three calls for a context in the
--- batch lane). The rest is per call: the range read, a ZMSCORE of `inflight` and an HMGET of
--- the users' lease counts check every candidate at once, one INCRBY reserves every token the
--- call hands out, one HSET writes every user's new count, and the bulk ZADD and ZREM move the
--- ids. A claim of 100 due contexts of 100 users is 207 calls (bench P2 counts them with INFO
--- commandstats). The counts live in one hash per shard, not a zset per user: a key created and
--- deleted per user and claim (a user's first lease, then its last complete) cost ~0.4 ms of a
--- claim of 100 among a million keys (docs/benchmarks.md, "Issue 33's P2, third round"). Two
--- calls per candidate, its hash read and written, are the floor while the claim's fields live
--- in the context's hash.
+-- Calls per claim: the range read, ZMSCORE of `inflight`, `batch:pending` and `batch:out`, an
+-- HMGET of the users' lease counts, ZCARD, one INCRBY reserving every token, one HSET of
+-- `claims`, one HSET of the users' counts, the bulk ZADD and ZREM: 11, whatever the batch size
+-- (plus an HGET, and the lane's calls, per candidate in the batch lane). bench P2 counts them
+-- with INFO commandstats. The counts live in one hash per shard, not a zset per user: a key
+-- created and deleted per user and claim cost ~0.4 ms of a claim of 100 among a million keys
+-- (docs/benchmarks.md, "Issue 33's P2, third round").
 --
 -- Fairness: a capped candidate only moves back in `due`, so the next batch reaches other users'
 -- due keys instead of the same wall of one user's. Its hash keeps deadline_ms: that is its real
@@ -77,12 +73,14 @@
 --
 -- Bulk calls go in chunks of at most CHUNK elements: Lua 5.1's unpack stops near 8000 values, and
 -- Redis does not roll back what a failing script already wrote. Writes are ordered so that a
--- claimed id is in `inflight` before it leaves `due`: a failure can never leave it in no set.
+-- claimed id is in `inflight` (and `claims`) before it leaves `due`: a failure can never leave it
+-- in no set.
 
 --- @include "includes/leave_batch_lane"
 --- @include "includes/user_part"
 
 local due, inflight, epoch, pending, batched = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local claims = KEYS[7]
 
 -- A replica promoted after its primary died may have missed the last INCRs of the counter (the
 -- replication is asynchronous), and would hand out again a token that a run of the dead primary
@@ -137,6 +135,10 @@ local function read_each(cmd, key, list)
   return result
 end
 local leases = read_each('ZMSCORE', inflight, ids)
+-- The batch lane's two sets, each read once for every candidate: a context in the lane is rare,
+-- and only such a one has its hash read (is it urgent?).
+local parked = read_each('ZMSCORE', pending, ids)
+local sent = read_each('ZMSCORE', batched, ids)
 local users = {}
 for i = 1, n do users[i] = user_part(ids[i]) end
 local counts = read_each('HMGET', leases_of, users)  -- each candidate's user's live leases
@@ -145,89 +147,70 @@ local count_before = count
 local SMALL_ZSET = 128
 local held = {}  -- user part -> live leases, as this call moves them
 local gained, gained_set = {}, {}  -- the user parts this call gave a lease, each once
--- Each claimed candidate's hash and its HMGET reply, in claim order (two flat lists, not a
--- table per claim).
-local claimed_ctx, claimed_fields = {}, {}
+local lane = {}  -- id -> true: claimed out of the batch lane (urgent)
 local drop, new_ids, lease_args, defer_args = {}, {}, {}, {}
 
 for i = 1, n do
   local id, user = ids[i], users[i]
+  local in_lane = parked[i] or sent[i]
   if leases[i] then
-    -- In flight already: its complete reschedules it from deadline_ms (no read of its hash).
+    -- In flight already: its complete reschedules it from deadline_ms.
     drop[#drop + 1] = id
+  elseif in_lane and not redis.call('HGET', ctx_prefix .. id, 'urgent') then
+    -- Parked for, or out in, a batch job: like a run in flight, its settlement reschedules it
+    -- from deadline_ms. Urgent work (a flush) is claimed anyway: the new token fences the
+    -- batch's answer off, and this run extracts everything after the watermark.
+    drop[#drop + 1] = id
+  elseif count >= cap then
+    out[1] = 2
+    break
   else
-    local ctx = ctx_prefix .. id
-    -- `version` is set by every enqueue, so its absence means the hash vanished.
-    local fields = redis.call('HMGET', ctx, 'version', 'batch_token', 'urgent', 'batch_fallback')
-    if not fields[1] then
-      drop[#drop + 1] = id
-    elseif fields[2] and not fields[3] then
-      -- Parked for, or out in, a batch job: like a run in flight, its settlement reschedules it
-      -- from deadline_ms. Urgent work (a flush) is claimed anyway: the new token fences the
-      -- batch's answer off, and this run extracts everything after the watermark.
-      drop[#drop + 1] = id
-    elseif count >= cap then
-      out[1] = 2
-      break
-    else
-      local user_held = held[user] or tonumber(counts[i]) or 0
-      if user_held >= user_cap then
-        local at = horizon[user]
-        if not at then
-          at = tonumber(redis.call('HGET', leases_of, '~' .. user)) or defer_from
-        end
-        at = math.min(math.max(at, defer_from), defer_until)
-        defer_args[#defer_args + 1] = string.format('%.3f', at)
-        defer_args[#defer_args + 1] = id
-        horizon[user] = at + defer_step
-      else
-        drop[#drop + 1] = id
-        new_ids[#new_ids + 1] = id
-        count = count + 1
-        if not gained_set[user] then
-          gained_set[user] = true
-          gained[#gained + 1] = user
-        end
-        user_held = user_held + 1
-        claimed_ctx[#claimed_ctx + 1] = ctx
-        claimed_fields[#claimed_fields + 1] = fields
+    local user_held = held[user] or tonumber(counts[i]) or 0
+    if user_held >= user_cap then
+      local at = horizon[user]
+      if not at then
+        at = tonumber(redis.call('HGET', leases_of, '~' .. user)) or defer_from
       end
-      held[user] = user_held
+      at = math.min(math.max(at, defer_from), defer_until)
+      defer_args[#defer_args + 1] = string.format('%.3f', at)
+      defer_args[#defer_args + 1] = id
+      horizon[user] = at + defer_step
+    else
+      drop[#drop + 1] = id
+      new_ids[#new_ids + 1] = id
+      count = count + 1
+      if not gained_set[user] then
+        gained_set[user] = true
+        gained[#gained + 1] = user
+      end
+      user_held = user_held + 1
+      if in_lane then lane[id] = true end
     end
+    held[user] = user_held
   end
 end
-if #claimed_ctx > 0 then
+if #new_ids > 0 then
   -- The shard's counter never goes back, even when a hash is deleted and re-created, so a
   -- token is unique and a newer claim of a context always has a larger one: the storage
   -- fences saves with it (a run from an earlier claim can never match, nor outrank).
-  local first = reserve_tokens(#claimed_ctx)
+  local first = reserve_tokens(#new_ids)
   out[3] = string.format('%d', first)
-  for k = 1, #claimed_ctx do
-    local ctx, fields, id = claimed_ctx[k], claimed_fields[k], new_ids[k]  -- not sorted yet
-    local version = fields[1]
-    -- claimed_sync: this run calls the model itself, never through the batch lane (a flush or
-    -- an over-size context, or a batch that failed it).
-    local flagged = fields[3] or fields[4]
-    -- One write: the claim's fields, and the window it takes cleared in place ('' reads as
-    -- absent), so the next enqueue starts a fresh debounce window: it must not inherit this
-    -- run's past deadline (which would make it due at once) nor its max-delay start.
-    -- `claimed_sync` is written only when set: every claim ends through release_claim, which
-    -- clears it (a field per candidate fewer in the common claim).
-    local token = string.format('%d', first + k - 1)
-    if flagged then
-      redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
-        'pending_since_ms', '', 'deadline_ms', '', 'claimed_sync', '1')
-      redis.call('HDEL', ctx, 'urgent', 'batch_fallback')  -- handed to this run
-    else
-      redis.call('HSET', ctx, 'claim_token', token, 'claimed_version', version,
-        'pending_since_ms', '', 'deadline_ms', '')
-    end
-    if fields[2] then
-      leave_batch_lane(ctx, pending, batched, id)  -- superseded by this claim
-    end
+  local claim_args = {}
+  for k = 1, #new_ids do
+    local id = new_ids[k]  -- not sorted yet: claim order, as the tokens
+    claim_args[2 * k - 1] = id
+    claim_args[2 * k] = string.format('%d', first + k - 1)
     out[#out + 1] = id
-    out[#out + 1] = version
+    if lane[id] then
+      -- Superseded by this claim: out of the lane, and this claim's token on its hash at once,
+      -- so the parked run's batch answer and fenced save no longer match. The run is not
+      -- started yet (`started_token` cleared): its start writes the rest.
+      local ctx = ctx_prefix .. id
+      leave_batch_lane(ctx, pending, batched, id)
+      redis.call('HSET', ctx, 'claim_token', claim_args[2 * k], 'started_token', '')
+    end
   end
+  bulk('HSET', claims, claim_args, 2)
 end
 if count_before <= SMALL_ZSET then
   -- A zset of up to 128 members (Redis's zset-max-ziplist-entries) is one packed list: each

@@ -6,6 +6,7 @@
 -- KEYS[3]  due        zset  context id -> deadline (epoch ms)
 -- KEYS[4]  wm:<id>    string, the watermark (JSON list of the last extracted message identities)
 -- KEYS[5]  uleases    hash  user part -> live leases (the per-user cap)
+-- KEYS[6]  claims     hash  context id -> the token of its live claim (claim_due.lua)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the worker got from claim_due
@@ -30,6 +31,7 @@
 --- @include "includes/requeue"
 
 local ctx, inflight, due, wm, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local claims = KEYS[6]
 local id = ARGV[1]
 
 if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
@@ -42,7 +44,7 @@ local more = ARGV[6] == '1'
 if not more and redis.call('HGET', ctx, 'version') == redis.call('HGET', ctx, 'claimed_version') then
   redis.call('DEL', ctx)
   redis.call('ZREM', due, id)
-  release_claim(ctx, inflight, leases, id)
+  release_claim(ctx, inflight, leases, claims, id)
   return 1
 end
 -- No number stored (absent, or '' as the claim leaves it): no turn arrived since the claim.
@@ -53,5 +55,5 @@ end
 redis.call('HSET', ctx, 'attempts', '0')
 redis.call('HDEL', ctx, 'last_error')
 requeue(ctx, due, id, deadline)
-release_claim(ctx, inflight, leases, id)
+release_claim(ctx, inflight, leases, claims, id)
 return 2

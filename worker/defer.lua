@@ -5,6 +5,7 @@
 -- KEYS[2]  inflight   zset  context id -> lease expiry (epoch ms)
 -- KEYS[3]  due        zset  context id -> deadline (epoch ms)
 -- KEYS[4]  uleases    hash  user part -> live leases (the per-user cap)
+-- KEYS[5]  claims     hash  context id -> the token of its live claim (claim_due.lua)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the worker got from claim_due
@@ -18,14 +19,14 @@
 --- @include "includes/release_claim"
 --- @include "includes/requeue"
 
-local ctx, inflight, due, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ctx, inflight, due, leases, claims = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
 
 if redis.call('HGET', ctx, 'claim_token') ~= ARGV[2] then
   return 0
 end
 requeue(ctx, due, id, ARGV[3])
-release_claim(ctx, inflight, leases, id)
+release_claim(ctx, inflight, leases, claims, id)
 if ARGV[4] ~= '' then
   redis.call('HSET', ctx, 'rate_slot_ms', ARGV[4])
 end

@@ -5,6 +5,7 @@
 -- KEYS[3]  due        zset  context id -> deadline (epoch ms)
 -- KEYS[4]  dead       zset  context id -> time it died (epoch ms)
 -- KEYS[5]  uleases    hash  user part -> live leases (the per-user cap)
+-- KEYS[6]  claims     hash  context id -> the token of its live claim (claim_due.lua)
 --
 -- ARGV[1]  context id
 -- ARGV[2]  claim token the worker got from claim_due
@@ -30,6 +31,7 @@
 --- @include "includes/dead_letter"
 
 local ctx, inflight, due, dead, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local claims = KEYS[6]
 local id = ARGV[1]
 
 local f = redis.call('HMGET', ctx, 'claim_token', 'version', 'claimed_version', 'attempts',
@@ -55,5 +57,5 @@ else
     requeue(ctx, due, id, retry_at)
   end
 end
-release_claim(ctx, inflight, leases, id)
+release_claim(ctx, inflight, leases, claims, id)
 return code

@@ -56,7 +56,8 @@ class FailResult(Enum):
 
 
 class Claim(NamedTuple):
-    """One context a ticker now holds: the token proves it, the version says what was claimed.
+    """One context a ticker now holds: the token proves it. Which version its run extracts is
+    known when the run starts (worker/renew.lua), not at the claim, which reads no context's hash.
 
     A named tuple, not a frozen dataclass: a claim makes up to ``claim_batch`` of them per call,
     and a frozen dataclass's ``__init__`` (one ``object.__setattr__`` per field) took 2.6 times
@@ -64,7 +65,6 @@ class Claim(NamedTuple):
 
     context_id: str
     token: str
-    version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +130,7 @@ class QueueClient:
                     shard.batch_pending,
                     shard.batched,
                     shard.user_leases,
+                    shard.claims,
                 ],
                 [
                     now,
@@ -149,10 +150,8 @@ class QueueClient:
             full = full or int(raw[0]) == 2
             deferred += int(raw[1])
             examined += int(raw[3])
-            token = int(raw[2])  # the tokens are consecutive, in claim order (claim_due.lua)
-            for pos in range(4, len(raw), 2):
-                claims.append(Claim(str(raw[pos]), str(token), int(raw[pos + 1])))
-                token += 1
+            first = int(raw[2])  # the tokens are consecutive, in claim order (claim_due.lua)
+            claims += (Claim(str(cid), str(first + k)) for k, cid in enumerate(raw[4:]))
         return ClaimBatch(claims=claims, examined=examined, full=full, deferred=deferred)
 
     def reap(self, now: int | None = None, limit: int = 1000) -> ReapResult:
@@ -174,7 +173,7 @@ class QueueClient:
         for shard, ids in zip(shards, found, strict=True):
             for start in range(0, len(ids), _SCRIPT_BATCH):  # bounded script size and run time
                 batch = ids[start : start + _SCRIPT_BATCH]
-                keys = [shard.inflight, shard.due, shard.dead, shard.user_leases]
+                keys = [shard.inflight, shard.due, shard.dead, shard.user_leases, shard.claims]
                 keys += (shard.context(context_id) for context_id in batch)
                 raw = self._scripts["reap_expired"](
                     keys=keys,
@@ -194,7 +193,7 @@ class QueueClient:
         q = self._q(context_id)
         now = now_ms() if now is None else now
         raw = self._scripts["release"](
-            keys=[q.context(context_id), q.inflight, q.due, q.user_leases],
+            keys=[q.context(context_id), q.inflight, q.due, q.user_leases, q.claims],
             args=[context_id, token, now],
         )
         return int(raw) == 1
@@ -207,7 +206,7 @@ class QueueClient:
         False when the claim is no longer ours."""
         q = self._q(context_id)
         raw = self._scripts["defer"](
-            keys=[q.context(context_id), q.inflight, q.due, q.user_leases],
+            keys=[q.context(context_id), q.inflight, q.due, q.user_leases, q.claims],
             args=[context_id, token, max(0, int(run_at_ms)), "" if slot_ms is None else slot_ms],
         )
         return int(raw) == 1
@@ -228,7 +227,7 @@ class QueueClient:
     def _renew_call(
         self, q: QueueKeys, context_id: str, token: str, now: int
     ) -> tuple[list[str], list[str | int]]:
-        keys = [q.context(context_id), q.inflight]
+        keys = [q.context(context_id), q.inflight, q.user_leases, q.claims]
         return keys, [context_id, token, now + self.settings.lease_ms]
 
     def load_run(self, context_id: str) -> tuple[dict[str, str], str | None]:
@@ -245,31 +244,43 @@ class QueueClient:
         also: AlsoRead | None = None,
     ) -> tuple[dict[str, str], str | None, bool]:
         """:meth:`load_run` and, with ``token``, the run's first :meth:`renew` in the same round
-        trip (renew checks the token itself: sent before the hash is seen, it changes nothing
-        for a claim that is gone); the third value says whether it renewed. ``also``: one more
-        read sent in that round trip (the memory the run extracts into), handed its reply."""
+        trip; the third value says whether it renewed. The renew goes first: it starts the run
+        (worker/renew.lua writes the run's fields, its claimed version among them), so the hash
+        read after it holds at least what the run claims to extract. It checks the token itself,
+        so for a claim that is gone it changes nothing. ``also``: one more read sent in that
+        round trip (the memory the run extracts into), handed its reply."""
         q = self._q(context_id)
         now = now_ms() if now is None else now
+        renewed = False
+        renewing = token is not None and isinstance(self.redis, redis.Redis)
+        if token is not None and not renewing:  # a cluster client: the wrapper's own call first
+            renewed = self.renew(context_id, token, now)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hgetall(q.context(context_id))
-        pipe.get(q.watermark(context_id))
-        renewing = False
-        if token is not None and isinstance(self.redis, redis.Redis):
+        if renewing and token is not None:
             # EVALSHA itself: redis-py's Script in a pipeline asks SCRIPT EXISTS first.
             keys, args = self._renew_call(q, context_id, token, now)
             pipe.evalsha(self._scripts["renew"].sha, len(keys), *keys, *args)
-            renewing = True
+        pipe.hgetall(q.context(context_id))
+        pipe.get(q.watermark(context_id))
         reading = also is not None and also.queue(pipe)
-        raw, watermark, *rest = pipe.execute(raise_on_error=False)
+        replies = pipe.execute(raise_on_error=False)
         if reading and also is not None:
-            also.take(rest.pop())  # its error, if any, is the reader's to raise
-        for reply in (raw, watermark, *rest):
-            if isinstance(reply, Exception) and not isinstance(reply, NoScriptError):
+            also.take(replies.pop())  # its error, if any, is the reader's to raise
+        if renewing and token is not None:
+            answer = replies.pop(0)
+            if isinstance(answer, NoScriptError):
+                # A restarted Redis forgot the script: nothing ran, so renew through the loader
+                # and read the hash again, after the start.
+                renewed = self.renew(context_id, token, now)
+                replies = [self.redis.hgetall(q.context(context_id)), replies[1]]
+            elif isinstance(answer, Exception):
+                raise answer
+            else:
+                renewed = int(answer) == 1
+        raw, watermark = replies
+        for reply in (raw, watermark):
+            if isinstance(reply, Exception):
                 raise reply
-        renewed = False
-        if token is not None:  # a cluster client or a restarted Redis: the wrapper's own call
-            ok = renewing and not isinstance(rest[0], Exception)
-            renewed = int(rest[0]) == 1 if ok else self.renew(context_id, token, now)
         data = {str(k): str(v) for k, v in raw.items()}
         if data.get("cut_messages"):
             self._report_cut(q, context_id)
@@ -321,6 +332,7 @@ class QueueClient:
                 q.due,
                 q.watermark(context_id),
                 q.user_leases,
+                q.claims,
             ],
             [
                 context_id,
@@ -358,6 +370,7 @@ class QueueClient:
                 q.due,
                 q.dead,
                 q.user_leases,
+                q.claims,
             ],
             args=[
                 context_id,

@@ -6,7 +6,8 @@
 -- KEYS[2]    due        zset  context id -> deadline (epoch ms)
 -- KEYS[3]    dead       zset  context id -> time it died (epoch ms)
 -- KEYS[4]    uleases    hash  user part -> live leases (the per-user cap)
--- KEYS[4+i]  ctx:<id>   hash of candidate i (i = 1..n)
+-- KEYS[5]    claims     hash  context id -> the token of its live claim (claim_due.lua)
+-- KEYS[5+i]  ctx:<id>   hash of candidate i (i = 1..n)
 --
 -- ARGV[1]    now_ms         current time, epoch milliseconds
 -- ARGV[2]    max_attempts   an attempt count reaching this sends the context to `dead` (count)
@@ -28,13 +29,13 @@
 --- @include "includes/requeue"
 --- @include "includes/dead_letter"
 
-local inflight, due, dead, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local inflight, due, dead, leases, claims = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local now = tonumber(ARGV[1])
 local max_attempts = tonumber(ARGV[2])
 local requeued, died = 0, 0
 
-for i = 1, #KEYS - 4 do
-  local ctx, id = KEYS[4 + i], ARGV[3 + i]
+for i = 1, #KEYS - 5 do
+  local ctx, id = KEYS[5 + i], ARGV[3 + i]
   local expiry = tonumber(redis.call('ZSCORE', inflight, id))
   if expiry and expiry <= now then
     local f = redis.call('HMGET', ctx, 'version', 'claimed_version', 'claim_token',
@@ -60,7 +61,7 @@ for i = 1, #KEYS - 4 do
         requeued = requeued + 1
       end
     end
-    release_claim(ctx, inflight, leases, id)
+    release_claim(ctx, inflight, leases, claims, id)
   end
 end
 return {requeued, died}

@@ -33,13 +33,13 @@ log = logging.getLogger("memq.extract")
 _DEFER_SPREAD_MS = 100  # spread of runs deferred together without a slot of their own
 
 
-def describe_args(context_id: str, version: int) -> str:
+def describe_args(context_id: str) -> str:
     """What Flower shows as the task's arguments: identifiers, never message content."""
     try:
         key = ContextKey.from_id(context_id)
     except MemqError:
-        return f"key={context_id!r:.200} version={version}"
-    return f"{key.describe()} version={version}"
+        return f"key={context_id!r:.200}"
+    return key.describe()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,15 +67,17 @@ def extract(
     runtime: WorkerRuntime,
     context_id: str,
     token: str,
-    version: int,
     *,
     clock: Callable[[], int] = now_ms,
 ) -> dict[str, Any]:
     """Run one claimed context; returns a small summary (Flower shows it as the task result)."""
-    run = _Run(runtime.queue, runtime.metrics, context_id, token, version, clock(), clock)
+    started = clock()
     # The memory the run extracts into is read in the same round trip as its context.
     memory = runtime.pending_memory(context_id)
-    data, watermark, renewed = run.queue.start_run(context_id, token, run.started, also=memory)
+    data, watermark, renewed = runtime.queue.start_run(context_id, token, started, also=memory)
+    # The version the run's start recorded (worker/renew.lua) is the one it extracts.
+    version = int(data.get("claimed_version") or data.get("version") or 0)
+    run = _Run(runtime.queue, runtime.metrics, context_id, token, version, started, clock)
     if not _start(run, data, renewed):
         return {"outcome": "stale"}
     attempts = int(data.get("attempts") or 0)

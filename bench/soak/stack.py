@@ -254,9 +254,7 @@ class Stack:
             claims: dict[str, str] = {}
             for shard in keys.all_shards():
                 for member in client.zrange(shard.inflight, 0, -1):
-                    claims[str(member)] = str(
-                        client.hget(shard.context(str(member)), "claim_token") or ""
-                    )
+                    claims[str(member)] = str(client.hget(shard.claims, str(member)) or "")
             return claims
         finally:
             client.close()

@@ -107,6 +107,15 @@ class QueueKeys:
         every user's count in one call each (includes/leave_lease.lua keeps it)."""
         return f"{self.tag}:uleases"
 
+    @property
+    def claims(self) -> str:
+        """Hash of the live claims in this shard (context id -> the claim token that holds it):
+        the fence every run, save and settlement is checked against. claim_due.lua writes every
+        claim of a call in one HSET, so a claim touches no key per candidate; a context's hash
+        gets its run's fields when the run starts (worker/renew.lua). An id keeps its entry
+        while it waits in the batch lane; includes/release_claim.lua removes it."""
+        return f"{self.tag}:claims"
+
     # --- the batch lane: contexts whose extraction goes out in a provider's batch job
     @property
     def batch_pending(self) -> str:

@@ -28,7 +28,7 @@ from storage.management import MemoryManager
 from tests.support.inspector import chromium_paths
 from tests.support.scenarios import conversation_of
 from tests.support.serve import Keys, write_keys
-from worker.queue import QueueClient
+from tests.support.started_queue import StartingQueue
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 USER = "acme-alice"
@@ -87,7 +87,7 @@ def seed(settings: MemqSettings, redis_client: Any) -> None:
         for thread, text in THREADS.items():
             producer.enqueue(thread, USER, None, turn(text), flush=True)
         producer.enqueue(POISON_THREAD, USER, None, turn("Import my spreadsheet."), flush=True)
-    queue = QueueClient(settings, redis_client)
+    queue = StartingQueue(settings, redis_client)
     wait_for(
         # Every fact the threads teach (not a count: the imported fact is there too).
         lambda: (

@@ -13,7 +13,7 @@ from memq.core.settings import MemqSettings
 from producer.enqueue import Enqueuer, EnqueueRequest, EnqueueResult
 from storage import get_storage
 from storage.document import Fact, MemoryDocument
-from worker.queue import QueueClient
+from tests.support.started_queue import StartingQueue
 
 T0 = 1_700_000_000_000
 
@@ -21,7 +21,7 @@ T0 = 1_700_000_000_000
 class World:
     def __init__(self, settings: MemqSettings, client: RedisClient) -> None:
         self.settings, self.client = settings, client
-        self.queue = QueueClient(settings, client)
+        self.queue = StartingQueue(settings, client)
         self.storage = get_storage(settings, redis=client)
         self._enqueue = Enqueuer(
             client,
