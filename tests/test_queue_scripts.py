@@ -334,6 +334,29 @@ def test_a_claim_whose_task_never_started_is_requeued_without_an_attempt(
     assert queue.complete(cid, claim.token, now + 1) is CompleteResult.DONE  # and it still runs
 
 
+def test_a_claim_that_never_started_keeps_the_attempts_of_earlier_failures(
+    queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
+) -> None:
+    # Two runs failed on the same version; a third claim's task is dropped by the broker before
+    # it starts. No turn arrived, so the failures still count: the next failure dead-letters it
+    # (max_attempts = 3), not three more.
+    cid = enqueue("t1", T0, flush=True)
+    q = queue.keys.for_context(cid)
+    now = T0
+    for _ in range(2):
+        (claim,) = queue.claim(now).claims
+        assert queue.fail(cid, claim.token, "timeout", now + 1, now) is FailResult.RETRY
+        now += 1_000
+    assert queue.load(cid)["attempts"] == "2"
+    assert len(QueueClient.claim(queue, now).claims) == 1  # a bare claim: no run starts
+    now += 60_001
+    assert queue.reap(now) == ReapResult(requeued=1, dead=0)
+    assert queue.load(cid)["attempts"] == "2"
+    (claim,) = queue.claim(now).claims
+    assert queue.fail(cid, claim.token, "timeout", now + 1, now) is FailResult.DEAD
+    assert set(members(redis_client, q.dead)) == {cid}
+
+
 def test_a_failure_never_dead_letters_messages_that_arrived_during_the_run(
     queue: QueueClient, enqueue: Enqueuer, redis_client: redis.Redis
 ) -> None:

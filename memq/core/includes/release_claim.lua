@@ -1,9 +1,12 @@
 -- release_claim — end the run's claim on a context.
 --
 -- The id leaves `inflight`, `claims` and its user's live leases (the per-user cap), and the
--- run's fields its start wrote (worker/renew.lua) are cleared, so a late renew, complete, fail or
--- fenced save of that run is a stale no-op; a rate-limit slot reserved for the run goes too (it
--- was for that run only). Call it last,
+-- run's tokens its start wrote (worker/renew.lua) are cleared, so a late renew, complete, fail or
+-- fenced save of that run is a stale no-op; a rate-limit slot reserved for the run and its
+-- `claimed_sync` mark go too (they were for that run only). `claimed_version` stays: it is the
+-- version the last run that started tried, and the reaper compares it with the version when a
+-- later claim expires before its run started (no turn since: earlier failures still count).
+-- Call it last,
 -- once the id is in `due` or `dead` (or its hash is deleted): a failing script keeps what it
 -- already wrote, and the id must never be in no set.
 --
@@ -14,8 +17,7 @@
 --   id        context id
 --- @include "includes/leave_lease"
 local function release_claim(ctx, inflight, leases, claims, id)
-  redis.call('HDEL', ctx, 'claim_token', 'started_token', 'rate_slot_ms', 'claimed_sync',
-    'claimed_version')
+  redis.call('HDEL', ctx, 'claim_token', 'started_token', 'rate_slot_ms', 'claimed_sync')
   redis.call('HDEL', claims, id)
   leave_lease(inflight, leases, id)
 end
