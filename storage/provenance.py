@@ -12,7 +12,6 @@ from typing import Literal
 
 from storage.base import Change
 from storage.document import Fact, MemoryDocument, SupersededFact, SupersededKind, copy_document
-from storage.search import tokenize, words
 from storage.sources import (
     MAX_EXCERPT_CHARS,
     MAX_SOURCE_EXCERPTS,
@@ -20,6 +19,7 @@ from storage.sources import (
     Role,
     Source,
 )
+from storage.words import tokenize, words
 
 # "gone": neither current nor superseded, only the history remembers it.
 FactStatus = Literal["current", "superseded", "gone"]
@@ -100,7 +100,7 @@ def repaired_citation(run: RunInfo, content: str, cites: Sequence[str]) -> str |
     Small models often cite the reply next to the user's message ("our CI runs on GitLab", then
     "Understood: .gitlab-ci.yml"), which would lose a fact the user did say. The repair holds
     when one user message of the run holds every content word the fact shares with the cited
-    text (at least one such word; recall's words, :func:`storage.search.words`, so stop words
+    text (at least one such word; recall's words, :func:`storage.words.words`, so stop words
     and "user" do not count), the nearest user message before the cited one tried first. A claim
     only the assistant made ("since you are a Neovim power user") shares a word no user message
     says, so it stays refused."""

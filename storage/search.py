@@ -1,17 +1,11 @@
 """Relevance ranking of facts: BM25 over English and Chinese words, fused with the meaning of the
 query when an embedding model is configured; confidence breaks ties. Every recall ranks here.
 
-DeerFlow searched memory by substring (``"uv"`` matched "uvicorn", ``"用 uv"`` matched nothing
-when the fact said "使用 uv"). Here a query and each fact are cut into words — Latin-script runs
-by a regular expression (lower-cased, a trailing plural ``s`` folded, a few English stop words
-dropped), Chinese/Japanese runs by jieba's search-mode segmenter, which also yields the shorter
-words inside a long one — and ranked with BM25+ (``rank_bm25.BM25Plus``, without length
-normalisation; the Okapi variant's IDF turns negative when a word is in more than half of a
-handful of facts, which is most memories). Only facts sharing at least one word with the query
-are results; equal scores are ordered by confidence, then by document order.
-
-English words are reduced to their Snowball stem ("attended"/"attending" → "attend"): on LoCoMo
-it lifts BM25's evidence-in-the-top-5 from 66.6 % to 69.5 % (docs/benchmarks.md, RECALL).
+A query and each fact are cut into words (storage/words.py: English stems and Chinese words
+alike) and ranked with BM25+ (``rank_bm25.BM25Plus``, without length normalisation; the Okapi
+variant's IDF turns negative when a word is in more than half of a handful of facts, which is
+most memories). Only facts sharing at least one word with the query are results; equal scores
+are ordered by confidence, then by document order.
 
 By meaning (:class:`Meaning`: the query's embedding and the memory's vectors of the same model,
 storage/vectors.py), the two signals are fused per query: each fact's similarity by meaning and
@@ -29,8 +23,8 @@ the memory's threads, × :data:`THREAD_WEIGHT`. A fact often says what the quest
 words ("Joanna tried her newest dairy-free recipe" for "When did Joanna make a chocolate tart?"),
 while a fact said beside it in the same conversation names the tart; with one thread, or facts
 from none, the term is 0 and nothing changes. Last, when the question names a time explicitly —
-a day, a month of a year or a year (:func:`named_days`: "in August 2023", "on 1 February, 2023",
-"2023-05-08", "2023年5月") — each fact said then (:meth:`Fact.when_said`, from
+a day, a month of a year or a year (:func:`storage.named_times.named_days`: "in August 2023", "on
+1 February, 2023", "2023-05-08", "2023年5月") — each fact said then (:meth:`Fact.when_said`, from
 :data:`DATE_DAYS_BEFORE` days before to :data:`DATE_DAYS_AFTER` after), or whose event date falls
 then, gains :data:`DATE_WEIGHT`: so much that the facts of that time come first, in the fused
 order, and the others follow ("What injury did Evan suffer in August 2023?": "Evan twisted his
@@ -44,8 +38,8 @@ their session, as an extraction dates them; chosen on 0-4: 84.2 %; 83.2 % on 5-9
 tried is in docs/benchmarks.md. A fact without a vector of that model counts as average by
 meaning, so a half-embedded memory still ranks by its words.
 
-Segmenting a fact costs ~40 µs, building the index over 200 facts ~0.4 ms: the words of each fact
-text and the index of each distinct list of facts are memoised (bounded LRUs), so a repeated
+Building the index over 200 facts costs ~0.4 ms: the index of each distinct list of facts is
+memoised (a bounded LRU), as are the words of each fact text (storage/words.py), so a repeated
 search over an unchanged memory costs only the scoring.
 """
 
@@ -54,33 +48,21 @@ from __future__ import annotations
 import functools
 import heapq
 import logging
-import re
-import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from storage.document import Fact
+from storage.named_times import event_span, named_days
 from storage.vectors import VectorSet, content_key, decode_vector
+from storage.words import tokenize
 
 if TYPE_CHECKING:
     from storage.vectors import Vector
 
 log = logging.getLogger(__name__)
 
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
-_RUNS = re.compile(rf"[{_CJK}]+|[^\W_{_CJK}]+")
-_CJK_RUN = re.compile(rf"[{_CJK}]")
-# Words that carry no information about a user in either language; BM25's IDF alone does not
-# discount them when a memory holds only a few facts.
-_STOP_TEXT = (
-    "a an and are as at be but by do does for from has have i in is it its me my of on or our "
-    "she he so that the their them they this to was we were what when where which who why will "
-    "with you your user users 的 了 是 在 和 也 都 就 我 你 他 她 它 吗 呢 吧 啊 用户"
-)
-_STOP_WORDS = frozenset(_STOP_TEXT.split())
-_TOKEN_CACHE_SIZE = 20_000
 _INDEX_CACHE_SIZE = 64
 
 
@@ -102,7 +84,8 @@ HUB_NEIGHBOURS = 5
 # learnt in, all its facts' words together; see above.
 THREAD_WEIGHT = 0.2
 # The weight of a fact's being said (or its event's having happened) in the time the question
-# names (:func:`named_days`), widened by a week before and three days after; see above.
+# names (:func:`storage.named_times.named_days`), widened by a week before and three days
+# after; see above.
 DATE_WEIGHT = 6.0
 DATE_DAYS_BEFORE = 7
 DATE_DAYS_AFTER = 3
@@ -135,138 +118,6 @@ def meaning_for(
     if query is None:
         return None
     return Meaning(query, embeddings.get(model))
-
-
-@functools.cache
-def _stemmer() -> Any:
-    import snowballstemmer
-
-    return snowballstemmer.stemmer("english")
-
-
-def _fold(word: str) -> str:
-    # ASCII words only: the English stemmer would mangle other Latin-script languages' words
-    # less than it helps, and digits/ids stay as they are.
-    if word.isascii() and word.isalpha():
-        return str(_stemmer().stemWord(word))
-    return word
-
-
-@functools.cache
-def _segmenter() -> object:
-    """jieba's default tokenizer, imported on first Chinese text (its dictionary takes ~0.5 s
-    to load, from the package itself: nothing is downloaded)."""
-    import jieba
-
-    jieba.setLogLevel(logging.WARNING)
-    return jieba
-
-
-@functools.lru_cache(maxsize=_TOKEN_CACHE_SIZE)
-def tokenize(text: str) -> tuple[str, ...]:
-    """:func:`words`, cached: fact contents and queries come back again and again."""
-    return words(text)
-
-
-def words(text: str) -> tuple[str, ...]:
-    """The words of ``text`` for ranking: lower-cased, NFKC-normalised (full-width Latin becomes
-    ASCII), stop words dropped. Chinese runs are segmented by jieba in search mode. Not cached:
-    for long texts read once (a run's messages), which the cache would keep alive."""
-    normalised = unicodedata.normalize("NFKC", text).casefold()
-    found: list[str] = []
-    for run in _RUNS.findall(normalised):
-        if _CJK_RUN.match(run):
-            jieba = _segmenter()
-            pieces = jieba.lcut_for_search(run)  # type: ignore[attr-defined]
-            found.extend(p for p in pieces if p.strip() and p not in _STOP_WORDS)
-        elif run not in _STOP_WORDS:
-            found.append(_fold(run))
-    return tuple(found)
-
-
-def warm() -> None:
-    """Load the Chinese dictionary now rather than on the first Chinese query."""
-    tokenize("预热中文分词")
-
-
-_MONTH_NAMES = (
-    "january", "february", "march", "april", "may", "june",
-    "july", "august", "september", "october", "november", "december",
-)  # fmt: skip
-# Each month by its name, its first three letters ("dec", "dec.") and "sept".
-_MONTHS = {name: number for number, full in enumerate(_MONTH_NAMES, 1) for name in (full, full[:3])}
-_MONTHS["sept"] = 9
-_MONTH = r"(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
-_YEAR = r"([12]\d{3})"
-_ORDINAL = r"(\d{1,2})(?:st|nd|rd|th)?"
-# Explicit times only, the most precise first: a day, a month of a year, a year. A month without
-# its year ("in June") or a relative time ("last weekend") would need a "now" the ranking has
-# not; dateutil's fuzzy parser reads any number as a day ("3 things" → the 3rd) and fills what
-# is missing from today, so the forms are spelt out here.
-_DAYS = (
-    ("ymd", re.compile(r"(?<![\d-])([12]\d{3})-(\d{1,2})-(\d{1,2})(?![\d-])")),
-    ("dmy", re.compile(rf"\b{_ORDINAL}\s+(?:of\s+)?{_MONTH},?\s+{_YEAR}\b")),
-    ("mdy", re.compile(rf"\b{_MONTH}\s+{_ORDINAL},?\s+{_YEAR}\b")),
-    ("ymd", re.compile(r"(?<!\d)([12]\d{3})\s*年\s*(\d{1,2})\s*月\s*(\d{1,2})\s*[日号]")),
-)
-_MONTHS_OF_YEARS = (
-    ("my", re.compile(rf"\b{_MONTH},?\s+(?:of\s+)?{_YEAR}\b")),
-    ("ym", re.compile(r"(?<!\d)([12]\d{3})\s*年\s*(\d{1,2})\s*月")),
-)
-_YEARS = (
-    re.compile(rf"\b(?:in|during)\s+(?:the\s+year\s+)?{_YEAR}\b"),
-    re.compile(r"(?<!\d)([12]\d{3})\s*年"),
-)
-
-
-@functools.lru_cache(maxsize=_TOKEN_CACHE_SIZE)
-def named_days(query: str) -> tuple[date, date] | None:
-    """The first and last day of the time ``query`` names explicitly — a day ("1 February,
-    2023", "May 25, 2023", "2023-05-08", "2023年5月8日"), a month of a year ("December 2023",
-    "2023年5月") or a year ("in 2023") — the most precise one it names (an impossible day, "31
-    April, 2023", names its month); None when it names none."""
-    text = unicodedata.normalize("NFKC", query).casefold()
-    for order, pattern in _DAYS:
-        for found in pattern.finditer(text):
-            parts = dict(zip(order, found.groups(), strict=True))
-            try:
-                day = date(int(parts["y"]), _month(parts["m"]), int(parts["d"]))
-            except ValueError:
-                continue
-            return day, day
-    for order, pattern in _MONTHS_OF_YEARS:
-        for found in pattern.finditer(text):
-            parts = dict(zip(order, found.groups(), strict=True))
-            year, month = int(parts["y"]), _month(parts["m"])
-            if 1 <= month <= 12:
-                return _month_span(year, month)
-    for pattern in _YEARS:
-        if (named_year := pattern.search(text)) is not None:
-            year = int(named_year.group(1))
-            return date(year, 1, 1), date(year, 12, 31)
-    return None
-
-
-def _month(text: str) -> int:
-    return int(text) if text.isdigit() else _MONTHS[text]
-
-
-def _month_span(year: int, month: int) -> tuple[date, date]:
-    if month == 12:  # not through January of the next year: 9999's has none
-        return date(year, 12, 1), date(year, 12, 31)
-    return date(year, month, 1), date(year, month + 1, 1) - timedelta(days=1)
-
-
-def _event_span(event_date: str) -> tuple[date, date]:
-    """The days a fact's event date (``YYYY-MM-DD``, ``YYYY-MM`` or ``YYYY``,
-    :func:`storage.vocabulary.parse_event_date`) covers."""
-    parts = [int(part) for part in event_date.split("-")]
-    if len(parts) == 3:
-        day = date(parts[0], parts[1], parts[2])
-        return day, day
-    if len(parts) == 2:
-        return _month_span(parts[0], parts[1])
-    return date(parts[0], 1, 1), date(parts[0], 12, 31)
 
 
 class _Index(NamedTuple):
@@ -423,7 +274,7 @@ def _said_then(facts: Sequence[Fact], query: str) -> Any:
         if said is not None and low <= said.date() <= high:
             inside[position] = 1.0
         elif fact.event_date is not None:
-            first, last = _event_span(fact.event_date)
+            first, last = event_span(fact.event_date)
             inside[position] = float(first <= high and last >= low)
     return inside
 

@@ -17,14 +17,9 @@ from prompts.injection import FRAME_LINE, format_memory_for_injection
 from storage import get_storage
 from storage.document import Fact, MemoryDocument
 from storage.management import MemoryManager
-from storage.search import (
-    named_days,
-    rank_by_relevance,
-    rank_scored,
-    score_facts,
-    search_facts,
-    tokenize,
-)
+from storage.named_times import named_days
+from storage.search import rank_by_relevance, rank_scored, score_facts, search_facts
+from storage.words import tokenize
 
 FACTS = [
     Fact(id="f_uv", content="Prefers uv over pip for Python projects", confidence=0.8,

@@ -68,7 +68,7 @@ from storage.erasure import ALL_AGENTS, ErasureReport, erase, erase_scripts
 from storage.fact_input import DuplicateFact
 from storage.location import check_reader
 from storage.management import MemoryManager as FactManager
-from storage.search import warm as warm_search
+from storage.words import warm as warm_search
 
 log = logging.getLogger(__name__)
 
